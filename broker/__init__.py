@@ -1,0 +1,1 @@
+"""Warren's broker: vhosts, exchanges, queues, channel sessions and the server."""

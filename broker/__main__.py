@@ -1,0 +1,3 @@
+from broker.server import main
+
+raise SystemExit(main())

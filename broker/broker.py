@@ -1,0 +1,73 @@
+"""The node's broker state: vhosts, live connections, counters, reply-to routes."""
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from broker.vhost import VirtualHost
+from config import Settings
+
+if TYPE_CHECKING:
+    from broker.channel import Channel
+    from broker.connection import AMQPConnection
+
+VERSION = "0.1.0"
+
+
+@dataclass(slots=True)
+class Counters:
+    """Plain integers bumped on the hot path; the metrics collector reads them."""
+
+    published: int = 0
+    delivered: int = 0
+    acknowledged: int = 0
+    unroutable: int = 0
+    channel_errors: int = 0
+    connections_opened: int = 0
+    connections_closed: int = 0
+
+
+class Broker:
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self.version = VERSION
+        self.vhosts = {name: VirtualHost(name) for name in settings.vhosts}
+        self.connections: set["AMQPConnection"] = set()
+        self.counters = Counters()
+        self._reply_channels: dict[str, "Channel"] = {}
+
+    def connection_opened(self, connection: "AMQPConnection") -> None:
+        self.connections.add(connection)
+        self.counters.connections_opened += 1
+
+    def connection_closed(self, connection: "AMQPConnection") -> None:
+        if connection in self.connections:
+            self.connections.discard(connection)
+            self.counters.connections_closed += 1
+
+    @property
+    def channel_count(self) -> int:
+        return sum(len(c.channels) for c in self.connections)
+
+    # -- direct reply-to ---------------------------------------------------
+    def register_reply_channel(self, channel: "Channel") -> str:
+        token = secrets.token_urlsafe(18)
+        self._reply_channels[token] = channel
+        return token
+
+    def unregister_reply_channel(self, token: str | None) -> None:
+        self._reply_channels.pop(token or "", None)
+
+    def deliver_reply(self, routing_key: str, properties: bytes, body: bytes) -> bool:
+        """Route a publish to amq.rabbitmq.reply-to.<token>; False if no one waits."""
+        token = routing_key.rsplit(".", 1)[-1]
+        channel = self._reply_channels.get(token)
+        if channel is None or channel.closed:
+            return False
+        channel.deliver_reply(properties, body, routing_key)
+        return True
+
+    def shutdown_connections(self) -> None:
+        for connection in list(self.connections):
+            connection.shutdown()

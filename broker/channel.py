@@ -1,0 +1,501 @@
+"""A channel session: consumers, delivery tags, prefetch, confirms, transactions.
+
+Theory of operation. The connection shell hands each channel its methods
+(``on_method``) and the hot events (``on_publish``, ``on_ack``, ``on_nack``,
+``on_reject``). The channel talks to queues only through their commands
+(enqueue, checkout, settle, return, discard, down) so that the same session
+works when a queue's machine lives behind Raft. Everything the channel sends
+is appended to the connection's output, which is written once per turn.
+
+Soft errors are raised as ``ChannelError`` (the connection closes only this
+channel); hard ones as ``AMQPConnectionError``.
+"""
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from pamqp import commands as spec
+
+from broker import fifo
+from broker.confirms import ConfirmTracker
+from broker.queue import Queue
+from protocol import codec
+from protocol.constants import (
+    ACCESS_REFUSED,
+    NO_ROUTE,
+    NOT_ALLOWED,
+    NOT_FOUND,
+    NOT_IMPLEMENTED,
+    PRECONDITION_FAILED,
+    PROP_REPLY_TO,
+    PROP_USER_ID,
+)
+from protocol.errors import AMQPConnectionError, ChannelError
+
+if TYPE_CHECKING:
+    from broker.connection import AMQPConnection
+
+REPLY_TO_QUEUE = "amq.rabbitmq.reply-to"
+REPLY_TO_PREFIX = REPLY_TO_QUEUE + "."
+
+
+@dataclass(slots=True)
+class Consumer:
+    tag: str
+    tag_bytes: bytes  # pre-encoded shortstr for basic.deliver
+    queue: Queue | None  # None for the direct reply-to pseudo consumer
+    no_ack: bool
+
+
+class Channel:
+    def __init__(self, connection: "AMQPConnection", number: int):
+        self.connection = connection
+        self.broker = connection.broker
+        self.vhost = connection.vhost
+        self.number = number
+        self.owner = (connection.id, number)
+        self.consumers: dict[str, Consumer] = {}
+        self.next_delivery_tag = 1
+        # delivery_tag -> (queue, consumer_tag or None for basic.get, msg_id); tags ascend
+        self.unacked: dict[int, tuple[Queue, str | None, int]] = {}
+        self.queues_used: dict[int, Queue] = {}
+        self.prefetch_count = 0
+        self.global_prefetch_count = 0
+        self.confirms: ConfirmTracker | None = None
+        self.tx: list[tuple] | None = None
+        self.last_queue_name: str | None = None
+        self.reply_to_token: str | None = None
+        self.suspended = False
+        self.qos_blocked = False
+        self.closed = False
+
+    # -- output -----------------------------------------------------------
+    def send(self, method: Any) -> None:
+        self.connection.write(codec.encode_method(self.number, method))
+
+    # -- hot path: publishing ---------------------------------------------
+    def on_publish(self, exchange_name: str, routing_key: str, mandatory: bool, immediate: bool,
+                   properties: bytes, body: bytes) -> None:
+        if immediate:
+            raise AMQPConnectionError(NOT_IMPLEMENTED, "immediate=true", 60, 40)
+        exchange = self.vhost.exchanges.get(exchange_name)
+        if exchange is None:
+            raise ChannelError(NOT_FOUND, f"no exchange '{exchange_name}' in vhost '{self.vhost.name}'", 60, 40)
+        if exchange.internal:
+            raise ChannelError(ACCESS_REFUSED, f"cannot publish to internal exchange '{exchange_name}' in vhost "
+                               f"'{self.vhost.name}'", 60, 40)
+        flags = (properties[0] << 8) | properties[1] if len(properties) >= 2 else 0
+        if flags & (PROP_REPLY_TO | PROP_USER_ID):
+            properties = self._check_special_properties(properties, flags)
+        self.broker.counters.published += 1
+        if self.tx is not None:
+            self.tx.append((exchange, routing_key, mandatory, properties, body))
+            return
+        self._route_and_enqueue(exchange, routing_key, mandatory, properties, body)
+
+    def _route_and_enqueue(self, exchange, routing_key: str, mandatory: bool, properties: bytes, body: bytes) -> None:
+        seq = self.confirms.next_publish() if self.confirms is not None else 0
+        if exchange.name == "" and routing_key.startswith(REPLY_TO_PREFIX):
+            delivered = self.broker.deliver_reply(routing_key, properties, body)
+            self._after_route(seq, delivered, True, mandatory, exchange.name, routing_key, properties, body)
+            return
+        queues = self.vhost.route(exchange, routing_key, properties)
+        accepted = True
+        if queues:
+            payload = (exchange.name, routing_key, properties, body)
+            size = len(body)
+            for queue in queues:
+                if not queue.enqueue(payload, size):
+                    accepted = False
+        self._after_route(seq, bool(queues), accepted, mandatory, exchange.name, routing_key, properties, body)
+
+    def _after_route(self, seq: int, routed: bool, accepted: bool, mandatory: bool,
+                     exchange: str, routing_key: str, properties: bytes, body: bytes) -> None:
+        if not routed:
+            self.broker.counters.unroutable += 1
+            if mandatory:
+                self.connection.write(codec.encode_return(
+                    self.number, NO_ROUTE, "NO_ROUTE", exchange, routing_key, properties, body,
+                    self.connection.frame_max))
+        if seq:
+            self.confirms.settle(seq, accepted)
+            self.connection.want_flush(self)
+
+    def _check_special_properties(self, properties: bytes, flags: int) -> bytes:
+        decoded = codec.decode_properties(properties)
+        if flags & PROP_USER_ID and decoded.user_id != self.connection.user_name:
+            raise ChannelError(PRECONDITION_FAILED, f"user_id property set to '{decoded.user_id}' but "
+                               f"authenticated user was '{self.connection.user_name}'", 60, 40)
+        if flags & PROP_REPLY_TO and decoded.reply_to == REPLY_TO_QUEUE:
+            if self.reply_to_token is None:
+                raise ChannelError(PRECONDITION_FAILED, "fast reply consumer does not exist", 60, 40)
+            decoded.reply_to = REPLY_TO_PREFIX + self.reply_to_token
+            return codec.encode_properties(decoded)
+        return properties
+
+    def flush_confirms(self) -> None:
+        """Called once per turn by the connection: coalesced basic.ack/nack."""
+        if self.confirms is None:
+            return
+        for tag, multiple, ok in self.confirms.take_replies():
+            encode = codec.encode_ack if ok else codec.encode_nack
+            self.connection.write(encode(self.number, tag, multiple))
+
+    # -- hot path: deliveries and acks ------------------------------------
+    def deliver(self, queue: Queue, consumer_tag: str, msg_id: int, payload: Any, redelivered: bool) -> None:
+        consumer = self.consumers[consumer_tag]
+        tag = self.next_delivery_tag
+        self.next_delivery_tag = tag + 1
+        if not consumer.no_ack:
+            self.unacked[tag] = (queue, consumer_tag, msg_id)
+            if self.global_prefetch_count and len(self.unacked) >= self.global_prefetch_count:
+                self._set_suspended(qos=True)
+        exchange, routing_key, properties, body = payload
+        self.broker.counters.delivered += 1
+        self.connection.write(codec.encode_deliver(
+            self.number, consumer.tag_bytes, tag, redelivered,
+            codec.shortstr(exchange) + codec.shortstr(routing_key), properties, body, self.connection.frame_max))
+
+    def deliver_reply(self, properties: bytes, body: bytes, routing_key: str) -> None:
+        """Direct reply-to: a message straight to this channel's reply consumer."""
+        consumer = self.consumers.get(self._reply_consumer_tag())
+        if consumer is None:
+            return
+        tag = self.next_delivery_tag
+        self.next_delivery_tag = tag + 1
+        self.broker.counters.delivered += 1
+        self.connection.write(codec.encode_deliver(
+            self.number, consumer.tag_bytes, tag, False, codec.shortstr("") + codec.shortstr(routing_key),
+            properties, body, self.connection.frame_max))
+
+    def _reply_consumer_tag(self) -> str | None:
+        for consumer in self.consumers.values():
+            if consumer.queue is None:
+                return consumer.tag
+        return None
+
+    def on_ack(self, delivery_tag: int, multiple: bool) -> None:
+        if self.tx is not None:
+            # Validated now, settled at commit (AMQP 0-9-1 §1.9.2: acks are transactional).
+            if delivery_tag not in self.unacked and not (multiple and delivery_tag == 0):
+                raise ChannelError(PRECONDITION_FAILED, f"unknown delivery tag {delivery_tag}", 60, 80)
+            self.tx.append(("ack", delivery_tag, multiple))
+            return
+        self._settle(self._take_unacked(delivery_tag, multiple, 60, 80), fifo.Settle)
+
+    def on_nack(self, delivery_tag: int, multiple: bool, requeue: bool) -> None:
+        taken = self._take_unacked(delivery_tag, multiple, 60, 120)
+        self._settle(taken, fifo.Return if requeue else fifo.Discard)
+
+    def on_reject(self, delivery_tag: int, requeue: bool) -> None:
+        taken = self._take_unacked(delivery_tag, False, 60, 90)
+        self._settle(taken, fifo.Return if requeue else fifo.Discard)
+
+    def _take_unacked(self, delivery_tag: int, multiple: bool, class_id: int, method_id: int) -> list:
+        unacked = self.unacked
+        if multiple:
+            if delivery_tag == 0:
+                tags = list(unacked)
+            else:
+                tags = []
+                for tag in unacked:
+                    if tag > delivery_tag:
+                        break
+                    tags.append(tag)
+                if delivery_tag not in unacked:
+                    raise ChannelError(PRECONDITION_FAILED, f"unknown delivery tag {delivery_tag}", class_id, method_id)
+            return [unacked.pop(tag) for tag in tags]
+        entry = unacked.pop(delivery_tag, None)
+        if entry is None:
+            raise ChannelError(PRECONDITION_FAILED, f"unknown delivery tag {delivery_tag}", class_id, method_id)
+        return [entry]
+
+    def _settle(self, taken: list, command_type: type) -> None:
+        """One command per (queue, consumer) for all the taken deliveries."""
+        if not taken:
+            return
+        if len(taken) == 1:
+            queue, consumer_tag, msg_id = taken[0]
+            if not queue.deleted:
+                queue.apply(command_type((self.owner, consumer_tag), (msg_id,)))
+        else:
+            groups: dict[tuple, list[int]] = {}
+            for queue, consumer_tag, msg_id in taken:
+                groups.setdefault((queue, consumer_tag), []).append(msg_id)
+            for (queue, consumer_tag), msg_ids in groups.items():
+                if not queue.deleted:
+                    queue.apply(command_type((self.owner, consumer_tag), tuple(msg_ids)))
+        if command_type is fifo.Settle:
+            self.broker.counters.acknowledged += len(taken)
+        if self.suspended and self.global_prefetch_count:
+            self._set_suspended(qos=len(self.unacked) >= self.global_prefetch_count)
+
+    # -- flow: pause consumers when the channel may not take more ---------
+    def _set_suspended(self, qos: bool | None = None) -> None:
+        if qos is not None:
+            self.qos_blocked = qos
+        want = self.qos_blocked or self.connection.writes_paused
+        if want == self.suspended:
+            return
+        self.suspended = want
+        for consumer in list(self.consumers.values()):
+            if consumer.queue is not None and not consumer.queue.deleted:
+                consumer.queue.apply(fifo.Suspend((self.owner, consumer.tag), active=not want))
+
+    def on_writes_paused_changed(self) -> None:
+        self._set_suspended()
+
+    # -- methods ----------------------------------------------------------
+    def on_method(self, method: Any) -> None:
+        handler = _HANDLERS.get(type(method))
+        if handler is None:
+            raise AMQPConnectionError(
+                NOT_IMPLEMENTED, f"method {method.name} is not implemented", *_ids(method))
+        handler(self, method)
+
+    def on_basic_qos(self, method: spec.Basic.Qos) -> None:
+        if method.prefetch_size != 0:
+            raise AMQPConnectionError(NOT_IMPLEMENTED, f"prefetch_size!=0 ({method.prefetch_size})", 60, 10)
+        if method.global_:
+            self.global_prefetch_count = method.prefetch_count
+            self._set_suspended(qos=bool(method.prefetch_count) and len(self.unacked) >= method.prefetch_count)
+        else:
+            self.prefetch_count = method.prefetch_count
+        self.send(spec.Basic.QosOk())
+
+    def on_basic_consume(self, method: spec.Basic.Consume) -> None:
+        tag = method.consumer_tag or "amq.ctag-" + secrets.token_urlsafe(16)
+        if tag in self.consumers:
+            raise AMQPConnectionError(NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'", 60, 20)
+        if method.queue == REPLY_TO_QUEUE:
+            self._consume_reply_to(method, tag)
+            return
+        queue = self._queue_for(method.queue, 60, 20)
+        arguments = method.arguments or {}
+        priority = arguments.get("x-priority", 0)
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise ChannelError(PRECONDITION_FAILED, f"invalid arg 'x-priority' for consumer '{tag}'", 60, 20)
+        if queue.exclusive_consumer is not None or (method.exclusive and queue.consumer_count):
+            raise ChannelError(ACCESS_REFUSED, f"queue '{queue.name}' in vhost '{self.vhost.name}' in exclusive use",
+                               60, 20)
+        if queue.queue_type == "quorum" and self.global_prefetch_count:
+            raise ChannelError(NOT_IMPLEMENTED, "queue 'quorum' does not support global qos", 60, 20)
+        self.consumers[tag] = Consumer(tag, codec.shortstr(tag), queue, method.no_ack)
+        self.queues_used[id(queue)] = queue
+        if not method.nowait:
+            self.send(spec.Basic.ConsumeOk(tag))
+        prefetch = self.prefetch_count
+        if self.global_prefetch_count:
+            prefetch = min(prefetch or self.global_prefetch_count, self.global_prefetch_count)
+        queue.add_consumer((self.owner, tag), self, 0 if method.no_ack else prefetch, priority,
+                           method.no_ack, method.exclusive)
+        if self.suspended:
+            queue.apply(fifo.Suspend((self.owner, tag), active=False))
+
+    def _consume_reply_to(self, method: spec.Basic.Consume, tag: str) -> None:
+        if not method.no_ack:
+            raise ChannelError(PRECONDITION_FAILED, "reply consumer cannot acknowledge", 60, 20)
+        if self.reply_to_token is not None:
+            raise ChannelError(PRECONDITION_FAILED, "reply consumer already set", 60, 20)
+        self.reply_to_token = self.broker.register_reply_channel(self)
+        self.consumers[tag] = Consumer(tag, codec.shortstr(tag), None, True)
+        if not method.nowait:
+            self.send(spec.Basic.ConsumeOk(tag))
+
+    def on_basic_cancel(self, method: spec.Basic.Cancel) -> None:
+        consumer = self.consumers.pop(method.consumer_tag, None)
+        if consumer is not None:
+            if consumer.queue is None:
+                self.broker.unregister_reply_channel(self.reply_to_token)
+                self.reply_to_token = None
+            elif not consumer.queue.deleted:
+                consumer.queue.remove_consumer((self.owner, consumer.tag))
+        if not method.nowait:
+            self.send(spec.Basic.CancelOk(method.consumer_tag))
+
+    def on_queue_deleted(self, queue: Queue, consumer_tag: str) -> None:
+        """The queue went away under a consumer: consumer cancel notify."""
+        if self.consumers.pop(consumer_tag, None) is None or self.closed:
+            return
+        if self.connection.client_capabilities.get("consumer_cancel_notify"):
+            self.send(spec.Basic.Cancel(consumer_tag, nowait=True))
+        self.connection.want_flush(self)
+
+    def on_basic_get(self, method: spec.Basic.Get) -> None:
+        queue = self._queue_for(method.queue, 60, 70)
+        self.queues_used[id(queue)] = queue
+        reply = queue.apply(fifo.Dequeue((self.owner, None), method.no_ack))
+        if reply is None:
+            self.send(spec.Basic.GetEmpty())
+            return
+        tag = self.next_delivery_tag
+        self.next_delivery_tag = tag + 1
+        if not method.no_ack:
+            self.unacked[tag] = (queue, None, reply.msg_id)
+        exchange, routing_key, properties, body = reply.payload
+        self.broker.counters.delivered += 1
+        self.connection.write(codec.encode_get_ok(
+            self.number, tag, reply.redelivered, codec.shortstr(exchange) + codec.shortstr(routing_key),
+            reply.message_count, properties, body, self.connection.frame_max))
+
+    def on_basic_recover(self, method: spec.Basic.Recover) -> None:
+        if not method.requeue:
+            raise AMQPConnectionError(NOT_IMPLEMENTED, "requeue=false", 60, 110)
+        self._settle(self._take_unacked(0, True, 60, 110), fifo.Return)
+        self.send(spec.Basic.RecoverOk())
+
+    def on_basic_recover_async(self, method: spec.Basic.RecoverAsync) -> None:
+        if not method.requeue:
+            raise AMQPConnectionError(NOT_IMPLEMENTED, "requeue=false", 60, 100)
+        self._settle(self._take_unacked(0, True, 60, 100), fifo.Return)
+
+    def on_confirm_select(self, method: spec.Confirm.Select) -> None:
+        if self.tx is not None:
+            raise ChannelError(PRECONDITION_FAILED, "cannot switch from tx to confirm mode", 85, 10)
+        if self.confirms is None:
+            self.confirms = ConfirmTracker()
+        if not method.nowait:
+            self.send(spec.Confirm.SelectOk())
+
+    def on_tx_select(self, method: spec.Tx.Select) -> None:
+        if self.confirms is not None:
+            raise ChannelError(PRECONDITION_FAILED, "cannot switch from confirm to tx mode", 90, 10)
+        if self.tx is None:
+            self.tx = []
+        self.send(spec.Tx.SelectOk())
+
+    def on_tx_commit(self, method: spec.Tx.Commit) -> None:
+        if self.tx is None:
+            raise ChannelError(PRECONDITION_FAILED, "channel is not transactional", 90, 20)
+        pending, self.tx = self.tx, []
+        for entry in pending:
+            if entry[0] == "ack":
+                continue
+            exchange, routing_key, mandatory, properties, body = entry
+            self._route_and_enqueue(exchange, routing_key, mandatory, properties, body)
+        acked = [e for e in pending if e[0] == "ack"]
+        for _, delivery_tag, multiple in acked:
+            if delivery_tag in self.unacked or (multiple and delivery_tag == 0):
+                self._settle(self._take_unacked(delivery_tag, multiple, 90, 20), fifo.Settle)
+        self.send(spec.Tx.CommitOk())
+
+    def on_tx_rollback(self, method: spec.Tx.Rollback) -> None:
+        if self.tx is None:
+            raise ChannelError(PRECONDITION_FAILED, "channel is not transactional", 90, 30)
+        self.tx = []
+        self.send(spec.Tx.RollbackOk())
+
+    def on_channel_flow(self, method: spec.Channel.Flow) -> None:
+        if not method.active:
+            raise AMQPConnectionError(NOT_IMPLEMENTED, "active=false", 20, 20)
+        self.send(spec.Channel.FlowOk(active=True))
+
+    # -- exchanges, queues, bindings --------------------------------------
+    def on_exchange_declare(self, method: spec.Exchange.Declare) -> None:
+        self.vhost.declare_exchange(method)
+        if not method.nowait:
+            self.send(spec.Exchange.DeclareOk())
+
+    def on_exchange_delete(self, method: spec.Exchange.Delete) -> None:
+        self.vhost.delete_exchange(method.exchange, method.if_unused)
+        if not method.nowait:
+            self.send(spec.Exchange.DeleteOk())
+
+    def on_exchange_bind(self, method: spec.Exchange.Bind) -> None:
+        self.vhost.bind(method.source, ("exchange", method.destination), method.routing_key,
+                        method.arguments, self.connection.id, 40, 30)
+        if not method.nowait:
+            self.send(spec.Exchange.BindOk())
+
+    def on_exchange_unbind(self, method: spec.Exchange.Unbind) -> None:
+        self.vhost.unbind(method.source, ("exchange", method.destination), method.routing_key,
+                          method.arguments, self.connection.id, 40, 40)
+        if not method.nowait:
+            self.send(spec.Exchange.UnbindOk())
+
+    def on_queue_declare(self, method: spec.Queue.Declare) -> None:
+        queue = self.vhost.declare_queue(method, self.connection.id)
+        self.last_queue_name = queue.name
+        if not method.nowait:
+            self.send(spec.Queue.DeclareOk(queue.name, queue.message_count, queue.consumer_count))
+
+    def on_queue_bind(self, method: spec.Queue.Bind) -> None:
+        name = self._queue_name(method.queue, 50, 20)
+        self.vhost.bind(method.exchange, ("queue", name), method.routing_key or "", method.arguments,
+                        self.connection.id, 50, 20)
+        if not method.nowait:
+            self.send(spec.Queue.BindOk())
+
+    def on_queue_unbind(self, method: spec.Queue.Unbind) -> None:
+        name = self._queue_name(method.queue, 50, 50)
+        self.vhost.unbind(method.exchange, ("queue", name), method.routing_key or "", method.arguments,
+                          self.connection.id, 50, 50)
+        self.send(spec.Queue.UnbindOk())
+
+    def on_queue_purge(self, method: spec.Queue.Purge) -> None:
+        queue = self._queue_for(method.queue, 50, 30)
+        count = queue.apply(fifo.Purge())
+        if not method.nowait:
+            self.send(spec.Queue.PurgeOk(count))
+
+    def on_queue_delete(self, method: spec.Queue.Delete) -> None:
+        name = self._queue_name(method.queue, 50, 40)
+        count = self.vhost.delete_queue(name, self.connection.id, method.if_unused, method.if_empty)
+        if not method.nowait:
+            self.send(spec.Queue.DeleteOk(count))
+
+    def _queue_name(self, name: str, class_id: int, method_id: int) -> str:
+        if name:
+            return name
+        if self.last_queue_name is None:
+            raise ChannelError(NOT_FOUND, "no previously declared queue", class_id, method_id)
+        return self.last_queue_name
+
+    def _queue_for(self, name: str, class_id: int, method_id: int) -> Queue:
+        return self.vhost.queue(self._queue_name(name, class_id, method_id), self.connection.id, class_id, method_id)
+
+    # -- closing ----------------------------------------------------------
+    def close(self) -> None:
+        """The channel is gone: return everything it held to its queues."""
+        if self.closed:
+            return
+        self.closed = True
+        if self.reply_to_token is not None:
+            self.broker.unregister_reply_channel(self.reply_to_token)
+            self.reply_to_token = None
+        self.consumers.clear()
+        self.unacked.clear()
+        for queue in self.queues_used.values():
+            if not queue.deleted:
+                queue.owner_down(self.owner)
+        self.queues_used.clear()
+
+
+def _ids(method: Any) -> tuple[int, int]:
+    return method.index >> 16, method.index & 0xFFFF
+
+
+_HANDLERS = {
+    spec.Basic.Qos: Channel.on_basic_qos,
+    spec.Basic.Consume: Channel.on_basic_consume,
+    spec.Basic.Cancel: Channel.on_basic_cancel,
+    spec.Basic.Get: Channel.on_basic_get,
+    spec.Basic.Recover: Channel.on_basic_recover,
+    spec.Basic.RecoverAsync: Channel.on_basic_recover_async,
+    spec.Confirm.Select: Channel.on_confirm_select,
+    spec.Tx.Select: Channel.on_tx_select,
+    spec.Tx.Commit: Channel.on_tx_commit,
+    spec.Tx.Rollback: Channel.on_tx_rollback,
+    spec.Channel.Flow: Channel.on_channel_flow,
+    spec.Exchange.Declare: Channel.on_exchange_declare,
+    spec.Exchange.Delete: Channel.on_exchange_delete,
+    spec.Exchange.Bind: Channel.on_exchange_bind,
+    spec.Exchange.Unbind: Channel.on_exchange_unbind,
+    spec.Queue.Declare: Channel.on_queue_declare,
+    spec.Queue.Bind: Channel.on_queue_bind,
+    spec.Queue.Unbind: Channel.on_queue_unbind,
+    spec.Queue.Purge: Channel.on_queue_purge,
+    spec.Queue.Delete: Channel.on_queue_delete,
+}

@@ -1,0 +1,208 @@
+"""Exchanges: the routing tables of AMQP 0-9-1 §3.1.3 and RabbitMQ's extensions.
+
+An exchange maps a routing key (and, for headers exchanges, the message's
+headers) to a set of destinations. A destination is ``("queue", name)`` or
+``("exchange", name)`` (exchange-to-exchange bindings). Pure data structures;
+the vhost follows exchange destinations and alternate exchanges.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+Destination = tuple[str, str]
+
+EXCHANGE_TYPES = ("direct", "fanout", "topic", "headers")
+
+
+@dataclass(frozen=True, slots=True)
+class Binding:
+    source: str
+    destination: Destination
+    routing_key: str
+    arguments: tuple  # sorted items of the arguments table, hashable
+
+    @staticmethod
+    def make(source: str, destination: Destination, routing_key: str, arguments: dict | None) -> "Binding":
+        return Binding(source, destination, routing_key, _freeze(arguments or {}))
+
+
+def _freeze(table: dict) -> tuple:
+    return tuple(sorted((k, _freeze(v) if isinstance(v, dict) else repr(v) if isinstance(v, list) else v)
+                        for k, v in table.items()))
+
+
+@dataclass(slots=True)
+class Exchange:
+    name: str
+    type: str
+    durable: bool = True
+    auto_delete: bool = False
+    internal: bool = False
+    arguments: dict = field(default_factory=dict)
+    bindings: set[Binding] = field(default_factory=set)
+
+    @property
+    def alternate_exchange(self) -> str | None:
+        value = self.arguments.get("alternate-exchange")
+        return value if isinstance(value, str) else None
+
+    def bind(self, binding: Binding) -> None:
+        self.bindings.add(binding)
+
+    def unbind(self, binding: Binding) -> bool:
+        if binding in self.bindings:
+            self.bindings.discard(binding)
+            return True
+        return False
+
+    def unbind_destination(self, destination: Destination) -> int:
+        gone = [b for b in self.bindings if b.destination == destination]
+        for binding in gone:
+            self.unbind(binding)
+        return len(gone)
+
+    def route(self, routing_key: str, headers: dict | None) -> set[Destination]:
+        raise NotImplementedError
+
+
+class DirectExchange(Exchange):
+    __slots__ = ("_by_key",)
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._by_key: dict[str, set[Destination]] = {}
+
+    def bind(self, binding: Binding) -> None:
+        super().bind(binding)
+        self._by_key.setdefault(binding.routing_key, set()).add(binding.destination)
+
+    def unbind(self, binding: Binding) -> bool:
+        if not super().unbind(binding):
+            return False
+        if not any(b.routing_key == binding.routing_key and b.destination == binding.destination
+                   for b in self.bindings):
+            targets = self._by_key[binding.routing_key]
+            targets.discard(binding.destination)
+            if not targets:
+                del self._by_key[binding.routing_key]
+        return True
+
+    def route(self, routing_key: str, headers: dict | None) -> set[Destination]:
+        return self._by_key.get(routing_key, _EMPTY)
+
+
+class FanoutExchange(Exchange):
+    __slots__ = ()
+
+    def route(self, routing_key: str, headers: dict | None) -> set[Destination]:
+        return {b.destination for b in self.bindings}
+
+
+class TopicExchange(Exchange):
+    """Topic matching with a trie of words; '*' is one word, '#' zero or more."""
+
+    __slots__ = ("_trie", "_cache")
+    _CACHE_MAX = 4096
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._trie = _TrieNode()
+        self._cache: dict[str, set[Destination]] = {}
+
+    def bind(self, binding: Binding) -> None:
+        super().bind(binding)
+        node = self._trie
+        for word in binding.routing_key.split("."):
+            node = node.children.setdefault(word, _TrieNode())
+        node.destinations[binding.destination] = node.destinations.get(binding.destination, 0) + 1
+        self._cache.clear()
+
+    def unbind(self, binding: Binding) -> bool:
+        if not super().unbind(binding):
+            return False
+        path = [self._trie]
+        for word in binding.routing_key.split("."):
+            path.append(path[-1].children[word])
+        leaf = path[-1]
+        leaf.destinations[binding.destination] -= 1
+        if not leaf.destinations[binding.destination]:
+            del leaf.destinations[binding.destination]
+        words = binding.routing_key.split(".")
+        for depth in range(len(words), 0, -1):  # prune empty branches
+            node = path[depth]
+            if node.children or node.destinations:
+                break
+            del path[depth - 1].children[words[depth - 1]]
+        self._cache.clear()
+        return True
+
+    def route(self, routing_key: str, headers: dict | None) -> set[Destination]:
+        cached = self._cache.get(routing_key)
+        if cached is not None:
+            return cached
+        found: set[Destination] = set()
+        _match(self._trie, routing_key.split("."), 0, found)
+        if len(self._cache) >= self._CACHE_MAX:
+            self._cache.clear()
+        self._cache[routing_key] = found
+        return found
+
+
+class _TrieNode:
+    __slots__ = ("children", "destinations")
+
+    def __init__(self) -> None:
+        self.children: dict[str, _TrieNode] = {}
+        self.destinations: dict[Destination, int] = {}
+
+
+def _match(node: _TrieNode, words: list[str], at: int, found: set) -> None:
+    if at == len(words):
+        found.update(node.destinations)
+        hash_node = node.children.get("#")
+        if hash_node is not None:
+            _match(hash_node, words, at, found)
+        return
+    child = node.children.get(words[at])
+    if child is not None:
+        _match(child, words, at + 1, found)
+    star = node.children.get("*")
+    if star is not None:
+        _match(star, words, at + 1, found)
+    hash_node = node.children.get("#")
+    if hash_node is not None:
+        for skip in range(at, len(words) + 1):  # '#' eats zero or more words
+            _match(hash_node, words, skip, found)
+
+
+class HeadersExchange(Exchange):
+    __slots__ = ()
+
+    def route(self, routing_key: str, headers: dict | None) -> set[Destination]:
+        headers = headers or {}
+        return {b.destination for b in self.bindings if headers_match(dict(b.arguments), headers)}
+
+
+def headers_match(arguments: dict, headers: dict) -> bool:
+    """RabbitMQ's rule: x-match all (default) or any; keys starting 'x-' ignored."""
+    mode = arguments.get("x-match", "all")
+    wanted = [(k, v) for k, v in arguments.items() if not k.startswith("x-")]
+    if mode in ("any", "any-with-x"):
+        return any(k in headers and (v is None or headers[k] == v) for k, v in wanted)
+    return all(k in headers and (v is None or headers[k] == v) for k, v in wanted)
+
+
+_EMPTY: set[Destination] = frozenset()  # type: ignore[assignment]
+
+_TYPES = {
+    "direct": DirectExchange,
+    "fanout": FanoutExchange,
+    "topic": TopicExchange,
+    "headers": HeadersExchange,
+}
+
+
+def make_exchange(name: str, type_: str, durable: bool = True, auto_delete: bool = False,
+                  internal: bool = False, arguments: dict | None = None) -> Exchange:
+    return _TYPES[type_](name, type_, durable, auto_delete, internal, dict(arguments or {}))

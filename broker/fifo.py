@@ -1,0 +1,442 @@
+"""The queue as a pure, deterministic state machine (after RabbitMQ's rabbit_fifo).
+
+Theory of operation. ``apply(meta, command, state)`` mutates ``state`` and
+returns ``(reply, effects)``. It never does I/O and never reads a clock: the
+log index and the time arrive in ``meta``. Every replica that applies the same
+commands in the same order reaches the same state; only the leader (for now,
+the node that owns the queue) performs the effects.
+
+A message is known by its id, the log index of the command that enqueued it.
+The state keeps, per message, the opaque payload and its size; payloads are
+handed back in ``Deliver`` effects. Messages wait in ``ready`` (a FIFO) or, when
+returned by a consumer, in ``returns`` (a heap by id, served first, so a
+requeued message goes back to its original place in line as far as that is
+possible). A consumer is ``(owner, consumer_tag)``; the owner is the channel
+that made it, so ``Down(owner)`` can return everything a closed channel held.
+
+Consumers are served by priority (highest first), round-robin within a
+priority, each up to its prefetch (0: unlimited). A no-ack consumer's
+deliveries are settled as they leave.
+"""
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Hashable
+
+DROP_HEAD = "drop-head"
+REJECT_PUBLISH = "reject-publish"
+REJECT_PUBLISH_DLX = "reject-publish-dlx"
+
+
+# -- commands -------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Meta:
+    index: int
+    time_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Enqueue:
+    payload: Any
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
+class Checkout:
+    consumer: Hashable
+    prefetch: int
+    priority: int = 0
+    no_ack: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Cancel:
+    consumer: Hashable
+
+
+@dataclass(frozen=True, slots=True)
+class Settle:
+    consumer: Hashable
+    msg_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Return:
+    consumer: Hashable
+    msg_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Discard:
+    consumer: Hashable
+    msg_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Dequeue:
+    consumer: Hashable
+    no_ack: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Purge:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Down:
+    owner: Hashable
+
+
+@dataclass(frozen=True, slots=True)
+class Suspend:
+    """Stop (or, with active=True, resume) deliveries to one consumer."""
+
+    consumer: Hashable
+    active: bool
+
+
+# -- effects --------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Deliver:
+    consumer: Hashable
+    msg_id: int
+    payload: Any
+    redelivered: bool
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    reason: str  # "rejected" | "maxlen" (RabbitMQ's x-death reasons)
+    payloads: tuple
+
+
+# -- replies --------------------------------------------------------------
+ACCEPTED = "accepted"
+REJECTED = "rejected"
+
+
+@dataclass(frozen=True, slots=True)
+class Dequeued:
+    msg_id: int
+    payload: Any
+    redelivered: bool
+    message_count: int
+
+
+# -- state ----------------------------------------------------------------
+@dataclass(slots=True)
+class ConsumerState:
+    prefetch: int
+    priority: int
+    no_ack: bool
+    checked_out: dict[int, None] = field(default_factory=dict)
+    cancelled: bool = False
+    suspended: bool = False
+    in_service: bool = False
+
+    def has_credit(self) -> bool:
+        return self.prefetch == 0 or len(self.checked_out) < self.prefetch
+
+
+@dataclass(slots=True)
+class QueueLimits:
+    max_length: int | None = None
+    max_length_bytes: int | None = None
+    overflow: str = DROP_HEAD
+
+
+@dataclass(slots=True)
+class FifoState:
+    limits: QueueLimits = field(default_factory=QueueLimits)
+    messages: dict[int, tuple[Any, int]] = field(default_factory=dict)
+    delivery_counts: dict[int, int] = field(default_factory=dict)
+    ready: deque[int] = field(default_factory=deque)
+    returns: list[int] = field(default_factory=list)
+    ready_bytes: int = 0
+    consumers: dict[Hashable, ConsumerState] = field(default_factory=dict)
+    service: dict[int, deque] = field(default_factory=dict)
+    priorities: list[int] = field(default_factory=list)
+
+    @property
+    def ready_count(self) -> int:
+        return len(self.ready) + len(self.returns)
+
+    @property
+    def unacked_count(self) -> int:
+        return len(self.messages) - self.ready_count
+
+
+def apply(meta: Meta, command: Any, state: FifoState) -> tuple[Any, list]:
+    effects: list = []
+    match command:
+        case Enqueue():
+            reply = _on_enqueue(meta, command, state, effects)
+        case Settle():
+            reply = _on_settle(command, state, effects)
+        case Return():
+            reply = _on_return(command, state, effects)
+        case Checkout():
+            reply = _on_checkout(command, state, effects)
+        case Cancel():
+            reply = _on_cancel(command, state)
+        case Discard():
+            reply = _on_discard(command, state, effects)
+        case Dequeue():
+            reply = _on_dequeue(command, state)
+        case Purge():
+            reply = _on_purge(state)
+        case Down():
+            reply = _on_down(command, state, effects)
+        case Suspend():
+            reply = _on_suspend(command, state, effects)
+        case _:
+            raise AssertionError(f"unknown fifo command {command!r}")
+    return reply, effects
+
+
+def _on_enqueue(meta: Meta, command: Enqueue, state: FifoState, effects: list) -> str:
+    limits = state.limits
+    if limits.overflow != DROP_HEAD and _would_overflow(state, command.size):
+        if limits.overflow == REJECT_PUBLISH_DLX:
+            effects.append(DeadLetter("maxlen", (command.payload,)))
+        return REJECTED
+    msg_id = meta.index
+    state.messages[msg_id] = (command.payload, command.size)
+    state.ready.append(msg_id)
+    state.ready_bytes += command.size
+    if limits.max_length is not None or limits.max_length_bytes is not None:
+        _drop_head_over_limit(state, effects)
+    if state.priorities:
+        _service(state, effects)
+    return ACCEPTED
+
+
+def _would_overflow(state: FifoState, size: int) -> bool:
+    limits = state.limits
+    if limits.max_length is not None and state.ready_count + 1 > limits.max_length:
+        return True
+    return limits.max_length_bytes is not None and state.ready_bytes + size > limits.max_length_bytes
+
+
+def _drop_head_over_limit(state: FifoState, effects: list) -> None:
+    limits = state.limits
+    dropped = []
+    while state.ready_count and (
+        (limits.max_length is not None and state.ready_count > limits.max_length)
+        or (limits.max_length_bytes is not None and state.ready_bytes > limits.max_length_bytes)
+    ):
+        msg_id = _take_next(state)
+        payload, _size = state.messages.pop(msg_id)
+        state.delivery_counts.pop(msg_id, None)
+        dropped.append(payload)
+    if dropped:
+        effects.append(DeadLetter("maxlen", tuple(dropped)))
+
+
+def _take_next(state: FifoState) -> int:
+    msg_id = heapq.heappop(state.returns) if state.returns else state.ready.popleft()
+    state.ready_bytes -= state.messages[msg_id][1]
+    return msg_id
+
+
+def _service(state: FifoState, effects: list) -> None:
+    """Hand ready messages to consumers with credit, by priority, round-robin."""
+    messages = state.messages
+    counts = state.delivery_counts
+    while state.ready or state.returns:
+        consumer_id = _next_in_service(state)
+        if consumer_id is None:
+            return
+        consumer = state.consumers[consumer_id]
+        msg_id = _take_next(state)
+        payload = messages[msg_id][0]
+        redelivered = msg_id in counts
+        if consumer.no_ack:
+            del messages[msg_id]
+            counts.pop(msg_id, None)
+        else:
+            consumer.checked_out[msg_id] = None
+        effects.append(Deliver(consumer_id, msg_id, payload, redelivered))
+        if consumer.has_credit():
+            state.service[consumer.priority].append(consumer_id)
+        else:
+            consumer.in_service = False
+
+
+def _next_in_service(state: FifoState) -> Hashable | None:
+    for priority in state.priorities:
+        waiting = state.service[priority]
+        while waiting:
+            consumer_id = waiting.popleft()
+            consumer = state.consumers.get(consumer_id)
+            if consumer is not None and consumer.in_service:
+                return consumer_id
+    return None
+
+
+def _enter_service(state: FifoState, consumer_id: Hashable, consumer: ConsumerState) -> None:
+    if consumer.in_service or consumer.cancelled or consumer.suspended or not consumer.has_credit():
+        return
+    consumer.in_service = True
+    waiting = state.service.get(consumer.priority)
+    if waiting is None:
+        waiting = state.service[consumer.priority] = deque()
+        state.priorities = sorted(state.service, reverse=True)
+    waiting.append(consumer_id)
+
+
+def _leave_service(state: FifoState, consumer: ConsumerState) -> None:
+    # Lazily removed: _next_in_service skips consumers no longer in service.
+    consumer.in_service = False
+
+
+def _on_checkout(command: Checkout, state: FifoState, effects: list) -> str:
+    consumer = ConsumerState(command.prefetch, command.priority, command.no_ack)
+    state.consumers[command.consumer] = consumer
+    _enter_service(state, command.consumer, consumer)
+    _service(state, effects)
+    return ACCEPTED
+
+
+def _on_cancel(command: Cancel, state: FifoState) -> str:
+    consumer = state.consumers.get(command.consumer)
+    if consumer is None:
+        return REJECTED
+    consumer.cancelled = True
+    _leave_service(state, consumer)
+    if not consumer.checked_out:
+        _remove_consumer(state, command.consumer)
+    return ACCEPTED
+
+
+def _remove_consumer(state: FifoState, consumer_id: Hashable) -> None:
+    consumer = state.consumers.pop(consumer_id)
+    consumer.in_service = False
+    if not any(c.priority == consumer.priority for c in state.consumers.values()):
+        state.service.pop(consumer.priority, None)
+        state.priorities = sorted(state.service, reverse=True)
+
+
+def _checked_out_by(state: FifoState, consumer_id: Hashable, msg_ids: tuple[int, ...]):
+    consumer = state.consumers.get(consumer_id)
+    if consumer is None:
+        return None, ()
+    held = consumer.checked_out
+    return consumer, [m for m in msg_ids if m in held]
+
+
+def _after_release(state: FifoState, consumer_id: Hashable, consumer: ConsumerState, effects: list) -> None:
+    if consumer.cancelled and not consumer.checked_out:
+        _remove_consumer(state, consumer_id)
+    else:
+        _enter_service(state, consumer_id, consumer)
+    _service(state, effects)
+
+
+def _on_settle(command: Settle, state: FifoState, effects: list) -> int:
+    consumer, msg_ids = _checked_out_by(state, command.consumer, command.msg_ids)
+    if consumer is None:
+        return 0
+    held = consumer.checked_out
+    messages = state.messages
+    counts = state.delivery_counts
+    for msg_id in msg_ids:
+        del held[msg_id]
+        del messages[msg_id]
+        if counts:
+            counts.pop(msg_id, None)
+    _after_release(state, command.consumer, consumer, effects)
+    return len(msg_ids)
+
+
+def _on_return(command: Return, state: FifoState, effects: list) -> int:
+    consumer, msg_ids = _checked_out_by(state, command.consumer, command.msg_ids)
+    if consumer is None:
+        return 0
+    _requeue(state, consumer, msg_ids)
+    _after_release(state, command.consumer, consumer, effects)
+    return len(msg_ids)
+
+
+def _requeue(state: FifoState, consumer: ConsumerState, msg_ids) -> None:
+    for msg_id in msg_ids:
+        del consumer.checked_out[msg_id]
+        state.delivery_counts[msg_id] = state.delivery_counts.get(msg_id, 0) + 1
+        heapq.heappush(state.returns, msg_id)
+        state.ready_bytes += state.messages[msg_id][1]
+
+
+def _on_discard(command: Discard, state: FifoState, effects: list) -> int:
+    consumer, msg_ids = _checked_out_by(state, command.consumer, command.msg_ids)
+    if consumer is None:
+        return 0
+    payloads = []
+    for msg_id in msg_ids:
+        del consumer.checked_out[msg_id]
+        payloads.append(state.messages.pop(msg_id)[0])
+        state.delivery_counts.pop(msg_id, None)
+    if payloads:
+        effects.append(DeadLetter("rejected", tuple(payloads)))
+    _after_release(state, command.consumer, consumer, effects)
+    return len(msg_ids)
+
+
+def _on_dequeue(command: Dequeue, state: FifoState) -> Dequeued | None:
+    if not state.ready_count:
+        return None
+    msg_id = _take_next(state)
+    payload = state.messages[msg_id][0]
+    redelivered = msg_id in state.delivery_counts
+    if command.no_ack:
+        del state.messages[msg_id]
+        state.delivery_counts.pop(msg_id, None)
+    else:
+        consumer = state.consumers.get(command.consumer)
+        if consumer is None:
+            # basic.get with manual ack: a consumer that is never served.
+            consumer = ConsumerState(prefetch=0, priority=0, no_ack=False, cancelled=True)
+            state.consumers[command.consumer] = consumer
+        consumer.checked_out[msg_id] = None
+    return Dequeued(msg_id, payload, redelivered, state.ready_count)
+
+
+def _on_purge(state: FifoState) -> int:
+    count = state.ready_count
+    for msg_id in state.ready:
+        del state.messages[msg_id]
+    for msg_id in state.returns:
+        del state.messages[msg_id]
+        state.delivery_counts.pop(msg_id, None)
+    state.ready.clear()
+    state.returns.clear()
+    state.ready_bytes = 0
+    return count
+
+
+def _on_down(command: Down, state: FifoState, effects: list) -> int:
+    """The owner (a channel) is gone: return what its consumers held."""
+    returned = 0
+    for consumer_id in [c for c in state.consumers if c[0] == command.owner]:
+        consumer = state.consumers[consumer_id]
+        returned += len(consumer.checked_out)
+        _requeue(state, consumer, list(consumer.checked_out))
+        _remove_consumer(state, consumer_id)
+    if returned:
+        _service(state, effects)
+    return returned
+
+
+def _on_suspend(command: Suspend, state: FifoState, effects: list) -> str:
+    consumer = state.consumers.get(command.consumer)
+    if consumer is None:
+        return REJECTED
+    consumer.suspended = not command.active
+    if command.active:
+        _enter_service(state, command.consumer, consumer)
+        _service(state, effects)
+    else:
+        _leave_service(state, consumer)
+    return ACCEPTED

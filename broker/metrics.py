@@ -1,0 +1,92 @@
+"""Prometheus metrics, read from broker state at scrape time.
+
+A custom collector reads counters and queue sizes when Prometheus scrapes,
+so the hot path only bumps plain integers. The endpoint is served on the
+broker's own event loop (no thread reads state the loop is changing).
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Iterator
+
+import asyncio
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector, CollectorRegistry
+
+if TYPE_CHECKING:
+    from broker.broker import Broker
+
+
+class BrokerCollector(Collector):
+    def __init__(self, broker: "Broker"):
+        self.broker = broker
+
+    def collect(self) -> Iterator:
+        broker = self.broker
+        counters = broker.counters
+        yield _gauge("warren_connections", "Open AMQP connections", len(broker.connections))
+        yield _gauge("warren_channels", "Open AMQP channels", broker.channel_count)
+        yield _gauge("warren_queues", "Declared queues", sum(len(v.queues) for v in broker.vhosts.values()))
+        for name, help_text, value in (
+            ("warren_messages_published", "Messages published by clients", counters.published),
+            ("warren_messages_delivered", "Messages delivered to consumers and basic.get", counters.delivered),
+            ("warren_messages_acknowledged", "Deliveries acknowledged by clients", counters.acknowledged),
+            ("warren_messages_unroutable", "Published messages that reached no queue", counters.unroutable),
+            ("warren_channel_errors", "Channels closed by an error", counters.channel_errors),
+            ("warren_connections_opened", "Connections accepted", counters.connections_opened),
+            ("warren_connections_closed", "Connections closed", counters.connections_closed),
+        ):
+            counter = CounterMetricFamily(name, help_text)
+            counter.add_metric([], value)
+            yield counter
+        ready = GaugeMetricFamily("warren_queue_messages_ready", "Messages ready for delivery",
+                                  labels=["vhost", "queue"])
+        unacked = GaugeMetricFamily("warren_queue_messages_unacked", "Messages delivered but not yet acknowledged",
+                                    labels=["vhost", "queue"])
+        consumers = GaugeMetricFamily("warren_queue_consumers", "Consumers on the queue", labels=["vhost", "queue"])
+        for vhost in broker.vhosts.values():
+            for queue in list(vhost.queues.values()):
+                labels = [vhost.name, queue.name]
+                ready.add_metric(labels, queue.state.ready_count)
+                unacked.add_metric(labels, queue.state.unacked_count)
+                consumers.add_metric(labels, queue.consumer_count)
+        yield ready
+        yield unacked
+        yield consumers
+
+
+def _gauge(name: str, help_text: str, value: float) -> GaugeMetricFamily:
+    gauge = GaugeMetricFamily(name, help_text)
+    gauge.add_metric([], value)
+    return gauge
+
+
+# A scrape request is one line plus headers; anything longer is not Prometheus.
+REQUEST_MAX_BYTES = 16384
+
+
+async def start_metrics_server(broker: "Broker", host: str, port: int) -> asyncio.Server:
+    registry = CollectorRegistry()
+    registry.register(BrokerCollector(broker))
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=10)
+            request_line = head.split(b"\r\n", 1)[0].split()
+            if len(request_line) >= 2 and request_line[0] == b"GET" and request_line[1].split(b"?")[0] in (
+                    b"/metrics", b"/"):
+                body = generate_latest(registry)
+                status, content_type = b"200 OK", CONTENT_TYPE_LATEST.encode()
+            else:
+                body, status, content_type = b"not found\n", b"404 Not Found", b"text/plain"
+            writer.write(b"HTTP/1.1 " + status + b"\r\nContent-Type: " + content_type +
+                         b"\r\nContent-Length: " + str(len(body)).encode() +
+                         b"\r\nConnection: close\r\n\r\n" + body)
+            await writer.drain()
+        except (asyncio.TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, OSError):
+            pass
+        finally:
+            writer.close()
+
+    return await asyncio.start_server(handle, host, port, limit=REQUEST_MAX_BYTES)

@@ -1,0 +1,125 @@
+"""A queue: the pure fifo machine plus the thin shell that performs its effects.
+
+The shell numbers commands (the future Raft log index), stamps the time into
+each, applies it to ``fifo`` and interprets the effects: deliveries go to the
+consuming channel, dead-letters back into the vhost's routing. Until the
+storage and Raft issues land, commands are applied in memory on this node.
+"""
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any, Callable, Hashable, Protocol
+
+from broker import fifo
+
+if TYPE_CHECKING:
+    from broker.vhost import VirtualHost
+
+
+class ConsumerSink(Protocol):
+    """What a queue needs from a consuming channel."""
+
+    def deliver(self, queue: "Queue", consumer_tag: str, msg_id: int, payload: Any, redelivered: bool) -> None: ...
+
+    def on_queue_deleted(self, queue: "Queue", consumer_tag: str) -> None: ...
+
+
+def _wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class Queue:
+    def __init__(
+        self,
+        vhost: "VirtualHost",
+        name: str,
+        durable: bool,
+        exclusive_owner: Hashable | None,
+        auto_delete: bool,
+        arguments: dict,
+        clock_ms: Callable[[], int] = _wall_clock_ms,
+    ):
+        self.vhost = vhost
+        self.name = name
+        self.durable = durable
+        self.exclusive_owner = exclusive_owner
+        self.auto_delete = auto_delete
+        self.arguments = arguments
+        self.queue_type = arguments.get("x-queue-type", "classic")
+        self._clock_ms = clock_ms
+        self.index = 0
+        self.state = fifo.FifoState(limits=fifo.QueueLimits(
+            max_length=arguments.get("x-max-length"),
+            max_length_bytes=arguments.get("x-max-length-bytes"),
+            overflow=arguments.get("x-overflow", fifo.DROP_HEAD),
+        ))
+        # consumer id (owner, consumer_tag) -> the channel that consumes
+        self.consumers: dict[Hashable, ConsumerSink] = {}
+        self.exclusive_consumer: Hashable | None = None
+        self.had_consumers = False
+        self.deleted = False
+
+    # -- applying commands ------------------------------------------------
+    def apply(self, command: Any) -> Any:
+        self.index += 1
+        reply, effects = fifo.apply(fifo.Meta(self.index, self._clock_ms()), command, self.state)
+        if effects:
+            self._perform(effects)
+        return reply
+
+    def enqueue(self, payload: Any, size: int) -> bool:
+        """Apply one enqueue; True if the queue accepted it."""
+        return self.apply(fifo.Enqueue(payload, size)) is fifo.ACCEPTED
+
+    def _perform(self, effects: list) -> None:
+        for effect in effects:
+            match effect:
+                case fifo.Deliver(consumer=consumer_id):
+                    sink = self.consumers.get(consumer_id)
+                    assert sink is not None, f"delivery to unknown consumer {consumer_id!r}"
+                    sink.deliver(self, consumer_id[1], effect.msg_id, effect.payload, effect.redelivered)
+                case fifo.DeadLetter():
+                    self.vhost.dead_letter(self, effect.reason, effect.payloads)
+                case _:
+                    raise AssertionError(f"unknown effect {effect!r}")
+
+    # -- consumers --------------------------------------------------------
+    def add_consumer(self, consumer_id: Hashable, sink: ConsumerSink, prefetch: int,
+                     priority: int, no_ack: bool, exclusive: bool) -> None:
+        self.consumers[consumer_id] = sink
+        self.had_consumers = True
+        if exclusive:
+            self.exclusive_consumer = consumer_id
+        self.apply(fifo.Checkout(consumer_id, prefetch, priority, no_ack))
+
+    def remove_consumer(self, consumer_id: Hashable) -> None:
+        """basic.cancel: no more deliveries; what it holds stays unacked."""
+        self.apply(fifo.Cancel(consumer_id))
+        self._forget_consumer(consumer_id)
+
+    def _forget_consumer(self, consumer_id: Hashable) -> None:
+        self.consumers.pop(consumer_id, None)
+        if self.exclusive_consumer == consumer_id:
+            self.exclusive_consumer = None
+        if self.auto_delete and self.had_consumers and not self.consumers and not self.deleted:
+            self.vhost.delete_queue_now(self)
+
+    def owner_down(self, owner: Hashable) -> None:
+        """The channel ``owner`` closed: return all it held, drop its consumers."""
+        self.apply(fifo.Down(owner))
+        for consumer_id in [c for c in self.consumers if c[0] == owner]:
+            self._forget_consumer(consumer_id)
+
+    @property
+    def consumer_count(self) -> int:
+        return len(self.consumers)
+
+    @property
+    def message_count(self) -> int:
+        return self.state.ready_count
+
+    def notify_deleted(self) -> None:
+        self.deleted = True
+        for consumer_id, sink in list(self.consumers.items()):
+            sink.on_queue_deleted(self, consumer_id[1])
+        self.consumers.clear()

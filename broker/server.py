@@ -1,0 +1,96 @@
+"""``warren-server``: start one node (AMQP listener + Prometheus endpoint).
+
+Reads the config (``--config`` TOML file, WARREN_* environment), runs on
+uvloop, and shuts down gracefully on SIGTERM/SIGINT: every client connection
+gets connection.close 320 CONNECTION_FORCED before the process exits.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+
+import structlog
+import uvloop
+
+from broker.broker import VERSION, Broker
+from broker.connection import AMQPConnection
+from broker.logs import configure_logging
+from broker.metrics import start_metrics_server
+from config import ConfigError, Settings, load_settings
+
+log = structlog.get_logger("warren.server")
+# How long shutdown waits for clients to answer connection.close.
+SHUTDOWN_GRACE_SECONDS = 5.0
+LISTEN_BACKLOG = 1024
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="warren-server",
+        description="Warren: an AMQP 0-9-1 message broker. Configuration comes from an optional TOML "
+                    "file and WARREN_* environment variables (which win), e.g. WARREN_AMQP_PORT=5672, "
+                    "WARREN_DATA_DIR=./warren-data, WARREN_LOG_FORMAT=console.")
+    parser.add_argument("--config", metavar="PATH", help="TOML configuration file")
+    parser.add_argument("--version", action="version", version=f"warren {VERSION}")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if not _assertions_enabled():
+        print("warren-server: refusing to run with assertions disabled (python -O)", file=sys.stderr)
+        return 2
+    try:
+        settings = load_settings(args.config)
+    except ConfigError as error:
+        print(f"warren-server: {error}", file=sys.stderr)
+        return 2
+    configure_logging(settings.log_level, settings.log_format)
+    try:
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        print(f"warren-server: data_dir {settings.data_dir}: {error.strerror}", file=sys.stderr)
+        return 2
+    try:
+        return uvloop.run(serve(settings))
+    except OSError as error:
+        log.error("server.start_failed", error=str(error))
+        print(f"warren-server: cannot start: {error}", file=sys.stderr)
+        return 1
+
+
+def _assertions_enabled() -> bool:
+    try:
+        assert False
+    except AssertionError:
+        return True
+    return False
+
+
+async def serve(settings: Settings) -> int:
+    loop = asyncio.get_running_loop()
+    broker = Broker(settings)
+    server = await loop.create_server(
+        lambda: AMQPConnection(broker), settings.amqp_host, settings.amqp_port,
+        reuse_address=True, backlog=LISTEN_BACKLOG)
+    metrics_server = None
+    if settings.metrics_port:
+        metrics_server = await start_metrics_server(broker, settings.metrics_host, settings.metrics_port)
+    stop = asyncio.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    log.info("server.started", node=settings.node_name, amqp=f"{settings.amqp_host}:{settings.amqp_port}",
+             metrics_port=settings.metrics_port, data_dir=str(settings.data_dir), version=VERSION)
+    await stop.wait()
+    log.info("server.stopping", connections=len(broker.connections))
+    server.close()
+    broker.shutdown_connections()
+    deadline = loop.time() + SHUTDOWN_GRACE_SECONDS
+    while broker.connections and loop.time() < deadline:
+        await asyncio.sleep(0.05)
+    if metrics_server is not None:
+        metrics_server.close()
+    log.info("server.stopped")
+    return 0

@@ -1,0 +1,300 @@
+"""A virtual host: its exchanges, queues and bindings, and routing between them.
+
+Every operation raises ``ChannelError`` with the reply code and text RabbitMQ
+sends for the same mistake. No I/O here: the channel calls in, queues call
+back for dead-lettering and auto-delete.
+"""
+from __future__ import annotations
+
+import secrets
+from typing import Any, Hashable
+
+from pamqp import commands as spec
+
+from broker import arguments as queue_arguments
+from broker.exchanges import EXCHANGE_TYPES, Binding, Destination, Exchange, make_exchange
+from broker.queue import Queue
+from protocol import codec
+from protocol.constants import (
+    ACCESS_REFUSED,
+    NOT_FOUND,
+    PRECONDITION_FAILED,
+    PROP_HEADERS,
+    RESOURCE_LOCKED,
+)
+from protocol.errors import ChannelError
+
+DEFAULT_EXCHANGES = (
+    ("amq.direct", "direct"),
+    ("amq.fanout", "fanout"),
+    ("amq.topic", "topic"),
+    ("amq.headers", "headers"),
+    ("amq.match", "headers"),
+)
+QUEUE_TYPES_DURABLE_ONLY = ("quorum", "stream")
+# Longest path through exchange-to-exchange bindings we follow; cycles are cut by a visited set.
+E2E_HOPS_MAX = 64
+
+
+class VirtualHost:
+    def __init__(self, name: str):
+        self.name = name
+        self.exchanges: dict[str, Exchange] = {"": make_exchange("", "direct")}
+        for exchange_name, exchange_type in DEFAULT_EXCHANGES:
+            self.exchanges[exchange_name] = make_exchange(exchange_name, exchange_type)
+        self.queues: dict[str, Queue] = {}
+
+    # -- exchanges --------------------------------------------------------
+    def exchange(self, name: str, class_id: int = 40, method_id: int = 10) -> Exchange:
+        found = self.exchanges.get(name)
+        if found is None:
+            raise ChannelError(NOT_FOUND, f"no exchange '{name}' in vhost '{self.name}'", class_id, method_id)
+        return found
+
+    def declare_exchange(self, method: spec.Exchange.Declare) -> Exchange:
+        name = method.exchange
+        if method.passive:
+            return self.exchange(name)
+        if method.exchange_type not in EXCHANGE_TYPES:
+            raise ChannelError(
+                PRECONDITION_FAILED, f"invalid exchange type '{method.exchange_type}' for exchange "
+                f"'{name}' in vhost '{self.name}'", 40, 10)
+        existing = self.exchanges.get(name)
+        if name == "" or (name.startswith("amq.") and existing is None):
+            raise ChannelError(
+                ACCESS_REFUSED, f"exchange name '{name}' contains reserved prefix 'amq.*'", 40, 10)
+        if existing is not None:
+            self._check_exchange_equivalent(existing, method)
+            return existing
+        exchange = make_exchange(name, method.exchange_type, method.durable, method.auto_delete,
+                                 method.internal, method.arguments or {})
+        self.exchanges[name] = exchange
+        return exchange
+
+    def _check_exchange_equivalent(self, existing: Exchange, method: spec.Exchange.Declare) -> None:
+        for field, received, current in (
+            ("type", method.exchange_type, existing.type),
+            ("durable", method.durable, existing.durable),
+            ("auto_delete", method.auto_delete, existing.auto_delete),
+            ("internal", method.internal, existing.internal),
+        ):
+            if received != current:
+                raise ChannelError(
+                    PRECONDITION_FAILED,
+                    f"inequivalent arg '{field}' for exchange '{existing.name}' in vhost '{self.name}': "
+                    f"received '{_erl(received)}' but current is '{_erl(current)}'", 40, 10)
+
+    def delete_exchange(self, name: str, if_unused: bool) -> None:
+        if name == "" or name.startswith("amq."):
+            raise ChannelError(ACCESS_REFUSED, f"operation not permitted on the default exchange"
+                               if name == "" else f"exchange '{name}' in vhost '{self.name}' is built in", 40, 20)
+        exchange = self.exchanges.get(name)
+        if exchange is None:
+            return  # deleting what does not exist succeeds, as in RabbitMQ 3.x
+        if if_unused and (exchange.bindings or self._bindings_to(("exchange", name))):
+            raise ChannelError(PRECONDITION_FAILED, f"exchange '{name}' in vhost '{self.name}' in use", 40, 20)
+        self._remove_exchange(exchange)
+
+    def _remove_exchange(self, exchange: Exchange) -> None:
+        del self.exchanges[exchange.name]
+        for other in list(self.exchanges.values()):
+            if other.unbind_destination(("exchange", exchange.name)):
+                self._maybe_auto_delete_exchange(other)
+
+    def _bindings_to(self, destination: Destination) -> list[Binding]:
+        return [b for e in self.exchanges.values() for b in e.bindings if b.destination == destination]
+
+    def _maybe_auto_delete_exchange(self, exchange: Exchange) -> None:
+        if exchange.auto_delete and not exchange.bindings and exchange.name in self.exchanges:
+            self._remove_exchange(exchange)
+
+    # -- queues -----------------------------------------------------------
+    def queue(self, name: str, owner: Hashable | None, class_id: int = 50, method_id: int = 10) -> Queue:
+        found = self.queues.get(name)
+        if found is None:
+            raise ChannelError(NOT_FOUND, f"no queue '{name}' in vhost '{self.name}'", class_id, method_id)
+        self._check_exclusive(found, owner, class_id, method_id)
+        return found
+
+    def _check_exclusive(self, queue: Queue, owner: Hashable | None, class_id: int, method_id: int) -> None:
+        if queue.exclusive_owner is not None and queue.exclusive_owner != owner:
+            raise ChannelError(
+                RESOURCE_LOCKED,
+                f"cannot obtain exclusive access to locked queue '{queue.name}' in vhost '{self.name}'. "
+                "It could be originally declared on another connection or the exclusive property value "
+                "does not match that of the original declaration.", class_id, method_id)
+
+    def declare_queue(self, method: spec.Queue.Declare, owner: Hashable) -> Queue:
+        name = method.queue
+        arguments = dict(method.arguments or {})
+        if method.passive:
+            return self.queue(name, owner)
+        if name.startswith("amq."):
+            raise ChannelError(ACCESS_REFUSED, f"queue name '{name}' contains reserved prefix 'amq.*'", 50, 10)
+        if not name:
+            name = "amq.gen-" + secrets.token_urlsafe(16)
+        queue_arguments.validate_queue_arguments(arguments, name, self.name)
+        existing = self.queues.get(name)
+        if existing is not None:
+            self._check_exclusive(existing, owner, 50, 10)
+            if existing.durable != method.durable:
+                raise ChannelError(
+                    PRECONDITION_FAILED,
+                    f"inequivalent arg 'durable' for queue '{name}' in vhost '{self.name}': "
+                    f"received '{_erl(method.durable)}' but current is '{_erl(existing.durable)}'", 50, 10)
+            queue_arguments.check_equivalent(existing.arguments, arguments, name, self.name)
+            return existing
+        self._check_queue_type_properties(method, arguments, name)
+        queue = Queue(self, name, method.durable, owner if method.exclusive else None,
+                      method.auto_delete, arguments)
+        self.queues[name] = queue
+        self.exchanges[""].bind(Binding.make("", ("queue", name), name, None))
+        return queue
+
+    def _check_queue_type_properties(self, method: spec.Queue.Declare, arguments: dict, name: str) -> None:
+        if arguments.get("x-queue-type") not in QUEUE_TYPES_DURABLE_ONLY:
+            return
+        for prop, bad in (("exclusive", method.exclusive), ("non-durable", not method.durable),
+                          ("auto-delete", method.auto_delete)):
+            if bad:
+                raise ChannelError(
+                    PRECONDITION_FAILED, f"invalid property '{prop}' for queue '{name}' in vhost '{self.name}'",
+                    50, 10)
+
+    def delete_queue(self, name: str, owner: Hashable, if_unused: bool, if_empty: bool) -> int:
+        queue = self.queues.get(name)
+        if queue is None:
+            return 0  # as RabbitMQ 3.x: deleting a missing queue succeeds
+        self._check_exclusive(queue, owner, 50, 40)
+        if if_unused and queue.consumer_count:
+            raise ChannelError(PRECONDITION_FAILED, f"queue '{name}' in vhost '{self.name}' in use", 50, 40)
+        if if_empty and queue.message_count:
+            raise ChannelError(PRECONDITION_FAILED, f"queue '{name}' in vhost '{self.name}' is not empty", 50, 40)
+        count = queue.message_count
+        self.delete_queue_now(queue)
+        return count
+
+    def delete_queue_now(self, queue: Queue) -> None:
+        if self.queues.get(queue.name) is not queue:
+            return
+        del self.queues[queue.name]
+        for exchange in list(self.exchanges.values()):
+            if exchange.unbind_destination(("queue", queue.name)):
+                self._maybe_auto_delete_exchange(exchange)
+        queue.notify_deleted()
+
+    def delete_exclusive_queues(self, owner: Hashable) -> None:
+        for queue in [q for q in self.queues.values() if q.exclusive_owner == owner]:
+            self.delete_queue_now(queue)
+
+    # -- bindings ---------------------------------------------------------
+    def bind(self, source: str, destination: Destination, routing_key: str, arguments: dict | None,
+             owner: Hashable, class_id: int, method_id: int) -> None:
+        exchange = self._binding_source(source, class_id, method_id)
+        self._binding_destination(destination, owner, class_id, method_id)
+        exchange.bind(Binding.make(source, destination, routing_key, arguments))
+
+    def unbind(self, source: str, destination: Destination, routing_key: str, arguments: dict | None,
+               owner: Hashable, class_id: int, method_id: int) -> None:
+        exchange = self._binding_source(source, class_id, method_id)
+        self._binding_destination(destination, owner, class_id, method_id)
+        if exchange.unbind(Binding.make(source, destination, routing_key, arguments)):
+            self._maybe_auto_delete_exchange(exchange)
+
+    def _binding_source(self, source: str, class_id: int, method_id: int) -> Exchange:
+        if source == "":
+            raise ChannelError(ACCESS_REFUSED, "operation not permitted on the default exchange", class_id, method_id)
+        return self.exchange(source, class_id, method_id)
+
+    def _binding_destination(self, destination: Destination, owner: Hashable, class_id: int, method_id: int) -> None:
+        kind, name = destination
+        if kind == "queue":
+            self.queue(name, owner, class_id, method_id)
+        else:
+            if name == "":
+                raise ChannelError(ACCESS_REFUSED, "operation not permitted on the default exchange",
+                                   class_id, method_id)
+            self.exchange(name, class_id, method_id)
+
+    # -- routing ----------------------------------------------------------
+    def route(self, exchange: Exchange, routing_key: str, properties: bytes) -> list[Queue]:
+        """Queues a message reaches, following e2e bindings and alternate exchanges."""
+        if exchange.name == "":
+            queue = self.queues.get(routing_key)
+            return [queue] if queue is not None else []
+        headers: Any = _UNDECODED
+        found: dict[str, Queue] = {}
+        pending = [exchange]
+        visited = {exchange.name}
+        while pending and len(visited) <= E2E_HOPS_MAX:
+            current = pending.pop()
+            if current.type == "headers" and headers is _UNDECODED:
+                headers = codec.headers_of(properties) if codec.property_flags(properties) & PROP_HEADERS else None
+            destinations = current.route(routing_key, None if headers is _UNDECODED else headers)
+            if not destinations:
+                alternate = self.exchanges.get(current.alternate_exchange or "")
+                if alternate is not None and alternate.name and alternate.name not in visited:
+                    visited.add(alternate.name)
+                    pending.append(alternate)
+                continue
+            for kind, name in destinations:
+                if kind == "queue":
+                    queue = self.queues.get(name)
+                    if queue is not None:
+                        found[name] = queue
+                elif name not in visited:
+                    target = self.exchanges.get(name)
+                    if target is not None:
+                        visited.add(name)
+                        pending.append(target)
+        return list(found.values())
+
+    def dead_letter(self, queue: Queue, reason: str, payloads: tuple) -> None:
+        """Republish dead messages to the queue's x-dead-letter-exchange, if any."""
+        exchange_name = queue.arguments.get("x-dead-letter-exchange")
+        if exchange_name is None:
+            return
+        exchange = self.exchanges.get(exchange_name)
+        if exchange is None:
+            return  # RabbitMQ drops silently when the DLX does not exist
+        override_key = queue.arguments.get("x-dead-letter-routing-key")
+        for original_exchange, routing_key, properties, body in payloads:
+            key = override_key if override_key is not None else routing_key
+            properties = _with_death(properties, queue, reason, original_exchange, routing_key)
+            payload = (exchange_name, key, properties, body)
+            for target in self.route(exchange, key, properties):
+                # A message dead-lettered back into its own queue is dropped unless a
+                # client rejected it (RabbitMQ's cycle rule).
+                if target is not queue or reason == "rejected":
+                    target.enqueue(payload, len(body))
+
+
+_UNDECODED = object()
+
+
+def _with_death(properties: bytes, queue: Queue, reason: str, exchange: str, routing_key: str) -> bytes:
+    """Add RabbitMQ's x-death record (and x-first-death-*) to the headers."""
+    decoded = codec.decode_properties(properties)
+    headers = dict(decoded.headers or {})
+    deaths = list(headers.get("x-death") or [])
+    for death in deaths:
+        if death.get("queue") == queue.name and death.get("reason") == reason:
+            death["count"] = death.get("count", 1) + 1
+            break
+    else:
+        deaths.insert(0, {"count": 1, "reason": reason, "queue": queue.name,
+                          "exchange": exchange, "routing-keys": [routing_key]})
+        headers.setdefault("x-first-death-reason", reason)
+        headers.setdefault("x-first-death-queue", queue.name)
+        headers.setdefault("x-first-death-exchange", exchange)
+    headers["x-death"] = deaths
+    decoded.headers = headers
+    if decoded.expiration is not None:
+        decoded.expiration = None  # RabbitMQ removes per-message TTL when dead-lettering
+    return codec.encode_properties(decoded)
+
+
+def _erl(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)

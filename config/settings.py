@@ -1,0 +1,106 @@
+"""The node's configuration: one pydantic-settings model read by every layer.
+
+Sources, highest priority first: WARREN_* environment variables, the TOML file
+given with ``--config``, then the defaults below. A bad value fails at start
+with a message that names the field (``load_settings`` raises ConfigError).
+"""
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
+
+
+class ConfigError(Exception):
+    """Invalid configuration; the message names the offending field."""
+
+
+class User(BaseModel):
+    name: str = Field(min_length=1)
+    password: SecretStr
+    # vhosts this user may use; RabbitMQ's ".*" configure/write/read per vhost.
+    vhosts: list[str] = ["/"]
+    tags: list[str] = []
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="WARREN_", extra="forbid", validate_default=True
+    )
+
+    node_name: str = "warren@localhost"
+    amqp_host: str = "0.0.0.0"
+    amqp_port: int = Field(5672, ge=0, le=65535)
+    metrics_host: str = "0.0.0.0"
+    # 0 disables the Prometheus endpoint.
+    metrics_port: int = Field(15692, ge=0, le=65535)
+    data_dir: Path = Path("./warren-data")
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_format: Literal["json", "console"] = "json"
+
+    users: list[User] = [User(name="guest", password=SecretStr("guest"))]
+    # Users that may only connect from loopback (RabbitMQ's loopback_users).
+    loopback_users: list[str] = ["guest"]
+    vhosts: list[str] = ["/"]
+
+    # Tune parameters the server proposes (AMQP 0-9-1 §4.2.3); names as RabbitMQ's.
+    frame_max: int = Field(131072, ge=4096, le=2**31 - 1)
+    channel_max: int = Field(2047, ge=1, le=65535)
+    heartbeat: int = Field(60, ge=0, le=65535)
+    max_message_size_bytes: int = Field(128 * 1024 * 1024, ge=1, le=512 * 1024 * 1024)
+    handshake_timeout_seconds: float = Field(10.0, gt=0)
+
+    # Backpressure: a connection whose unsent output exceeds this stops reading.
+    connection_write_buffer_max_bytes: int = Field(4 * 1024 * 1024, ge=65536)
+    # Per-queue bound on messages held in memory before publishers are refused.
+    queue_max_messages_in_memory: int = Field(5_000_000, ge=1)
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _lower_level(cls, value: Any) -> Any:
+        return value.lower() if isinstance(value, str) else value
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # Environment beats the file (init_settings carries the file's values).
+        return (env_settings, init_settings)
+
+
+def load_settings(config_path: str | Path | None = None, **overrides: Any) -> Settings:
+    """Read the TOML file (if any) and the environment; raise ConfigError."""
+    file_values: dict[str, Any] = {}
+    if config_path is not None:
+        path = Path(config_path)
+        try:
+            file_values = tomllib.loads(path.read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"config file {path} does not exist") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+    file_values.update(overrides)
+    try:
+        return Settings(**file_values)
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc)) from None
+
+
+def _describe(exc: ValidationError) -> str:
+    parts = []
+    for error in exc.errors():
+        field = ".".join(str(p) for p in error["loc"]) or "config"
+        parts.append(f"{field}: {error['msg']}")
+    return "invalid configuration: " + "; ".join(parts)

@@ -1,0 +1,170 @@
+"""Encoders and decoders for AMQP 0-9-1 frames.
+
+The hot methods (basic.publish in, basic.deliver / ack / nack out) are packed
+by hand with ``struct`` and keep message properties as the raw bytes of the
+content header (flags + property list), so a message is never turned into
+objects on its way through the broker. Everything else goes through pamqp.
+"""
+from __future__ import annotations
+
+import struct
+
+from pamqp import base as pamqp_base
+from pamqp import commands as spec
+from pamqp import decode as pamqp_decode
+
+from protocol.constants import (
+    CLASS_BASIC,
+    FRAME_BODY,
+    FRAME_END_BYTE,
+    FRAME_HEADER,
+    FRAME_HEARTBEAT,
+    FRAME_METHOD,
+    FRAME_OVERHEAD_BYTES,
+    PROP_DELIVERY_MODE,
+    PROP_HEADERS,
+)
+
+_frame_header = struct.Struct(">BHI")
+_content_header = struct.Struct(">BHIHHQ")
+_ack = struct.Struct(">BHIIQB")
+_deliver_head = struct.Struct(">BHIIB")
+_u64_bit = struct.Struct(">QB")
+
+HEARTBEAT_FRAME = _frame_header.pack(FRAME_HEARTBEAT, 0, 0) + FRAME_END_BYTE
+BASIC_DELIVER_ID = (60 << 16) | 60
+BASIC_GET_OK_ID = (60 << 16) | 71
+BASIC_RETURN_ID = (60 << 16) | 50
+BASIC_ACK_ID = (60 << 16) | 80
+BASIC_NACK_ID = (60 << 16) | 120
+
+# Properties of a message published with no properties at all.
+EMPTY_PROPERTIES = b"\x00\x00"
+
+
+def shortstr(value: str | bytes) -> bytes:
+    raw = value.encode() if isinstance(value, str) else value
+    if len(raw) > 255:
+        raise ValueError("shortstr longer than 255 bytes")
+    return bytes((len(raw),)) + raw
+
+
+def encode_method(channel: int, method: pamqp_base.Frame) -> bytes:
+    payload = struct.pack(">I", method.index) + method.marshal()
+    return _frame_header.pack(FRAME_METHOD, channel, len(payload)) + payload + FRAME_END_BYTE
+
+
+def encode_content(channel: int, properties: bytes, body: bytes, frame_max: int) -> bytes:
+    """Content header frame plus body frames, split to fit frame_max."""
+    body_size = len(body)
+    parts = [
+        _content_header.pack(FRAME_HEADER, channel, 12 + len(properties), CLASS_BASIC, 0, body_size),
+        properties,
+        FRAME_END_BYTE,
+    ]
+    chunk_max = frame_max - FRAME_OVERHEAD_BYTES
+    if body_size <= chunk_max:
+        if body_size:
+            parts += (_frame_header.pack(FRAME_BODY, channel, body_size), body, FRAME_END_BYTE)
+        return b"".join(parts)
+    view = memoryview(body)
+    for start in range(0, body_size, chunk_max):
+        chunk = view[start:start + chunk_max]
+        parts += (_frame_header.pack(FRAME_BODY, channel, len(chunk)), chunk, FRAME_END_BYTE)
+    return b"".join(parts)
+
+
+def encode_deliver(
+    channel: int,
+    consumer_tag: bytes,
+    delivery_tag: int,
+    redelivered: bool,
+    exchange_and_key: bytes,
+    properties: bytes,
+    body: bytes,
+    frame_max: int,
+) -> bytes:
+    """basic.deliver + content; consumer_tag and exchange_and_key are shortstrs."""
+    args = consumer_tag + _u64_bit.pack(delivery_tag, redelivered) + exchange_and_key
+    method = _frame_header.pack(FRAME_METHOD, channel, 4 + len(args)) + struct.pack(">I", BASIC_DELIVER_ID) + args + FRAME_END_BYTE
+    return method + encode_content(channel, properties, body, frame_max)
+
+
+def encode_get_ok(
+    channel: int,
+    delivery_tag: int,
+    redelivered: bool,
+    exchange_and_key: bytes,
+    message_count: int,
+    properties: bytes,
+    body: bytes,
+    frame_max: int,
+) -> bytes:
+    args = _u64_bit.pack(delivery_tag, redelivered) + exchange_and_key + struct.pack(">I", message_count)
+    method = _frame_header.pack(FRAME_METHOD, channel, 4 + len(args)) + struct.pack(">I", BASIC_GET_OK_ID) + args + FRAME_END_BYTE
+    return method + encode_content(channel, properties, body, frame_max)
+
+
+def encode_return(
+    channel: int, reply_code: int, reply_text: str, exchange: str, routing_key: str,
+    properties: bytes, body: bytes, frame_max: int,
+) -> bytes:
+    args = struct.pack(">H", reply_code) + shortstr(reply_text) + shortstr(exchange) + shortstr(routing_key)
+    method = _frame_header.pack(FRAME_METHOD, channel, 4 + len(args)) + struct.pack(">I", BASIC_RETURN_ID) + args + FRAME_END_BYTE
+    return method + encode_content(channel, properties, body, frame_max)
+
+
+def encode_ack(channel: int, delivery_tag: int, multiple: bool) -> bytes:
+    return _ack.pack(FRAME_METHOD, channel, 13, BASIC_ACK_ID, delivery_tag, multiple) + FRAME_END_BYTE
+
+
+def encode_nack(channel: int, delivery_tag: int, multiple: bool) -> bytes:
+    # bits: multiple (bit 0), requeue (bit 1); a broker's nack never requeues.
+    return _ack.pack(FRAME_METHOD, channel, 13, BASIC_NACK_ID, delivery_tag, multiple) + FRAME_END_BYTE
+
+
+def decode_properties(properties: bytes) -> spec.Basic.Properties:
+    """Full decode of a raw content header property list (the rare path)."""
+    flags = 0
+    offset = 0
+    shift = 0
+    while True:
+        (partial,) = struct.unpack_from(">H", properties, offset)
+        offset += 2
+        flags |= (partial & 0xFFFE) << shift
+        if not partial & 1:
+            break
+        shift += 16
+    decoded = spec.Basic.Properties()
+    decoded.unmarshal(flags, properties[offset:])
+    return decoded
+
+
+def encode_properties(properties: spec.Basic.Properties) -> bytes:
+    return properties.marshal()
+
+
+def property_flags(properties: bytes) -> int:
+    return (properties[0] << 8) | properties[1]
+
+
+def headers_of(properties: bytes) -> dict | None:
+    """The headers table, decoding only what precedes it."""
+    flags = property_flags(properties)
+    if not flags & PROP_HEADERS:
+        return None
+    return decode_properties(properties).headers
+
+
+def is_persistent(properties: bytes) -> bool:
+    """delivery_mode == 2, read without a full decode."""
+    flags = property_flags(properties)
+    if not flags & PROP_DELIVERY_MODE:
+        return False
+    if flags & 0xE000 == 0 and not flags & 1:
+        return properties[2] == 2
+    return decode_properties(properties).delivery_mode == 2
+
+
+def decode_table(raw: bytes) -> dict:
+    return pamqp_decode.field_table(raw)[1]

@@ -1,0 +1,354 @@
+"""Sans-I/O AMQP 0-9-1 server connection: bytes in, events out.
+
+Theory of operation. ``receive_data(bytes)`` parses as many whole frames as
+the buffer holds and returns a list of events; the caller (the asyncio shell)
+acts on them and writes whatever the broker answers. The machine tracks only
+what the wire protocol itself defines (AMQP 0-9-1 §2.3, §4.2):
+
+* the protocol header, then the connection handshake on channel 0, in order
+  start-ok → tune-ok → open; anything else is 504/503 as RabbitMQ sends;
+* per channel: closed → open → closing (after the server sent channel.close
+  only close-ok and close are looked at, §4.2.6 "the peer must discard");
+* content assembly: after basic.publish the channel expects exactly one
+  content header and then body frames up to the announced size (505
+  UNEXPECTED_FRAME otherwise);
+* frame limits: frame_max (501 FRAME_ERROR), max message size (406).
+
+Events are tuples, first element the kind, because one is made per message:
+  (EV_METHOD, channel, pamqp_method)
+  (EV_PUBLISH, channel, exchange, routing_key, mandatory, immediate, properties, body)
+  (EV_ACK, channel, delivery_tag, multiple)
+  (EV_NACK, channel, delivery_tag, multiple, requeue)
+  (EV_REJECT, channel, delivery_tag, requeue)
+  (EV_HEARTBEAT, 0)
+A soft error inside a channel becomes (EV_CHANNEL_ERROR, channel, ChannelError)
+and a hard error raises AMQPConnectionError out of ``receive_data`` after the
+events parsed before it have been returned through ``pending_events``.
+"""
+from __future__ import annotations
+
+import struct
+
+from pamqp import commands as spec
+
+from protocol.constants import (
+    BASIC_ACK,
+    BASIC_NACK,
+    BASIC_PUBLISH,
+    BASIC_REJECT,
+    CHANNEL_ERROR,
+    COMMAND_INVALID,
+    FRAME_BODY,
+    FRAME_END,
+    FRAME_ERROR,
+    FRAME_HEADER,
+    FRAME_HEARTBEAT,
+    FRAME_METHOD,
+    FRAME_MIN_SIZE,
+    NOT_IMPLEMENTED,
+    PRECONDITION_FAILED,
+    PROTOCOL_HEADER,
+    SYNTAX_ERROR,
+    UNEXPECTED_FRAME,
+)
+from protocol.errors import AMQPConnectionError, ChannelError
+
+EV_METHOD = 0
+EV_PUBLISH = 1
+EV_ACK = 2
+EV_NACK = 3
+EV_REJECT = 4
+EV_HEARTBEAT = 5
+EV_CHANNEL_ERROR = 6
+
+# Connection states (channel 0), in handshake order.
+AWAIT_HEADER = "header"
+AWAIT_START_OK = "start_ok"
+AWAIT_TUNE_OK = "tune_ok"
+AWAIT_OPEN = "open"
+OPEN = "opened"
+CLOSING = "closing"
+CLOSED = "closed"
+
+_HANDSHAKE_EXPECTS = {
+    AWAIT_START_OK: spec.Connection.StartOk,
+    AWAIT_TUNE_OK: spec.Connection.TuneOk,
+    AWAIT_OPEN: spec.Connection.Open,
+}
+
+_frame_header = struct.Struct(">BHI")
+_method_id = struct.Struct(">I")
+_content_header = struct.Struct(">HHQ")
+_ack_args = struct.Struct(">QB")
+_u16 = struct.Struct(">H")
+
+_CHANNEL_OPEN = "open"
+_CHANNEL_CLOSING = "closing"
+
+
+class _Content:
+    """A basic.publish waiting for its header and body frames."""
+
+    __slots__ = ("exchange", "routing_key", "mandatory", "immediate", "properties", "body_size", "parts", "received")
+
+    def __init__(self, exchange: str, routing_key: str, mandatory: bool, immediate: bool):
+        self.exchange = exchange
+        self.routing_key = routing_key
+        self.mandatory = mandatory
+        self.immediate = immediate
+        self.properties: bytes | None = None
+        self.body_size = 0
+        self.parts: list[bytes] = []
+        self.received = 0
+
+
+class ServerConnection:
+    def __init__(self, frame_max: int, channel_max: int, max_message_size_bytes: int):
+        self.state = AWAIT_HEADER
+        self.frame_max = frame_max
+        self.channel_max = channel_max
+        self.max_message_size_bytes = max_message_size_bytes
+        self.channels: dict[int, str] = {}
+        self._contents: dict[int, _Content] = {}
+        self._buffer = b""
+        self.pending_events: list[tuple] = []
+
+    # -- input ------------------------------------------------------------
+    def receive_data(self, data: bytes) -> list[tuple]:
+        """Parse whole frames; return their events. Raises AMQPConnectionError."""
+        buf = self._buffer + data if self._buffer else data
+        events: list[tuple] = []
+        self.pending_events = events
+        if self.state == AWAIT_HEADER:
+            if len(buf) < 8:
+                self._buffer = buf
+                if PROTOCOL_HEADER.startswith(bytes(buf)):
+                    return events
+                raise BadProtocolHeader()
+            if buf[:8] != PROTOCOL_HEADER:
+                raise BadProtocolHeader()
+            self.state = AWAIT_START_OK
+            buf = buf[8:]
+        pos = 0
+        end = len(buf)
+        frame_max = self.frame_max
+        unpack_header = _frame_header.unpack_from
+        while end - pos >= 7:
+            frame_type, channel, size = unpack_header(buf, pos)
+            if size + 8 > frame_max:
+                raise AMQPConnectionError(
+                    FRAME_ERROR, f"frame size {size + 8} larger than negotiated maximum {frame_max}")
+            frame_end = pos + 7 + size
+            if frame_end >= end:
+                break
+            if buf[frame_end] != FRAME_END:
+                raise AMQPConnectionError(FRAME_ERROR, f"frame end marker missing (type {frame_type}, channel {channel})")
+            payload_start = pos + 7
+            pos = frame_end + 1
+            if frame_type == FRAME_METHOD:
+                if size < 4:
+                    raise AMQPConnectionError(FRAME_ERROR, "method frame too short")
+                (method_id,) = _method_id.unpack_from(buf, payload_start)
+                if channel and self.channels.get(channel) is _CHANNEL_OPEN and channel not in self._contents:
+                    # Fast path: the hot methods on an open channel.
+                    if method_id == BASIC_PUBLISH:
+                        self._on_publish(channel, buf, payload_start + 4, frame_end)
+                        continue
+                    if method_id == BASIC_ACK:
+                        tag, bits = self._ack_args(buf, payload_start, frame_end)
+                        events.append((EV_ACK, channel, tag, bool(bits & 1)))
+                        continue
+                    if method_id == BASIC_NACK:
+                        tag, bits = self._ack_args(buf, payload_start, frame_end)
+                        events.append((EV_NACK, channel, tag, bool(bits & 1), bool(bits & 2)))
+                        continue
+                    if method_id == BASIC_REJECT:
+                        tag, bits = self._ack_args(buf, payload_start, frame_end)
+                        events.append((EV_REJECT, channel, tag, bool(bits & 1)))
+                        continue
+                self._on_method_frame(channel, method_id, buf[payload_start + 4:frame_end], events)
+            elif frame_type == FRAME_BODY:
+                self._on_body(channel, buf[payload_start:frame_end], events)
+            elif frame_type == FRAME_HEADER:
+                self._on_header(channel, buf[payload_start:frame_end], events)
+            elif frame_type == FRAME_HEARTBEAT:
+                if channel != 0:
+                    raise AMQPConnectionError(FRAME_ERROR, f"heartbeat frame on channel {channel}")
+                events.append((EV_HEARTBEAT, 0))
+            else:
+                raise AMQPConnectionError(FRAME_ERROR, f"unknown frame type {frame_type}")
+        self._buffer = buf[pos:] if pos < end else b""
+        return events
+
+    @staticmethod
+    def _ack_args(buf: bytes, payload_start: int, frame_end: int) -> tuple[int, int]:
+        if frame_end - payload_start != 13:
+            raise AMQPConnectionError(SYNTAX_ERROR, "malformed basic.ack/nack/reject arguments")
+        return _ack_args.unpack_from(buf, payload_start + 4)
+
+    def _on_publish(self, channel: int, buf: bytes, start: int, stop: int) -> None:
+        # basic.publish: reserved short, exchange shortstr, routing-key shortstr, bits.
+        try:
+            at = start + 2
+            length = buf[at]
+            exchange = buf[at + 1:at + 1 + length].decode()
+            at += 1 + length
+            length = buf[at]
+            routing_key = buf[at + 1:at + 1 + length].decode()
+            at += 1 + length
+            bits = buf[at]
+        except (IndexError, UnicodeDecodeError):
+            raise AMQPConnectionError(SYNTAX_ERROR, "malformed basic.publish arguments") from None
+        if at + 1 != stop:
+            raise AMQPConnectionError(SYNTAX_ERROR, "malformed basic.publish arguments")
+        self._contents[channel] = _Content(exchange, routing_key, bool(bits & 1), bool(bits & 2))
+
+    def _on_method_frame(self, channel: int, method_id: int, args: bytes, events: list) -> None:
+        method_type = spec.INDEX_MAPPING.get(method_id)
+        if method_type is None:
+            raise AMQPConnectionError(
+                NOT_IMPLEMENTED, f"unknown method class {method_id >> 16} method {method_id & 0xFFFF}",
+                method_id >> 16, method_id & 0xFFFF)
+        method = method_type()
+        try:
+            method.unmarshal(args)
+        except Exception:  # pamqp raises many types on garbage; all mean the same.
+            raise AMQPConnectionError(
+                SYNTAX_ERROR, f"malformed arguments for {method.name}", method_id >> 16, method_id & 0xFFFF) from None
+        if channel == 0:
+            self._on_channel0_method(method, events)
+            return
+        if self.state != OPEN:
+            if self.state == CLOSING:
+                return
+            raise AMQPConnectionError(
+                CHANNEL_ERROR, f"unexpected method on channel {channel} in connection state {self.state}")
+        channel_state = self.channels.get(channel)
+        if channel_state is None:
+            if not isinstance(method, spec.Channel.Open):
+                raise AMQPConnectionError(CHANNEL_ERROR, "expected 'channel.open'", method_id >> 16, method_id & 0xFFFF)
+            if channel > self.channel_max:
+                raise AMQPConnectionError(
+                    CHANNEL_ERROR, f"channel number {channel} exceeds channel_max {self.channel_max}", 20, 10)
+            self.channels[channel] = _CHANNEL_OPEN
+        elif channel_state is _CHANNEL_CLOSING:
+            # §4.2.6: after sending channel.close, discard all but close/close-ok.
+            if isinstance(method, spec.Channel.CloseOk):
+                del self.channels[channel]
+            elif isinstance(method, spec.Channel.Close):
+                events.append((EV_METHOD, channel, method))
+            return
+        elif isinstance(method, spec.Channel.Open):
+            raise AMQPConnectionError(CHANNEL_ERROR, "second 'channel.open' seen", 20, 10)
+        elif channel in self._contents:
+            raise AMQPConnectionError(
+                UNEXPECTED_FRAME, f"expected content header for class 60, got non content header frame instead")
+        events.append((EV_METHOD, channel, method))
+
+    def _on_channel0_method(self, method, events: list) -> None:
+        state = self.state
+        if state == CLOSING:
+            if isinstance(method, (spec.Connection.CloseOk, spec.Connection.Close)):
+                events.append((EV_METHOD, 0, method))
+            return
+        if isinstance(method, spec.Connection.Close):
+            events.append((EV_METHOD, 0, method))
+            return
+        expected = _HANDSHAKE_EXPECTS.get(state)
+        if expected is not None:
+            if not isinstance(method, expected):
+                raise AMQPConnectionError(
+                    COMMAND_INVALID, f"expected '{expected.name.lower()}', got '{method.name.lower()}'")
+            self.state = {AWAIT_START_OK: AWAIT_TUNE_OK, AWAIT_TUNE_OK: AWAIT_OPEN, AWAIT_OPEN: OPEN}[state]
+        elif not isinstance(method, (spec.Connection.UpdateSecret, spec.Connection.Blocked,
+                                     spec.Connection.Unblocked, spec.Connection.CloseOk)):
+            raise AMQPConnectionError(
+                COMMAND_INVALID, f"unexpected method '{method.name.lower()}' on channel 0")
+        events.append((EV_METHOD, 0, method))
+
+    def _on_header(self, channel: int, payload: bytes, events: list) -> None:
+        content = self._content_for(channel, "content header")
+        if content is None:
+            return
+        if content.properties is not None:
+            raise AMQPConnectionError(
+                UNEXPECTED_FRAME, "expected content body, got non content body frame instead")
+        if len(payload) < 14:
+            raise AMQPConnectionError(FRAME_ERROR, "content header frame too short")
+        class_id, _weight, body_size = _content_header.unpack_from(payload, 0)
+        if class_id != 60:
+            raise AMQPConnectionError(
+                UNEXPECTED_FRAME, f"expected content header for class 60, got class {class_id}")
+        if body_size > self.max_message_size_bytes:
+            del self._contents[channel]
+            events.append((EV_CHANNEL_ERROR, channel, ChannelError(
+                PRECONDITION_FAILED,
+                f"message size {body_size} is larger than configured max size {self.max_message_size_bytes}",
+                60, 40)))
+            return
+        content.properties = payload[12:]
+        content.body_size = body_size
+        if body_size == 0:
+            self._complete(channel, content, b"", events)
+
+    def _on_body(self, channel: int, payload: bytes, events: list) -> None:
+        content = self._content_for(channel, "content body")
+        if content is None:
+            return
+        if content.properties is None:
+            raise AMQPConnectionError(
+                UNEXPECTED_FRAME, "expected content header for class 60, got non content header frame instead")
+        content.received += len(payload)
+        if content.received > content.body_size:
+            raise AMQPConnectionError(
+                FRAME_ERROR, f"content body exceeds announced size {content.body_size}")
+        if content.received == content.body_size and not content.parts:
+            self._complete(channel, content, payload, events)
+            return
+        content.parts.append(payload)
+        if content.received == content.body_size:
+            self._complete(channel, content, b"".join(content.parts), events)
+
+    def _content_for(self, channel: int, what: str) -> _Content | None:
+        content = self._contents.get(channel)
+        if content is not None:
+            return content
+        channel_state = self.channels.get(channel)
+        if channel_state is _CHANNEL_CLOSING or self.state == CLOSING:
+            return None  # discarded while closing, §4.2.6
+        if channel_state is None:
+            raise AMQPConnectionError(CHANNEL_ERROR, "expected 'channel.open'")
+        raise AMQPConnectionError(
+            UNEXPECTED_FRAME, f"expected method frame, got non method frame instead ({what})")
+
+    def _complete(self, channel: int, content: _Content, body: bytes, events: list) -> None:
+        del self._contents[channel]
+        events.append((EV_PUBLISH, channel, content.exchange, content.routing_key,
+                       content.mandatory, content.immediate, content.properties, body))
+
+    # -- output-driven transitions ---------------------------------------
+    def tune(self, frame_max: int, channel_max: int) -> None:
+        """Apply the values negotiated by connection.tune-ok."""
+        self.frame_max = max(frame_max, FRAME_MIN_SIZE)
+        self.channel_max = channel_max
+
+    def close_channel(self, channel: int) -> None:
+        """The server sent channel.close: ignore the channel until close-ok."""
+        if channel in self.channels:
+            self.channels[channel] = _CHANNEL_CLOSING
+        self._contents.pop(channel, None)
+
+    def channel_closed(self, channel: int) -> None:
+        """The channel is gone (server sent close-ok, or got it)."""
+        self.channels.pop(channel, None)
+        self._contents.pop(channel, None)
+
+    def start_closing(self) -> None:
+        """The server sent connection.close: only close-ok matters now."""
+        self.state = CLOSING
+        self._contents.clear()
+
+
+class BadProtocolHeader(Exception):
+    """The peer did not open with AMQP 0-9-1's header; answer with ours and close."""
+

@@ -1,0 +1,1 @@
+"""The node-wide write-ahead log, segments and snapshots: the storage issue."""

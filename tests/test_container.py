@@ -1,0 +1,544 @@
+"""The container packaging, proven rather than hoped.
+
+The ``container`` tests build the repository's Dockerfile with podman (there is no
+Docker engine here, see deploy/container-base.sh for the base images that stand in
+for python:3.11-slim), run the image with host networking on free ports, and talk
+AMQP and HTTP to it.  They need root (rootful podman; apt-get to install podman on
+a fresh machine) and FAIL, not skip, when that is missing, so a broken image cannot
+hide behind a skip.  ``WARREN_SKIP_CONTAINER=1`` skips them for fast local runs.
+
+The other tests check docker-compose.yml, deploy/prometheus.yml and
+deploy/warren.toml without running anything.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import tomllib
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pika
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+BASE_SCRIPT = REPO / "deploy" / "container-base.sh"
+PODMAN = ["podman", "--runtime", "runc", "--cgroup-manager", "cgroupfs"]
+IMAGE = "localhost/warren:pytest"
+BASE_IMAGE = "localhost/python-base"
+HOST_CA = Path("/etc/ssl/certs/ca-certificates.crt")
+TEST_USER = "warren-test"
+TEST_PASSWORD = "pytest-" + uuid.uuid4().hex[:12]
+
+# Applied to every test that builds or runs the image.  The first one pays for
+# preparing the machine and building the image, cold several minutes: far more
+# than the suite's default per-test timeout.
+container = pytest.mark.container
+slow_timeout = pytest.mark.timeout(1800)
+
+
+# ---------------------------------------------------------------------------
+# helpers
+
+
+def _text(data: str | bytes | None) -> str:
+    if data is None:
+        return ""
+    if isinstance(data, bytes):
+        return data.decode("utf-8", "replace")
+    return data
+
+
+def _tail(data: str | bytes | None, lines: int = 40) -> str:
+    return "\n".join(_text(data).splitlines()[-lines:])
+
+
+def _run(
+    cmd: list[str], timeout: float, check: bool = True, **kwargs: Any
+) -> subprocess.CompletedProcess[str]:
+    """subprocess.run with a timeout, failing the test with the output on error."""
+    try:
+        proc = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=timeout, **kwargs
+        )
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(
+            f"timed out after {timeout:.0f} s: {shlex.join(cmd)}\n"
+            f"--- stdout ---\n{_tail(exc.stdout)}\n--- stderr ---\n{_tail(exc.stderr)}"
+        )
+    if check and proc.returncode != 0:
+        pytest.fail(
+            f"exit {proc.returncode}: {shlex.join(cmd)}\n"
+            f"--- stdout ---\n{_tail(proc.stdout)}\n--- stderr ---\n{_tail(proc.stderr)}"
+        )
+    return proc
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("0.0.0.0", 0))
+        return sock.getsockname()[1]
+
+
+def _container_state(name: str) -> str:
+    proc = _run(
+        PODMAN + ["inspect", "--format", "{{.State.Status}}", name],
+        timeout=30,
+        check=False,
+    )
+    return proc.stdout.strip() if proc.returncode == 0 else "missing"
+
+
+def _container_logs(name: str) -> str:
+    proc = _run(PODMAN + ["logs", "--tail", "60", name], timeout=30, check=False)
+    return f"{proc.stdout}{proc.stderr}".strip() or "(no output)"
+
+
+def _poll(
+    what: str, check: Callable[[], Any], timeout: float, container_name: str
+) -> Any:
+    """Call check() until it returns a truthy value; fail if the container dies."""
+    deadline = time.monotonic() + timeout
+    last_error: BaseException | None = None
+    while True:
+        try:
+            result = check()
+            if result:
+                return result
+        except Exception as exc:  # noqa: BLE001 - keep the last one for the message
+            last_error = exc
+        state = _container_state(container_name)
+        if state != "running":
+            pytest.fail(
+                f"container {container_name} is {state} while waiting for {what}; "
+                f"logs:\n{_container_logs(container_name)}"
+            )
+        if time.monotonic() > deadline:
+            pytest.fail(
+                f"{what} not ready after {timeout:.0f} s (last error: {last_error!r}); "
+                f"logs:\n{_container_logs(container_name)}"
+            )
+        time.sleep(0.2)
+
+
+def _port_accepts(port: int) -> bool:
+    with socket.create_connection(("127.0.0.1", port), timeout=1):
+        return True
+
+
+def _fetch_metrics(port: int) -> tuple[int, str, str]:
+    url = f"http://127.0.0.1:{port}/metrics"
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return (
+            response.status,
+            response.headers.get("Content-Type", ""),
+            response.read().decode("utf-8", "replace"),
+        )
+
+
+def _start_container(image: str, name: str, amqp_port: int, metrics_port: int) -> None:
+    users = [
+        {"name": "guest", "password": "guest"},
+        {"name": TEST_USER, "password": TEST_PASSWORD},
+    ]
+    _run(
+        PODMAN
+        + [
+            "run", "--detach", "--name", name, "--network", "host",
+            "--label", "warren-pytest=1",
+            "--env", f"WARREN_AMQP_PORT={amqp_port}",
+            "--env", f"WARREN_METRICS_PORT={metrics_port}",
+            "--env", "WARREN_AMQP_HOST=0.0.0.0",
+            "--env", f"WARREN_NODE_NAME=warren@{name}",
+            "--env", "WARREN_LOG_LEVEL=info",
+            "--env", f"WARREN_USERS={json.dumps(users)}",
+            image,
+        ],
+        timeout=120,
+    )
+
+
+def _remove_container(name: str) -> None:
+    _run(PODMAN + ["rm", "--force", "--time", "5", name], timeout=60, check=False)
+
+
+# ---------------------------------------------------------------------------
+# fixtures
+
+
+@pytest.fixture(scope="module")
+def image(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """Prepare the machine (podman, base images) and build the Dockerfile."""
+    if os.environ.get("WARREN_SKIP_CONTAINER") == "1":
+        pytest.skip("WARREN_SKIP_CONTAINER=1: container tests skipped on request")
+    if os.geteuid() != 0:
+        pytest.fail(
+            "the container tests need root (rootful podman, apt-get, debootstrap); "
+            f"running as uid {os.geteuid()}. Run the suite as root, or set "
+            "WARREN_SKIP_CONTAINER=1 to skip them locally."
+        )
+    if shutil.which("podman") is None and shutil.which("apt-get") is None:
+        pytest.fail(
+            "podman is not installed and apt-get is not available to install it: "
+            "the container tests need a Debian-family machine (or podman + runc + "
+            "debootstrap installed). Set WARREN_SKIP_CONTAINER=1 to skip them locally."
+        )
+
+    started = time.monotonic()
+    _run(["bash", str(BASE_SCRIPT)], timeout=1500)
+    prepared = time.monotonic()
+
+    pip_conf = tmp_path_factory.mktemp("podman-build") / "pip.conf"
+    build = PODMAN + [
+        "build", "--isolation", "chroot", "--network", "host",
+        # docker format keeps the HEALTHCHECK (OCI image config has no such field)
+        "--format", "docker",
+        "--build-arg", f"BASE_IMAGE={BASE_IMAGE}",
+        "--file", str(REPO / "Dockerfile"),
+        "--tag", IMAGE,
+    ]
+    if HOST_CA.is_file():
+        # pip inside the build must trust this machine's certificate bundle.
+        pip_conf.write_text("[global]\ncert = /etc/host-ca.crt\n")
+        build += [
+            "--volume", f"{pip_conf}:/etc/pip.conf:ro",
+            "--volume", f"{HOST_CA}:/etc/host-ca.crt:ro",
+        ]
+    _run(build + [str(REPO)], timeout=1200)
+    done = time.monotonic()
+    print(
+        f"\n[container] machine prepared in {prepared - started:.1f} s, "
+        f"image built in {done - prepared:.1f} s",
+        file=sys.stderr,
+    )
+    return IMAGE
+
+
+@pytest.fixture(scope="module")
+def warren(image: str) -> Iterator[dict[str, Any]]:
+    """One running container, host networking, on free ports."""
+    name = f"warren-pytest-{uuid.uuid4().hex[:10]}"
+    amqp_port = _free_port()
+    metrics_port = _free_port()
+    while metrics_port == amqp_port:
+        metrics_port = _free_port()
+    try:
+        started = time.monotonic()
+        _start_container(image, name, amqp_port, metrics_port)
+        _poll(
+            f"AMQP port {amqp_port}",
+            lambda: _port_accepts(amqp_port),
+            timeout=90,
+            container_name=name,
+        )
+        print(
+            f"\n[container] {name} accepted AMQP after "
+            f"{time.monotonic() - started:.1f} s",
+            file=sys.stderr,
+        )
+        yield {"name": name, "amqp_port": amqp_port, "metrics_port": metrics_port}
+    finally:
+        _remove_container(name)
+
+
+# ---------------------------------------------------------------------------
+# the image, running
+
+
+def _roundtrip(port: int, user: str, password: str) -> None:
+    params = pika.ConnectionParameters(
+        host="127.0.0.1",
+        port=port,
+        credentials=pika.PlainCredentials(user, password),
+        connection_attempts=1,
+        socket_timeout=10,
+        blocked_connection_timeout=30,
+    )
+    connection = pika.BlockingConnection(params)
+    try:
+        channel = connection.channel()
+        queue = f"container-test-{user}-{uuid.uuid4().hex[:8]}"
+        declared = channel.queue_declare(queue=queue, auto_delete=False)
+        assert declared.method.queue == queue
+        body = f"hello from {user} {uuid.uuid4().hex}".encode()
+        channel.basic_publish(
+            exchange="",
+            routing_key=queue,
+            body=body,
+            properties=pika.BasicProperties(content_type="text/plain"),
+        )
+        deadline = time.monotonic() + 15
+        while True:
+            method, properties, got = channel.basic_get(queue=queue, auto_ack=False)
+            if method is not None:
+                break
+            assert time.monotonic() < deadline, f"message never arrived on {queue}"
+            connection.sleep(0.05)
+        assert got == body
+        assert properties.content_type == "text/plain"
+        channel.basic_ack(method.delivery_tag)
+        method, _, _ = channel.basic_get(queue=queue, auto_ack=True)
+        assert method is None, "the acknowledged message was delivered again"
+        channel.queue_delete(queue=queue)
+    finally:
+        if connection.is_open:
+            connection.close()
+
+
+@container
+@slow_timeout
+def test_amqp_roundtrip_as_guest_from_loopback(warren: dict[str, Any]) -> None:
+    _roundtrip(warren["amqp_port"], "guest", "guest")
+
+
+@container
+@slow_timeout
+def test_amqp_roundtrip_as_user_from_warren_users(warren: dict[str, Any]) -> None:
+    _roundtrip(warren["amqp_port"], TEST_USER, TEST_PASSWORD)
+
+
+@container
+@slow_timeout
+def test_amqp_wrong_password_is_refused(warren: dict[str, Any]) -> None:
+    params = pika.ConnectionParameters(
+        host="127.0.0.1",
+        port=warren["amqp_port"],
+        credentials=pika.PlainCredentials(TEST_USER, "not-the-password"),
+        connection_attempts=1,
+        socket_timeout=10,
+    )
+    with pytest.raises(pika.exceptions.AMQPConnectionError):
+        pika.BlockingConnection(params).close()
+
+
+@container
+@slow_timeout
+def test_metrics_endpoint(warren: dict[str, Any]) -> None:
+    status, content_type, body = _poll(
+        f"metrics on port {warren['metrics_port']}",
+        lambda: _fetch_metrics(warren["metrics_port"]),
+        timeout=30,
+        container_name=warren["name"],
+    )
+    assert status == 200
+    assert content_type.startswith("text/plain"), content_type
+    assert re.search(r"^# TYPE \S+ (counter|gauge|histogram|summary|untyped)$", body, re.M), body[:2000]
+    samples = [line for line in body.splitlines() if line and not line.startswith("#")]
+    assert samples, "no samples in /metrics"
+
+
+@container
+@slow_timeout
+def test_runs_as_non_root_with_writable_data_dir(warren: dict[str, Any]) -> None:
+    uid = _run(PODMAN + ["exec", warren["name"], "id", "-u"], timeout=60).stdout.strip()
+    assert uid.isdigit() and int(uid) != 0, f"container runs as uid {uid!r}"
+    env = _run(
+        PODMAN + ["exec", warren["name"], "sh", "-c", 'echo "$WARREN_DATA_DIR"'],
+        timeout=60,
+    ).stdout.strip()
+    assert env == "/var/lib/warren"
+    _run(
+        PODMAN + ["exec", warren["name"], "sh", "-c", "test -d /var/lib/warren -a -w /var/lib/warren"],
+        timeout=60,
+    )
+
+
+@container
+@slow_timeout
+def test_healthcheck_reports_healthy(warren: dict[str, Any]) -> None:
+    # Runs the image's HEALTHCHECK command now (no systemd here for the timer).
+    def healthy() -> bool:
+        proc = _run(
+            PODMAN + ["healthcheck", "run", warren["name"]], timeout=60, check=False
+        )
+        return proc.returncode == 0
+
+    _poll("a passing HEALTHCHECK", healthy, timeout=60, container_name=warren["name"])
+
+
+@container
+@slow_timeout
+def test_stops_promptly_on_sigterm(image: str) -> None:
+    """`docker stop` sends SIGTERM to PID 1, the server: it must exit, not wait for SIGKILL."""
+    name = f"warren-pytest-stop-{uuid.uuid4().hex[:10]}"
+    amqp_port = _free_port()
+    metrics_port = _free_port()
+    try:
+        _start_container(image, name, amqp_port, metrics_port)
+        _poll(
+            f"AMQP port {amqp_port}",
+            lambda: _port_accepts(amqp_port),
+            timeout=90,
+            container_name=name,
+        )
+        started = time.monotonic()
+        _run(PODMAN + ["stop", "--time", "20", name], timeout=90)
+        elapsed = time.monotonic() - started
+        code = _run(
+            PODMAN + ["inspect", "--format", "{{.State.ExitCode}}", name], timeout=30
+        ).stdout.strip()
+        logs = _container_logs(name)
+        assert elapsed < 15, f"took {elapsed:.1f} s to stop on SIGTERM; logs:\n{logs}"
+        assert code == "0", f"exit code {code} after SIGTERM; logs:\n{logs}"
+    finally:
+        _remove_container(name)
+
+
+# ---------------------------------------------------------------------------
+# the deployment files, read (no YAML library here: indentation-based reading
+# of the simple block style these files use)
+
+
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip())
+
+
+def _yaml_block(lines: list[str], key: str) -> list[str]:
+    """The lines nested under ``key:`` at the outermost level of ``lines``."""
+    top = min(
+        (_indent(line) for line in lines if line.strip() and not line.lstrip().startswith("#")),
+        default=0,
+    )
+    for index, line in enumerate(lines):
+        match = re.match(rf"^ {{{top}}}{re.escape(key)}:\s*(#.*)?$", line)
+        if match:
+            indent = top
+            block = []
+            for inner in lines[index + 1 :]:
+                if inner.strip() and not inner.lstrip().startswith("#"):
+                    if _indent(inner) <= indent:
+                        break
+                block.append(inner)
+            return block
+    raise AssertionError(f"no '{key}:' block found")
+
+
+def _yaml_keys(block: list[str]) -> set[str]:
+    indents = [
+        _indent(line)
+        for line in block
+        if line.strip() and not line.lstrip().startswith("#")
+    ]
+    if not indents:
+        return set()
+    top = min(indents)
+    return {
+        match.group(1)
+        for line in block
+        if (match := re.match(rf"^ {{{top}}}([A-Za-z0-9_.-]+):", line))
+    }
+
+
+def _check_yaml_shape(path: Path) -> list[str]:
+    text = path.read_text()
+    assert "\t" not in text, f"{path.name}: tabs are not allowed in YAML indentation"
+    lines = text.splitlines()
+    for number, line in enumerate(lines, 1):
+        if line.strip() and not line.lstrip().startswith("#"):
+            indent = _indent(line)
+            assert indent % 2 == 0, f"{path.name}:{number}: odd indentation"
+            stripped = line.strip()
+            assert (
+                stripped.startswith("- ") or ":" in stripped
+            ), f"{path.name}:{number}: neither a key nor a list item: {line!r}"
+    return lines
+
+
+def test_compose_file_defines_warren_and_prometheus() -> None:
+    lines = _check_yaml_shape(REPO / "docker-compose.yml")
+    assert {"services", "volumes"} <= _yaml_keys(lines)
+    services = _yaml_block(lines, "services")
+    assert {"warren", "prometheus"} <= _yaml_keys(services)
+
+    warren = _yaml_block(services, "warren")
+    assert {"build", "environment", "ports", "volumes"} <= _yaml_keys(warren)
+    build = "\n".join(_yaml_block(warren, "build"))
+    assert re.search(r"^\s*dockerfile:\s*Dockerfile\s*$", build, re.M)
+    ports = "\n".join(_yaml_block(warren, "ports"))
+    assert '"5672:5672"' in ports and '"15692:15692"' in ports
+    volumes = "\n".join(_yaml_block(warren, "volumes"))
+    assert re.search(r"^\s*- warren-data:/var/lib/warren\s*$", volumes, re.M)
+    assert "warren-data" in _yaml_keys(_yaml_block(lines, "volumes"))
+
+    environment = "\n".join(_yaml_block(warren, "environment"))
+    assert re.search(r'^\s*WARREN_METRICS_PORT:\s*"15692"\s*$', environment, re.M)
+    match = re.search(r"^\s*WARREN_USERS:\s*'(.*)'\s*$", environment, re.M)
+    assert match, "WARREN_USERS missing from the warren service"
+    # compose interpolates ${VAR:-default}; the result must be the JSON list of users
+    users = json.loads(re.sub(r"\$\{[A-Z_]+:-([^}]*)\}", r"\1", match.group(1)))
+    names = {user["name"] for user in users}
+    assert names - {"guest"}, "compose needs a non-guest user: guest is loopback-only"
+    assert all(user.get("password") for user in users)
+
+    prometheus = _yaml_block(services, "prometheus")
+    image = re.search(r"^\s*image:\s*(\S+)\s*$", "\n".join(prometheus), re.M)
+    assert image and image.group(1).startswith("prom/prometheus")
+    mounts = "\n".join(_yaml_block(prometheus, "volumes"))
+    assert "./deploy/prometheus.yml:/etc/prometheus/prometheus.yml" in mounts
+    assert (REPO / "deploy" / "prometheus.yml").is_file()
+
+
+def test_prometheus_scrapes_warren_metrics_port() -> None:
+    lines = _check_yaml_shape(REPO / "deploy" / "prometheus.yml")
+    assert "scrape_configs" in _yaml_keys(lines)
+    jobs = _yaml_block(lines, "scrape_configs")
+    start = next(
+        (i for i, line in enumerate(jobs) if re.match(r"^\s*- job_name:\s*['\"]?warren['\"]?\s*$", line)),
+        None,
+    )
+    assert start is not None, "no scrape job named warren"
+    indent = _indent(jobs[start])
+    warren_job = [jobs[start]]
+    for line in jobs[start + 1 :]:
+        if line.strip() and _indent(line) <= indent:
+            break
+        warren_job.append(line)
+    text = "\n".join(warren_job)
+    assert re.search(r"^\s*metrics_path:\s*/metrics\s*$", text, re.M)
+    assert re.search(r"^\s*- ['\"]?warren:15692['\"]?\s*$", text, re.M), text
+
+
+def test_dockerfile_defaults() -> None:
+    text = (REPO / "Dockerfile").read_text()
+    assert re.search(r"^ARG BASE_IMAGE=python:3\.11-slim$", text, re.M)
+    assert re.search(r"^FROM \$\{BASE_IMAGE\}$", text, re.M)
+    assert re.search(r"^EXPOSE 5672 15692$", text, re.M)
+    assert re.search(r'^VOLUME \["/var/lib/warren"\]$', text, re.M)
+    assert re.search(r'^CMD \["warren-server"\]$', text, re.M)
+    assert "HEALTHCHECK" in text
+
+
+def test_example_toml_is_valid_configuration() -> None:
+    path = REPO / "deploy" / "warren.toml"
+    raw = tomllib.loads(path.read_text())
+    for key in (
+        "node_name", "amqp_host", "amqp_port", "metrics_port", "data_dir",
+        "log_level", "log_format", "frame_max", "channel_max", "heartbeat", "users",
+    ):
+        assert key in raw, f"deploy/warren.toml lacks {key}"
+    # The server's own loader (unknown keys are an error there), run from the
+    # repository, on the file's values only, whatever WARREN_* this shell has.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WARREN_")}
+    script = (
+        "import json, sys\n"
+        "from config import load_settings\n"
+        "s = load_settings(sys.argv[1])\n"
+        "print(json.dumps({'amqp_port': s.amqp_port, 'metrics_port': s.metrics_port,"
+        " 'users': sorted(u.name for u in s.users)}))\n"
+    )
+    proc = _run([sys.executable, "-c", script, str(path)], timeout=60, cwd=REPO, env=env)
+    loaded = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert loaded["amqp_port"] == raw["amqp_port"]
+    assert loaded["metrics_port"] == raw["metrics_port"]
+    assert loaded["users"] == sorted(u["name"] for u in raw["users"])
