@@ -241,8 +241,12 @@ class AMQPConnection(asyncio.Protocol):
                 log.info("connection.closed", peer=self.peer, user=self.user_name,
                          reason=f"client: {method.reply_code} {method.reply_text}")
                 self._close_all_channels()
+                self.protocol.start_closing()
+                self._closing = True
                 self._write_now(codec.encode_method(0, spec.Connection.CloseOk()))
-                self._drop()
+                # The client closes the socket once it has read close-ok; we do if it does not.
+                self._cancel_timer()
+                self._timer = asyncio.get_running_loop().call_later(CLOSE_OK_TIMEOUT_SECONDS, self._drop)
             case spec.Connection.CloseOk():
                 self._drop()
             case spec.Connection.UpdateSecret():

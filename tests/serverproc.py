@@ -1,0 +1,86 @@
+"""Start and stop real ``warren-server`` processes on free loopback ports."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+STARTUP_TIMEOUT_SECONDS = 20.0
+STOP_TIMEOUT_SECONDS = 10.0
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class ServerProcess:
+    amqp_port: int
+    metrics_port: int
+    data_dir: Path
+    env: dict
+    process: subprocess.Popen | None = None
+    log_path: Path = field(default_factory=lambda: Path(tempfile.mktemp(prefix="warren-log-")))
+
+    @property
+    def url(self) -> str:
+        return f"amqp://guest:guest@127.0.0.1:{self.amqp_port}/%2F"
+
+    def start(self, args: tuple[str, ...] = ()) -> "ServerProcess":
+        self._log = open(self.log_path, "wb")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "broker", *args], env=self.env, stdout=self._log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + STARTUP_TIMEOUT_SECONDS
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"warren-server exited with {self.process.returncode} at start:\n{self.log()}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.amqp_port), timeout=0.5):
+                    return self
+            except OSError:
+                time.sleep(0.02)  # polling for the listener, not synchronising with it
+        self.stop()
+        raise RuntimeError(f"warren-server did not listen on {self.amqp_port} in time:\n{self.log()}")
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-5000:]
+        except OSError:
+            return ""
+
+    def stop(self, sig: int = signal.SIGTERM) -> int | None:
+        if self.process is None:
+            return None
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+            try:
+                self.process.wait(STOP_TIMEOUT_SECONDS)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(STOP_TIMEOUT_SECONDS)
+        self._log.close()
+        return self.process.returncode
+
+
+def make_server(tmp_path: Path, **env_overrides: str) -> ServerProcess:
+    amqp_port, metrics_port = free_port(), free_port()
+    data_dir = tmp_path / "data"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WARREN_")}
+    env.update({
+        "WARREN_AMQP_HOST": "127.0.0.1",
+        "WARREN_AMQP_PORT": str(amqp_port),
+        "WARREN_METRICS_HOST": "127.0.0.1",
+        "WARREN_METRICS_PORT": str(metrics_port),
+        "WARREN_DATA_DIR": str(data_dir),
+        "WARREN_LOG_LEVEL": "info",
+    })
+    env.update(env_overrides)
+    return ServerProcess(amqp_port, metrics_port, data_dir, env)
