@@ -36,6 +36,7 @@ class Broker:
         self.connections: set["AMQPConnection"] = set()
         self.counters = Counters()
         self._reply_channels: dict[str, "Channel"] = {}
+        self.memory_alarm = False
 
     def connection_opened(self, connection: "AMQPConnection") -> None:
         self.connections.add(connection)
@@ -67,6 +68,19 @@ class Broker:
             return False
         channel.deliver_reply(properties, body, routing_key)
         return True
+
+    @property
+    def queued_message_bytes(self) -> int:
+        return sum(q.state.message_bytes for v in self.vhosts.values() for q in v.queues.values())
+
+    def check_alarms(self) -> None:
+        """Raise or clear the memory alarm; called periodically by the server."""
+        alarm = self.queued_message_bytes > self.settings.memory_high_watermark_bytes
+        if alarm == self.memory_alarm:
+            return
+        self.memory_alarm = alarm
+        for connection in list(self.connections):
+            connection.update_blocked()
 
     def shutdown_connections(self) -> None:
         for connection in list(self.connections):

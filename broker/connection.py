@@ -70,6 +70,8 @@ class AMQPConnection(asyncio.Protocol):
         self._flush_scheduled = False
         self._confirm_channels: set[Channel] = set()
         self.writes_paused = False
+        self.has_published = False
+        self.blocked = False  # by a resource alarm (connection.blocked sent)
         self.heartbeat_seconds = 0
         self._last_received = time.monotonic()
         self._wrote_since_tick = False
@@ -135,13 +137,29 @@ class AMQPConnection(asyncio.Protocol):
 
     def _set_writes_paused(self, paused: bool) -> None:
         self.writes_paused = paused
-        if self.transport is not None and not self.transport.is_closing():
-            if paused:
-                self.transport.pause_reading()
-            else:
-                self.transport.resume_reading()
+        self._update_reading()
         for channel in list(self.channels.values()):
             channel.on_writes_paused_changed()
+
+    def _update_reading(self) -> None:
+        if self.transport is None or self.transport.is_closing():
+            return
+        if self.writes_paused or self.blocked:
+            self.transport.pause_reading()
+        else:
+            self.transport.resume_reading()
+
+    def update_blocked(self) -> None:
+        """Block a publishing connection while a resource alarm is on (RabbitMQ's rule)."""
+        blocked = self.broker.memory_alarm and self.has_published
+        if blocked == self.blocked or self._closing or self.closed:
+            return
+        self.blocked = blocked
+        if self.client_capabilities.get("connection.blocked"):
+            method = spec.Connection.Blocked(reason="low on memory") if blocked else spec.Connection.Unblocked()
+            self._write_now(codec.encode_method(0, method))
+        log.info("connection.blocked" if blocked else "connection.unblocked", peer=self.peer, user=self.user_name)
+        self._update_reading()
 
     # -- output -----------------------------------------------------------
     def write(self, data: bytes) -> None:
@@ -185,6 +203,7 @@ class AMQPConnection(asyncio.Protocol):
             channel = channels.get(number)
             try:
                 if kind == EV_PUBLISH:
+                    self.has_published = True
                     if channel is not None and not channel.closed:
                         channel.on_publish(event[2], event[3], event[4], event[5], event[6], event[7])
                 elif kind == EV_ACK:
@@ -209,6 +228,8 @@ class AMQPConnection(asyncio.Protocol):
                 return
             if self._closing:
                 return
+        if self.broker.memory_alarm and not self.blocked and self.has_published:
+            self.update_blocked()
 
     def _on_method(self, number: int, channel: Channel | None, method: Any) -> None:
         if number == 0:

@@ -156,6 +156,8 @@ class FifoState:
     ready: deque[int] = field(default_factory=deque)
     returns: list[int] = field(default_factory=list)
     ready_bytes: int = 0
+    # bytes of every message held, ready or checked out (the node's memory alarm reads it)
+    message_bytes: int = 0
     consumers: dict[Hashable, ConsumerState] = field(default_factory=dict)
     service: dict[int, deque] = field(default_factory=dict)
     priorities: list[int] = field(default_factory=list)
@@ -207,6 +209,7 @@ def _on_enqueue(meta: Meta, command: Enqueue, state: FifoState, effects: list) -
     state.messages[msg_id] = (command.payload, command.size)
     state.ready.append(msg_id)
     state.ready_bytes += command.size
+    state.message_bytes += command.size
     if limits.max_length is not None or limits.max_length_bytes is not None:
         _drop_head_over_limit(state, effects)
     if state.priorities:
@@ -228,12 +231,18 @@ def _drop_head_over_limit(state: FifoState, effects: list) -> None:
         (limits.max_length is not None and state.ready_count > limits.max_length)
         or (limits.max_length_bytes is not None and state.ready_bytes > limits.max_length_bytes)
     ):
-        msg_id = _take_next(state)
-        payload, _size = state.messages.pop(msg_id)
-        state.delivery_counts.pop(msg_id, None)
-        dropped.append(payload)
+        dropped.append(_forget(state, _take_next(state)))
     if dropped:
         effects.append(DeadLetter("maxlen", tuple(dropped)))
+
+
+def _forget(state: FifoState, msg_id: int) -> Any:
+    """Remove a message for good; returns its payload."""
+    payload, size = state.messages.pop(msg_id)
+    state.message_bytes -= size
+    if state.delivery_counts:
+        state.delivery_counts.pop(msg_id, None)
+    return payload
 
 
 def _take_next(state: FifoState) -> int:
@@ -255,8 +264,7 @@ def _service(state: FifoState, effects: list) -> None:
         payload = messages[msg_id][0]
         redelivered = msg_id in counts
         if consumer.no_ack:
-            del messages[msg_id]
-            counts.pop(msg_id, None)
+            _forget(state, msg_id)
         else:
             consumer.checked_out[msg_id] = None
         effects.append(Deliver(consumer_id, msg_id, payload, redelivered))
@@ -341,13 +349,9 @@ def _on_settle(command: Settle, state: FifoState, effects: list) -> int:
     if consumer is None:
         return 0
     held = consumer.checked_out
-    messages = state.messages
-    counts = state.delivery_counts
     for msg_id in msg_ids:
         del held[msg_id]
-        del messages[msg_id]
-        if counts:
-            counts.pop(msg_id, None)
+        _forget(state, msg_id)
     _after_release(state, command.consumer, consumer, effects)
     return len(msg_ids)
 
@@ -376,8 +380,7 @@ def _on_discard(command: Discard, state: FifoState, effects: list) -> int:
     payloads = []
     for msg_id in msg_ids:
         del consumer.checked_out[msg_id]
-        payloads.append(state.messages.pop(msg_id)[0])
-        state.delivery_counts.pop(msg_id, None)
+        payloads.append(_forget(state, msg_id))
     if payloads:
         effects.append(DeadLetter("rejected", tuple(payloads)))
     _after_release(state, command.consumer, consumer, effects)
@@ -391,8 +394,7 @@ def _on_dequeue(command: Dequeue, state: FifoState) -> Dequeued | None:
     payload = state.messages[msg_id][0]
     redelivered = msg_id in state.delivery_counts
     if command.no_ack:
-        del state.messages[msg_id]
-        state.delivery_counts.pop(msg_id, None)
+        _forget(state, msg_id)
     else:
         consumer = state.consumers.get(command.consumer)
         if consumer is None:
@@ -406,10 +408,9 @@ def _on_dequeue(command: Dequeue, state: FifoState) -> Dequeued | None:
 def _on_purge(state: FifoState) -> int:
     count = state.ready_count
     for msg_id in state.ready:
-        del state.messages[msg_id]
+        _forget(state, msg_id)
     for msg_id in state.returns:
-        del state.messages[msg_id]
-        state.delivery_counts.pop(msg_id, None)
+        _forget(state, msg_id)
     state.ready.clear()
     state.returns.clear()
     state.ready_bytes = 0

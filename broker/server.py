@@ -69,6 +69,12 @@ def _assertions_enabled() -> bool:
     return False
 
 
+async def _check_alarms_forever(broker: Broker) -> None:
+    while True:
+        await asyncio.sleep(broker.settings.alarm_check_interval_seconds)
+        broker.check_alarms()
+
+
 async def serve(settings: Settings) -> int:
     loop = asyncio.get_running_loop()
     broker = Broker(settings)
@@ -78,6 +84,7 @@ async def serve(settings: Settings) -> int:
     metrics_server = None
     if settings.metrics_port:
         metrics_server = await start_metrics_server(broker, settings.metrics_host, settings.metrics_port)
+    alarm_task = asyncio.create_task(_check_alarms_forever(broker))
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
@@ -86,6 +93,7 @@ async def serve(settings: Settings) -> int:
     await stop.wait()
     log.info("server.stopping", connections=len(broker.connections))
     server.close()
+    alarm_task.cancel()
     broker.shutdown_connections()
     deadline = loop.time() + SHUTDOWN_GRACE_SECONDS
     while broker.connections and loop.time() < deadline:

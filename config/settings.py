@@ -59,8 +59,10 @@ class Settings(BaseSettings):
 
     # Backpressure: a connection whose unsent output exceeds this stops reading.
     connection_write_buffer_max_bytes: int = Field(4 * 1024 * 1024, ge=65536)
-    # Per-queue bound on messages held in memory before publishers are refused.
-    queue_max_messages_in_memory: int = Field(5_000_000, ge=1)
+    # Memory alarm: when the message bytes held by all queues exceed this, publishing
+    # connections are blocked (connection.blocked, as RabbitMQ's memory alarm does).
+    memory_high_watermark_bytes: int = Field(2 * 1024**3, ge=1024 * 1024)
+    alarm_check_interval_seconds: float = Field(0.5, gt=0, le=60)
 
     @field_validator("log_level", mode="before")
     @classmethod
