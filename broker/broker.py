@@ -5,6 +5,7 @@ import secrets
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from broker.durability import Durability
 from broker.vhost import VirtualHost
 from config import Settings
 
@@ -32,11 +33,13 @@ class Broker:
     def __init__(self, settings: Settings):
         self.settings = settings
         self.version = VERSION
-        self.vhosts = {name: VirtualHost(name) for name in settings.vhosts}
+        self.durability = Durability(settings)
+        self.vhosts = {name: VirtualHost(name, self.durability) for name in settings.vhosts}
         self.connections: set["AMQPConnection"] = set()
         self.counters = Counters()
         self._reply_channels: dict[str, "Channel"] = {}
         self.memory_alarm = False
+        self.disk_alarm = False
 
     def connection_opened(self, connection: "AMQPConnection") -> None:
         self.connections.add(connection)
@@ -75,12 +78,26 @@ class Broker:
 
     def check_alarms(self) -> None:
         """Raise or clear the memory alarm; called periodically by the server."""
-        alarm = self.queued_message_bytes > self.settings.memory_high_watermark_bytes
-        if alarm == self.memory_alarm:
+        memory = self.queued_message_bytes > self.settings.memory_high_watermark_bytes
+        try:
+            free = self.durability.store.files.free_bytes(self.settings.data_dir)
+        except OSError:
+            free = 0
+        disk = free < self.settings.disk_free_limit_bytes
+        if (memory, disk) == (self.memory_alarm, self.disk_alarm):
             return
-        self.memory_alarm = alarm
+        self.memory_alarm, self.disk_alarm = memory, disk
         for connection in list(self.connections):
             connection.update_blocked()
+
+    @property
+    def alarm(self) -> str | None:
+        """The reason publishers are blocked, as RabbitMQ words it, or None."""
+        if self.disk_alarm:
+            return "low on disk"
+        if self.memory_alarm:
+            return "low on memory"
+        return None
 
     def shutdown_connections(self) -> None:
         for connection in list(self.connections):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from pamqp import commands as spec
@@ -64,6 +65,8 @@ class Channel:
         self.prefetch_count = 0
         self.global_prefetch_count = 0
         self.confirms: ConfirmTracker | None = None
+        # WAL batch number -> publish seqs confirmed when that batch is durable
+        self.durable_waits: dict[int, list[int]] = {}
         self.tx: list[tuple] | None = None
         self.last_queue_name: str | None = None
         self.reply_to_token: str | None = None
@@ -103,13 +106,37 @@ class Channel:
             return
         queues = self.vhost.route(exchange, routing_key, properties)
         accepted = True
+        batch = 0
         if queues:
             payload = (exchange.name, routing_key, properties, body)
             size = len(body)
             for queue in queues:
-                if not queue.enqueue(payload, size):
+                taken = queue.enqueue(payload, size)
+                if taken is None:
                     accepted = False
+                elif taken > batch:
+                    batch = taken
+        if batch and seq and accepted:
+            self._after_route(0, True, True, mandatory, exchange.name, routing_key, properties, body)
+            self._confirm_when_durable(seq, batch)
+            return
         self._after_route(seq, bool(queues), accepted, mandatory, exchange.name, routing_key, properties, body)
+
+    def _confirm_when_durable(self, seq: int, batch: int) -> None:
+        """Confirm once WAL batch ``batch`` (which holds this publish) is on disk."""
+        waiting = self.durable_waits.get(batch)
+        if waiting is None:
+            waiting = self.durable_waits[batch] = []
+            self.broker.durability.committer.when_durable(batch, partial(self._on_durable, batch))
+        waiting.append(seq)
+
+    def _on_durable(self, batch: int, ok: bool) -> None:
+        seqs = self.durable_waits.pop(batch, ())
+        if self.closed or self.confirms is None:
+            return
+        for seq in seqs:
+            self.confirms.settle(seq, ok)
+        self.connection.want_flush(self)
 
     def _after_route(self, seq: int, routed: bool, accepted: bool, mandatory: bool,
                      exchange: str, routing_key: str, properties: bytes, body: bytes) -> None:

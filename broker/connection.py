@@ -151,12 +151,13 @@ class AMQPConnection(asyncio.Protocol):
 
     def update_blocked(self) -> None:
         """Block a publishing connection while a resource alarm is on (RabbitMQ's rule)."""
-        blocked = self.broker.memory_alarm and self.has_published
+        reason = self.broker.alarm
+        blocked = reason is not None and self.has_published
         if blocked == self.blocked or self._closing or self.closed:
             return
         self.blocked = blocked
         if self.client_capabilities.get("connection.blocked"):
-            method = spec.Connection.Blocked(reason="low on memory") if blocked else spec.Connection.Unblocked()
+            method = spec.Connection.Blocked(reason=reason) if blocked else spec.Connection.Unblocked()
             self._write_now(codec.encode_method(0, method))
         log.info("connection.blocked" if blocked else "connection.unblocked", peer=self.peer, user=self.user_name)
         self._update_reading()
@@ -228,7 +229,7 @@ class AMQPConnection(asyncio.Protocol):
                 return
             if self._closing:
                 return
-        if self.broker.memory_alarm and not self.blocked and self.has_published:
+        if not self.blocked and self.has_published and self.broker.alarm is not None:
             self.update_blocked()
 
     def _on_method(self, number: int, channel: Channel | None, method: Any) -> None:

@@ -158,6 +158,10 @@ class FifoState:
     ready_bytes: int = 0
     # bytes of every message held, ready or checked out (the node's memory alarm reads it)
     message_bytes: int = 0
+    # A durable queue's shell drains this after each command: (msg_id, payload) of
+    # every message gone for good, so it can log their removal.
+    track_removals: bool = False
+    removed: list = field(default_factory=list)
     consumers: dict[Hashable, ConsumerState] = field(default_factory=dict)
     service: dict[int, deque] = field(default_factory=dict)
     priorities: list[int] = field(default_factory=list)
@@ -240,6 +244,8 @@ def _forget(state: FifoState, msg_id: int) -> Any:
     """Remove a message for good; returns its payload."""
     payload, size = state.messages.pop(msg_id)
     state.message_bytes -= size
+    if state.track_removals:
+        state.removed.append((msg_id, payload))
     if state.delivery_counts:
         state.delivery_counts.pop(msg_id, None)
     return payload

@@ -54,6 +54,24 @@ class BrokerCollector(Collector):
         yield ready
         yield unacked
         yield consumers
+        yield from self._storage_metrics()
+
+    def _storage_metrics(self) -> Iterator:
+        durability = self.broker.durability
+        store = durability.store
+        yield _gauge("warren_wal_size_bytes", "Size of the current WAL file", store.wal_size_bytes)
+        yield _gauge("warren_segments", "Segment files on disk", store.segment_count)
+        yield _gauge("warren_segment_bytes", "Bytes in segment files", store.segment_bytes())
+        fsyncs = CounterMetricFamily("warren_wal_fsyncs", "fdatasync calls on the WAL (one per batch)")
+        fsyncs.add_metric([], store.fsyncs)
+        yield fsyncs
+        written = CounterMetricFamily("warren_wal_written_bytes", "Bytes appended to the WAL")
+        written.add_metric([], store.bytes_written)
+        yield written
+        yield _gauge("warren_recovery_seconds", "Time the last start spent recovering from disk",
+                     durability.recovery_seconds)
+        yield from durability.entries_per_fsync.collect()
+        yield from durability.fsync_seconds.collect()
 
 
 def _gauge(name: str, help_text: str, value: float) -> GaugeMetricFamily:

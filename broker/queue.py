@@ -11,6 +11,7 @@ import time
 from typing import TYPE_CHECKING, Any, Callable, Hashable, Protocol
 
 from broker import fifo
+from protocol import codec
 
 if TYPE_CHECKING:
     from broker.vhost import VirtualHost
@@ -58,18 +59,47 @@ class Queue:
         self.exclusive_consumer: Hashable | None = None
         self.had_consumers = False
         self.deleted = False
+        # Set for a durable queue by the durability layer: its log in the node's WAL.
+        self.log_id: int | None = None
+        self.journal: Any = None
 
     # -- applying commands ------------------------------------------------
     def apply(self, command: Any) -> Any:
         self.index += 1
         reply, effects = fifo.apply(fifo.Meta(self.index, self._clock_ms()), command, self.state)
+        if self.state.removed:
+            self._log_removals()
         if effects:
             self._perform(effects)
         return reply
 
-    def enqueue(self, payload: Any, size: int) -> bool:
-        """Apply one enqueue; True if the queue accepted it."""
-        return self.apply(fifo.Enqueue(payload, size)) is fifo.ACCEPTED
+    def _log_removals(self) -> None:
+        self.index += 1
+        self.journal.log_removals(self.log_id, self.index, self.state.removed)
+        self.state.removed.clear()
+
+    def enqueue(self, payload: Any, size: int) -> int | None:
+        """Apply one enqueue. None: refused; 0: taken; N > 0: taken, durable once
+        WAL batch N is on disk (a persistent message in a durable queue)."""
+        msg_id = self.index + 1
+        if self.apply(fifo.Enqueue(payload, size)) is not fifo.ACCEPTED:
+            return None
+        if self.log_id is None or not codec.is_persistent(payload[2]):
+            return 0
+        return self.journal.log_enqueue(self.log_id, msg_id, payload)
+
+    def release_cursor(self) -> int:
+        """The oldest message still held: log entries below it are dead."""
+        return next(iter(self.state.messages), self.index + 1)
+
+    def restore(self, live: list[tuple[int, tuple]], last_index: int) -> None:
+        """Recovery: re-enqueue the live messages under their original ids."""
+        now = self._clock_ms()
+        for msg_id, payload in live:
+            fifo.apply(fifo.Meta(msg_id, now), fifo.Enqueue(payload, len(payload[3])), self.state)
+        self.index = max(self.index, last_index)
+        if self.state.removed:  # a length limit dropped some on the way back
+            self._log_removals()
 
     def _perform(self, effects: list) -> None:
         for effect in effects:

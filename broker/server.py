@@ -19,6 +19,7 @@ from broker.connection import AMQPConnection
 from broker.logs import configure_logging
 from broker.metrics import start_metrics_server
 from config import ConfigError, Settings, load_settings
+from storage.records import CorruptLog
 
 log = structlog.get_logger("warren.server")
 # How long shutdown waits for clients to answer connection.close.
@@ -55,6 +56,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return uvloop.run(serve(settings))
+    except CorruptLog as error:
+        log.error("server.start_failed", error=str(error))
+        print(f"warren-server: cannot start: {error}", file=sys.stderr)
+        return 1
     except OSError as error:
         log.error("server.start_failed", error=str(error))
         print(f"warren-server: cannot start: {error}", file=sys.stderr)
@@ -78,6 +83,7 @@ async def _check_alarms_forever(broker: Broker) -> None:
 async def serve(settings: Settings) -> int:
     loop = asyncio.get_running_loop()
     broker = Broker(settings)
+    broker.durability.recover(broker)
     server = await loop.create_server(
         lambda: AMQPConnection(broker), settings.amqp_host, settings.amqp_port,
         reuse_address=True, backlog=LISTEN_BACKLOG)
@@ -98,6 +104,7 @@ async def serve(settings: Settings) -> int:
     deadline = loop.time() + SHUTDOWN_GRACE_SECONDS
     while broker.connections and loop.time() < deadline:
         await asyncio.sleep(0.05)
+    await broker.durability.close()
     if metrics_server is not None:
         metrics_server.close()
     log.info("server.stopped")

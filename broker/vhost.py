@@ -36,9 +36,29 @@ QUEUE_TYPES_DURABLE_ONLY = ("quorum", "stream")
 E2E_HOPS_MAX = 64
 
 
+class NullJournal:
+    """Where a vhost reports durable changes when nothing is written (tests, replay)."""
+
+    def exchange_declared(self, vhost: "VirtualHost", exchange: Exchange) -> None:
+        pass
+
+    def exchange_deleted(self, vhost: "VirtualHost", exchange: Exchange) -> None:
+        pass
+
+    def queue_declared(self, vhost: "VirtualHost", queue: Queue) -> None:
+        pass
+
+    def queue_deleted(self, vhost: "VirtualHost", queue: Queue) -> None:
+        pass
+
+    def binding_changed(self, vhost: "VirtualHost", binding: Binding, bound: bool) -> None:
+        pass
+
+
 class VirtualHost:
-    def __init__(self, name: str):
+    def __init__(self, name: str, journal: Any = None):
         self.name = name
+        self.journal = journal or NullJournal()
         self.exchanges: dict[str, Exchange] = {"": make_exchange("", "direct")}
         for exchange_name, exchange_type in DEFAULT_EXCHANGES:
             self.exchanges[exchange_name] = make_exchange(exchange_name, exchange_type)
@@ -69,6 +89,7 @@ class VirtualHost:
         exchange = make_exchange(name, method.exchange_type, method.durable, method.auto_delete,
                                  method.internal, method.arguments or {})
         self.exchanges[name] = exchange
+        self.journal.exchange_declared(self, exchange)
         return exchange
 
     def _check_exchange_equivalent(self, existing: Exchange, method: spec.Exchange.Declare) -> None:
@@ -93,10 +114,11 @@ class VirtualHost:
             return  # deleting what does not exist succeeds, as in RabbitMQ 3.x
         if if_unused and (exchange.bindings or self._bindings_to(("exchange", name))):
             raise ChannelError(PRECONDITION_FAILED, f"exchange '{name}' in vhost '{self.name}' in use", 40, 20)
-        self._remove_exchange(exchange)
+        self.remove_exchange(exchange)
 
-    def _remove_exchange(self, exchange: Exchange) -> None:
+    def remove_exchange(self, exchange: Exchange) -> None:
         del self.exchanges[exchange.name]
+        self.journal.exchange_deleted(self, exchange)
         for other in list(self.exchanges.values()):
             if other.unbind_destination(("exchange", exchange.name)):
                 self._maybe_auto_delete_exchange(other)
@@ -106,7 +128,7 @@ class VirtualHost:
 
     def _maybe_auto_delete_exchange(self, exchange: Exchange) -> None:
         if exchange.auto_delete and not exchange.bindings and exchange.name in self.exchanges:
-            self._remove_exchange(exchange)
+            self.remove_exchange(exchange)
 
     # -- queues -----------------------------------------------------------
     def queue(self, name: str, owner: Hashable | None, class_id: int = 50, method_id: int = 10) -> Queue:
@@ -147,9 +169,13 @@ class VirtualHost:
         self._check_queue_type_properties(method, arguments, name)
         queue = Queue(self, name, method.durable, owner if method.exclusive else None,
                       method.auto_delete, arguments)
-        self.queues[name] = queue
-        self.exchanges[""].bind(Binding.make("", ("queue", name), name, None))
+        self.add_queue(queue)
+        self.journal.queue_declared(self, queue)
         return queue
+
+    def add_queue(self, queue: Queue) -> None:
+        self.queues[queue.name] = queue
+        self.exchanges[""].bind(Binding.make("", ("queue", queue.name), queue.name, None))
 
     def _check_queue_type_properties(self, method: spec.Queue.Declare, arguments: dict, name: str) -> None:
         if arguments.get("x-queue-type") not in QUEUE_TYPES_DURABLE_ONLY:
@@ -178,6 +204,7 @@ class VirtualHost:
         if self.queues.get(queue.name) is not queue:
             return
         del self.queues[queue.name]
+        self.journal.queue_deleted(self, queue)
         for exchange in list(self.exchanges.values()):
             if exchange.unbind_destination(("queue", queue.name)):
                 self._maybe_auto_delete_exchange(exchange)
@@ -192,13 +219,18 @@ class VirtualHost:
              owner: Hashable, class_id: int, method_id: int) -> None:
         exchange = self._binding_source(source, class_id, method_id)
         self._binding_destination(destination, owner, class_id, method_id)
-        exchange.bind(Binding.make(source, destination, routing_key, arguments))
+        binding = Binding.make(source, destination, routing_key, arguments)
+        if binding not in exchange.bindings:
+            exchange.bind(binding)
+            self.journal.binding_changed(self, binding, True)
 
     def unbind(self, source: str, destination: Destination, routing_key: str, arguments: dict | None,
                owner: Hashable, class_id: int, method_id: int) -> None:
         exchange = self._binding_source(source, class_id, method_id)
         self._binding_destination(destination, owner, class_id, method_id)
-        if exchange.unbind(Binding.make(source, destination, routing_key, arguments)):
+        binding = Binding.make(source, destination, routing_key, arguments)
+        if exchange.unbind(binding):
+            self.journal.binding_changed(self, binding, False)
             self._maybe_auto_delete_exchange(exchange)
 
     def _binding_source(self, source: str, class_id: int, method_id: int) -> Exchange:

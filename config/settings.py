@@ -63,6 +63,16 @@ class Settings(BaseSettings):
     # connections are blocked (connection.blocked, as RabbitMQ's memory alarm does).
     memory_high_watermark_bytes: int = Field(2 * 1024**3, ge=1024 * 1024)
     alarm_check_interval_seconds: float = Field(0.5, gt=0, le=60)
+    # Disk alarm: below this much free space in data_dir, publishers are blocked.
+    disk_free_limit_bytes: int = Field(50 * 1000 * 1000, ge=0)
+
+    # The node-wide WAL rolls over at this size: its live entries move to segment
+    # files. 64 MiB keeps a rollover (one sequential read of the file) well under
+    # a second on this disk, and recovery's WAL replay short, while being large
+    # enough that a busy node rolls over only every few seconds.
+    wal_max_size_bytes: int = Field(64 * 1024 * 1024, ge=64 * 1024)
+    # Entries per segment file (rabbitmq/ra's default): the unit of truncation.
+    segment_max_entries: int = Field(4096, ge=16)
 
     @field_validator("log_level", mode="before")
     @classmethod

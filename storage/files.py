@@ -1,0 +1,82 @@
+"""The file layer under the WAL and segments, so tests can inject disk faults.
+
+``RealFiles`` is the operating system. Tests substitute a fake with the same
+methods that tears writes, loses unsynced data, flips bits or runs out of
+space. Paths are ``pathlib.Path``.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+class AppendHandle:
+    """An open file that only grows; ``sync`` makes what was written durable."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
+        self.size = os.fstat(self._fd).st_size
+
+    def write(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            written = os.write(self._fd, view)
+            view = view[written:]
+            self.size += written
+
+    def sync(self) -> None:
+        os.fdatasync(self._fd)
+
+    def truncate(self, size: int) -> None:
+        os.ftruncate(self._fd, size)
+        self.size = size
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
+class RealFiles:
+    def open_append(self, path: Path) -> AppendHandle:
+        return AppendHandle(path)
+
+    def read_bytes(self, path: Path) -> bytes:
+        return path.read_bytes()
+
+    def truncate(self, path: Path, size: int) -> None:
+        with open(path, "r+b") as file:
+            file.truncate(size)
+            file.flush()
+            os.fsync(file.fileno())
+
+    def remove(self, path: Path) -> None:
+        path.unlink(missing_ok=True)
+
+    def listdir(self, path: Path) -> list[Path]:
+        if not path.exists():
+            return []
+        return sorted(path.iterdir())
+
+    def makedirs(self, path: Path) -> None:
+        path.mkdir(parents=True, exist_ok=True)
+
+    def sync_directory(self, path: Path) -> None:
+        """Make file creations and deletions in ``path`` durable."""
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def remove_tree(self, path: Path) -> None:
+        for child in self.listdir(path):
+            if child.is_dir():
+                self.remove_tree(child)
+            else:
+                child.unlink(missing_ok=True)
+        if path.exists():
+            path.rmdir()
+
+    def free_bytes(self, path: Path) -> int:
+        stats = os.statvfs(path)
+        return stats.f_bavail * stats.f_frsize

@@ -1,0 +1,104 @@
+"""Group commit: the asyncio shell around the WAL core.
+
+Appends made during one event-loop turn form one batch; the batch is written
+and fdatasynced on a worker thread while the loop keeps serving, and appends
+made meanwhile form the next batch. Batches are numbered; whoever must wait
+for durability (a publisher confirm) registers a callback for the batch its
+record went into, and it runs on the loop once that batch is on disk — or
+with ``ok=False`` if the write or fsync failed (ENOSPC, EIO), in which case the
+batch's bytes are cut off the WAL again so the file stays well-formed.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Callable
+
+import structlog
+
+from storage.wal import LogStore
+
+log = structlog.get_logger("warren.storage")
+
+DurableCallback = Callable[[bool], None]
+# Upper bound of one batch; a larger backlog is written as several batches.
+BATCH_MAX_BYTES = 16 * 1024 * 1024
+
+
+class GroupCommitter:
+    def __init__(self, store: LogStore, prepare_rollover: Callable[[], tuple[dict[int, int], bytes]],
+                 on_batch_done: Callable[[int, int, float], None] | None = None):
+        self.store = store
+        self._prepare_rollover = prepare_rollover
+        self._on_batch_done = on_batch_done
+        self._pending: list[bytes] = []
+        self._pending_bytes = 0
+        self._pending_entries = 0
+        # batches cut at BATCH_MAX_BYTES, waiting for the writer: (number, (bytes, entries))
+        self._sealed: list[tuple[int, tuple[bytes, int]]] = []
+        self.open_batch = 1  # the batch new appends go into
+        self._callbacks: dict[int, list[DurableCallback]] = {}
+        self._task: asyncio.Task | None = None
+        self.failed_batches = 0
+
+    def append(self, encoded_record: bytes) -> int:
+        """Queue one encoded record; returns the batch number it will be written in."""
+        self._pending.append(encoded_record)
+        self._pending_bytes += len(encoded_record)
+        self._pending_entries += 1
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run())
+        if self._pending_bytes >= BATCH_MAX_BYTES:
+            batch = self.open_batch
+            self.open_batch += 1  # the writer picks up the full batch; later appends go on
+            self._sealed.append((batch, self._take()))
+            return batch
+        return self.open_batch
+
+    def _take(self) -> tuple[bytes, int]:
+        data = b"".join(self._pending)
+        entries = self._pending_entries
+        self._pending.clear()
+        self._pending_bytes = 0
+        self._pending_entries = 0
+        return data, entries
+
+    def when_durable(self, batch: int, callback: DurableCallback) -> None:
+        self._callbacks.setdefault(batch, []).append(callback)
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            await asyncio.sleep(0)  # let the rest of this turn append to the batch
+            while self._sealed or self._pending:
+                if self._sealed:
+                    batch, (data, entries) = self._sealed.pop(0)
+                else:
+                    batch = self.open_batch
+                    self.open_batch += 1
+                    data, entries = self._take()
+                started = time.perf_counter()
+                ok = True
+                try:
+                    await loop.run_in_executor(None, self.store.write_batch, data)
+                except OSError as error:
+                    ok = False
+                    self.failed_batches += 1
+                    log.error("wal.write_failed", batch=batch, bytes=len(data), error=str(error))
+                if ok and self._on_batch_done is not None:
+                    self._on_batch_done(entries, len(data), time.perf_counter() - started)
+                for callback in self._callbacks.pop(batch, ()):
+                    callback(ok)
+                if ok and self.store.needs_rollover():
+                    cursors, first_batch = self._prepare_rollover()
+                    await loop.run_in_executor(None, self.store.rollover, cursors, first_batch)
+                    log.info("wal.rolled_over", segments=self.store.segment_count)
+        finally:
+            self._task = None
+            if self._pending or self._sealed:
+                self._task = loop.create_task(self._run())
+
+    async def drain(self) -> None:
+        """Wait until everything appended so far is on disk (used at shutdown)."""
+        while self._task is not None:
+            await asyncio.shield(self._task)

@@ -1,0 +1,122 @@
+"""The write-ahead log's on-disk record format (version 1). Pure: bytes in, bytes out.
+
+A WAL file starts with an 8-byte file header ``b"WRNWAL"`` + version (u16).
+Then records, each:
+
+    marker   u32   0x57524E52 ("WRNR"), so a scan can find record starts quickly
+    length   u32   bytes that follow the crc field (24 + len(payload))
+    crc      u32   CRC-32 of everything after this field
+    log_id   u64   which log (a queue, or the node's metadata) the entry belongs to
+    term     u64   Raft term (0 until replication)
+    index    u64   the entry's index in its log
+    payload  bytes
+
+``scan`` reads records back and tells a torn tail (a partial or corrupt last
+record: cut it off) from corruption in the middle (a bad record followed by
+good ones: refuse to start), by looking for any valid record after the bad one.
+"""
+from __future__ import annotations
+
+import struct
+import zlib
+from dataclasses import dataclass
+
+FILE_MAGIC = b"WRNWAL"
+FORMAT_VERSION = 1
+FILE_HEADER = FILE_MAGIC + struct.pack(">H", FORMAT_VERSION)
+FILE_HEADER_SIZE = len(FILE_HEADER)
+
+RECORD_MARKER = 0x57524E52
+RECORD_MARKER_BYTES = struct.pack(">I", RECORD_MARKER)
+_prefix = struct.Struct(">III")  # marker, length, crc
+_entry_head = struct.Struct(">QQQ")  # log_id, term, index
+PREFIX_SIZE = _prefix.size
+ENTRY_HEAD_SIZE = _entry_head.size
+# A record's payload may not exceed this; a larger length field is corruption.
+RECORD_PAYLOAD_MAX_BYTES = 512 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    log_id: int
+    term: int
+    index: int
+    payload: bytes
+
+
+class CorruptLog(Exception):
+    """A bad record in the middle of a file: never skipped silently."""
+
+    def __init__(self, path: str, offset: int, reason: str):
+        super().__init__(f"{path}: corrupt record at offset {offset}: {reason}")
+        self.path = path
+        self.offset = offset
+        self.reason = reason
+
+
+def encode(log_id: int, term: int, index: int, payload: bytes) -> bytes:
+    body = _entry_head.pack(log_id, term, index) + payload
+    return _prefix.pack(RECORD_MARKER, len(body), zlib.crc32(body)) + body
+
+
+@dataclass(frozen=True, slots=True)
+class ScanResult:
+    records: list[Record]
+    valid_end: int  # offset just past the last good record
+    torn_bytes: int  # bytes after valid_end that were cut off as a torn tail
+    torn_reason: str | None
+
+
+def scan(data: bytes, path: str = "<wal>") -> ScanResult:
+    """Decode a whole WAL file's bytes. Raises CorruptLog for mid-file damage."""
+    if len(data) < FILE_HEADER_SIZE:
+        if FILE_HEADER.startswith(data):
+            return ScanResult([], len(data), 0, None) if not data else ScanResult([], 0, len(data), "torn file header")
+        raise CorruptLog(path, 0, "not a Warren WAL file (bad magic)")
+    if data[:len(FILE_MAGIC)] != FILE_MAGIC:
+        raise CorruptLog(path, 0, "not a Warren WAL file (bad magic)")
+    (version,) = struct.unpack_from(">H", data, len(FILE_MAGIC))
+    if version != FORMAT_VERSION:
+        raise CorruptLog(path, 0, f"unsupported WAL format version {version}")
+    records: list[Record] = []
+    offset = FILE_HEADER_SIZE
+    end = len(data)
+    while offset < end:
+        record, next_offset, problem = _decode_at(data, offset)
+        if record is None:
+            if _any_valid_record_after(data, offset + 1):
+                raise CorruptLog(path, offset, problem)
+            return ScanResult(records, offset, end - offset, problem)
+        records.append(record)
+        offset = next_offset
+    return ScanResult(records, offset, 0, None)
+
+
+def _decode_at(data: bytes, offset: int) -> tuple[Record | None, int, str]:
+    if len(data) - offset < PREFIX_SIZE + ENTRY_HEAD_SIZE:
+        return None, offset, "partial record header"
+    marker, length, crc = _prefix.unpack_from(data, offset)
+    if marker != RECORD_MARKER:
+        return None, offset, "record marker missing"
+    if length < ENTRY_HEAD_SIZE or length > RECORD_PAYLOAD_MAX_BYTES + ENTRY_HEAD_SIZE:
+        return None, offset, f"impossible record length {length}"
+    body_start = offset + PREFIX_SIZE
+    body_end = body_start + length
+    if body_end > len(data):
+        return None, offset, "partial record"
+    body = data[body_start:body_end]
+    if zlib.crc32(body) != crc:
+        return None, offset, "checksum mismatch"
+    log_id, term, index = _entry_head.unpack_from(body, 0)
+    return Record(log_id, term, index, body[ENTRY_HEAD_SIZE:]), body_end, ""
+
+
+def _any_valid_record_after(data: bytes, start: int) -> bool:
+    """Is there a well-formed record anywhere past a bad one? Then it is not a torn tail."""
+    offset = data.find(RECORD_MARKER_BYTES, start)
+    while offset != -1:
+        record, _, _ = _decode_at(data, offset)
+        if record is not None:
+            return True
+        offset = data.find(RECORD_MARKER_BYTES, offset + 1)
+    return False

@@ -1,0 +1,235 @@
+"""The node-wide write-ahead log and the per-log segment files (synchronous core).
+
+Theory of operation (after rabbitmq/ra's LOG.md). Every log on the node — each
+durable queue's, and the metadata log (id 0) — appends to ONE WAL file; the
+asyncio shell (``group_commit``) hands this core one batch per turn and it
+writes it with one fdatasync. When the WAL file passes ``wal_max_size_bytes``
+it is rolled over: a new WAL file is started, and each log's entries from the
+old file that are still needed (index >= that log's release cursor) move to
+the log's segment files (``segment_max_entries`` per file); then the old WAL
+file is deleted. Segment files wholly below a log's cursor are deleted too, so
+a queue that is published to and consumed from keeps its disk use bounded.
+
+Recovery reads the segments and then the WAL files in order; a torn tail of
+the newest WAL file is cut off (and reported), damage anywhere else raises
+``CorruptLog`` naming the file and offset.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from storage import records
+from storage.files import RealFiles
+
+WAL_DIR = "wal"
+SEGMENTS_DIR = "segments"
+
+
+@dataclass(slots=True)
+class SegmentFile:
+    path: Path
+    first_index: int
+    last_index: int
+    entries: int
+
+
+@dataclass(slots=True)
+class TornTail:
+    path: Path
+    offset: int
+    bytes_lost: int
+    reason: str
+
+
+@dataclass(slots=True)
+class Recovered:
+    logs: dict[int, dict[int, records.Record]] = field(default_factory=dict)
+    torn: list[TornTail] = field(default_factory=list)
+
+
+class LogStore:
+    def __init__(self, directory: Path, wal_max_size_bytes: int, segment_max_entries: int,
+                 files: RealFiles | None = None):
+        self.directory = directory
+        self.wal_dir = directory / WAL_DIR
+        self.segments_dir = directory / SEGMENTS_DIR
+        self.wal_max_size_bytes = wal_max_size_bytes
+        self.segment_max_entries = segment_max_entries
+        self.files = files or RealFiles()
+        self.segments: dict[int, list[SegmentFile]] = {}
+        self._wal_number = 0
+        self._wal = None
+        self._old_wals: list[Path] = []
+        # counters for metrics
+        self.fsyncs = 0
+        self.bytes_written = 0
+
+    # -- recovery ---------------------------------------------------------
+    def recover(self) -> Recovered:
+        """Read everything back and open a fresh WAL file for appends."""
+        self.files.makedirs(self.wal_dir)
+        self.files.makedirs(self.segments_dir)
+        recovered = Recovered()
+        for log_dir in self.files.listdir(self.segments_dir):
+            log_id = int(log_dir.name)
+            for path in self.files.listdir(log_dir):
+                self._recover_segment(log_id, path, recovered)
+        wal_paths = [p for p in self.files.listdir(self.wal_dir) if p.suffix == ".wal"]
+        for position, path in enumerate(wal_paths):
+            data = self.files.read_bytes(path)
+            result = records.scan(data, str(path))
+            if result.torn_reason is not None:
+                if position != len(wal_paths) - 1:
+                    raise records.CorruptLog(str(path), result.valid_end, result.torn_reason + " (not the newest WAL file)")
+                recovered.torn.append(TornTail(path, result.valid_end, result.torn_bytes, result.torn_reason))
+                self.files.truncate(path, result.valid_end)
+            for record in result.records:
+                recovered.logs.setdefault(record.log_id, {})[record.index] = record
+            self._wal_number = max(self._wal_number, int(path.stem))
+        self._old_wals = wal_paths
+        self._open_new_wal()
+        return recovered
+
+    def _recover_segment(self, log_id: int, path: Path, recovered: Recovered) -> None:
+        data = self.files.read_bytes(path)
+        result = records.scan(data, str(path))
+        if result.torn_reason is not None:
+            # Segments are fsynced before the WAL file they came from is deleted, so a
+            # torn segment means a crash during that move: the WAL still has the entries.
+            recovered.torn.append(TornTail(path, result.valid_end, result.torn_bytes, result.torn_reason))
+            self.files.truncate(path, result.valid_end)
+        entries = recovered.logs.setdefault(log_id, {})
+        for record in result.records:
+            entries[record.index] = record
+        if result.records:
+            self.segments.setdefault(log_id, []).append(SegmentFile(
+                path, result.records[0].index, result.records[-1].index, len(result.records)))
+        else:
+            self.files.remove(path)
+
+    def _open_new_wal(self) -> None:
+        self._wal_number += 1
+        path = self.wal_dir / f"{self._wal_number:08d}.wal"
+        self._wal = self.files.open_append(path)
+        self._wal.write(records.FILE_HEADER)
+        self._wal.sync()
+        self.files.sync_directory(self.wal_dir)
+
+    # -- appends ----------------------------------------------------------
+    def write_batch(self, data: bytes) -> None:
+        """Append one batch of encoded records and make it durable (one fdatasync)."""
+        size_before = self._wal.size
+        try:
+            self._wal.write(data)
+            self._wal.sync()
+        except OSError:
+            # Cut the failed batch off so later batches follow a well-formed file.
+            try:
+                self._wal.truncate(size_before)
+            except OSError:
+                pass
+            raise
+        self.fsyncs += 1
+        self.bytes_written += len(data)
+
+    @property
+    def wal_size_bytes(self) -> int:
+        return self._wal.size if self._wal is not None else 0
+
+    def needs_rollover(self) -> bool:
+        return self.wal_size_bytes >= self.wal_max_size_bytes
+
+    # -- rollover ---------------------------------------------------------
+    def rollover(self, cursors: dict[int, int], first_batch: bytes = b"") -> None:
+        """Start a new WAL file (beginning with ``first_batch``), move what is
+        still needed from the old ones into segments, delete the old ones.
+
+        ``cursors`` maps every live log to its release cursor: entries below it
+        are not needed any more. A log missing from ``cursors`` was deleted.
+        """
+        old = self._wal
+        self._old_wals.append(old.path)
+        old.close()
+        self._open_new_wal()
+        if first_batch:
+            self.write_batch(first_batch)
+        for path in self._old_wals:
+            self._move_to_segments(path, cursors)
+        for path in self._old_wals:
+            self.files.remove(path)
+        self.files.sync_directory(self.wal_dir)
+        self._old_wals = []
+        self.truncate_segments(cursors)
+
+    def _move_to_segments(self, wal_path: Path, cursors: dict[int, int]) -> None:
+        result = records.scan(self.files.read_bytes(wal_path), str(wal_path))
+        by_log: dict[int, list[tuple[int, bytes]]] = {}
+        for record in result.records:
+            cursor = cursors.get(record.log_id)
+            if cursor is None or record.index < cursor:
+                continue
+            by_log.setdefault(record.log_id, []).append(
+                (record.index, records.encode(record.log_id, record.term, record.index, record.payload)))
+        for log_id, entries in by_log.items():
+            self._append_segment(log_id, entries)
+
+    def _append_segment(self, log_id: int, entries: list[tuple[int, bytes]]) -> None:
+        """Append (index, encoded record) pairs, in index order, to the log's segments."""
+        log_dir = self.segments_dir / str(log_id)
+        self.files.makedirs(log_dir)
+        files = self.segments.setdefault(log_id, [])
+        start = 0
+        while start < len(entries):
+            current = files[-1] if files else None
+            new_file = current is None or current.entries >= self.segment_max_entries
+            if new_file:
+                number = int(current.path.stem) + 1 if current is not None else 1
+                current = SegmentFile(log_dir / f"{number:08d}.seg", entries[start][0], entries[start][0], 0)
+                files.append(current)
+            chunk = entries[start:start + self.segment_max_entries - current.entries]
+            handle = self.files.open_append(current.path)
+            try:
+                handle.write((records.FILE_HEADER if new_file else b"") + b"".join(e[1] for e in chunk))
+                handle.sync()
+            finally:
+                handle.close()
+            current.entries += len(chunk)
+            current.last_index = chunk[-1][0]
+            start += len(chunk)
+        self.files.sync_directory(log_dir)
+
+    def truncate_segments(self, cursors: dict[int, int]) -> None:
+        """Delete segment files wholly below their log's cursor, and deleted logs' files."""
+        for log_id in list(self.segments):
+            cursor = cursors.get(log_id)
+            kept = []
+            for segment in self.segments[log_id]:
+                if cursor is None or segment.last_index < cursor:
+                    self.files.remove(segment.path)
+                else:
+                    kept.append(segment)
+            if kept:
+                self.segments[log_id] = kept
+            else:
+                del self.segments[log_id]
+                self.files.remove_tree(self.segments_dir / str(log_id))
+
+    @property
+    def segment_count(self) -> int:
+        return sum(len(files) for files in self.segments.values())
+
+    def segment_bytes(self) -> int:
+        total = 0
+        for files in self.segments.values():
+            for segment in files:
+                try:
+                    total += segment.path.stat().st_size
+                except OSError:
+                    pass
+        return total
+
+    def close(self) -> None:
+        if self._wal is not None:
+            self._wal.close()
+            self._wal = None
