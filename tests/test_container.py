@@ -13,6 +13,7 @@ deploy/warren.toml without running anything.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shlex
@@ -310,7 +311,10 @@ def test_amqp_roundtrip_as_user_from_warren_users(warren: dict[str, Any]) -> Non
 
 @container
 @slow_timeout
-def test_amqp_wrong_password_is_refused(warren: dict[str, Any]) -> None:
+def test_amqp_wrong_password_is_refused(
+    warren: dict[str, Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.CRITICAL, logger="pika")  # the refusal is expected
     params = pika.ConnectionParameters(
         host="127.0.0.1",
         port=warren["amqp_port"],
@@ -352,6 +356,21 @@ def test_runs_as_non_root_with_writable_data_dir(warren: dict[str, Any]) -> None
         PODMAN + ["exec", warren["name"], "sh", "-c", "test -d /var/lib/warren -a -w /var/lib/warren"],
         timeout=60,
     )
+
+
+@container
+@slow_timeout
+def test_logs_are_json_lines(warren: dict[str, Any]) -> None:
+    # The image sets WARREN_LOG_FORMAT=json: one JSON object per line, for collectors.
+    proc = _run(PODMAN + ["logs", warren["name"]], timeout=60)
+    lines = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
+    assert lines, "the server logged nothing at start"
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            pytest.fail(f"log line is not JSON: {line!r}")
+        assert isinstance(record, dict) and "event" in record, line
 
 
 @container
