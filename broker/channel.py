@@ -13,6 +13,7 @@ channel); hard ones as ``AMQPConnectionError``.
 from __future__ import annotations
 
 import secrets
+from collections import deque
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -72,6 +73,8 @@ class Channel:
         self.reply_to_token: str | None = None
         self.suspended = False
         self.qos_blocked = False
+        # deliveries a queue made past the global prefetch, sent as acks make room
+        self.held: deque[tuple] = deque()
         self.closed = False
 
     # -- output -----------------------------------------------------------
@@ -173,12 +176,22 @@ class Channel:
     # -- hot path: deliveries and acks ------------------------------------
     def deliver(self, queue: Queue, consumer_tag: str, msg_id: int, payload: Any, redelivered: bool) -> None:
         consumer = self.consumers[consumer_tag]
+        if not consumer.no_ack and self.global_prefetch_count:
+            if len(self.unacked) >= self.global_prefetch_count:
+                # A queue may hand over a burst larger than the channel-wide (global)
+                # prefetch has room for; the rest waits here, checked out, until acks.
+                self.held.append((queue, consumer_tag, msg_id, payload, redelivered))
+                self._set_suspended(qos=True)
+                return
+            if len(self.unacked) + 1 >= self.global_prefetch_count:
+                self._set_suspended(qos=True)
+        self._send_delivery(consumer, queue, msg_id, payload, redelivered)
+
+    def _send_delivery(self, consumer: Consumer, queue: Queue, msg_id: int, payload: Any, redelivered: bool) -> None:
         tag = self.next_delivery_tag
         self.next_delivery_tag = tag + 1
         if not consumer.no_ack:
-            self.unacked[tag] = (queue, consumer_tag, msg_id)
-            if self.global_prefetch_count and len(self.unacked) >= self.global_prefetch_count:
-                self._set_suspended(qos=True)
+            self.unacked[tag] = (queue, consumer.tag, msg_id)
         exchange, routing_key, properties, body = payload
         self.broker.counters.delivered += 1
         self.connection.write(codec.encode_deliver(
@@ -256,8 +269,20 @@ class Channel:
                     queue.apply(command_type((self.owner, consumer_tag), tuple(msg_ids)))
         if command_type is fifo.Settle:
             self.broker.counters.acknowledged += len(taken)
+        if self.held:
+            self._send_held()
         if self.suspended and self.global_prefetch_count:
             self._set_suspended(qos=len(self.unacked) >= self.global_prefetch_count)
+
+    def _send_held(self) -> None:
+        while self.held and len(self.unacked) < self.global_prefetch_count:
+            queue, consumer_tag, msg_id, payload, redelivered = self.held.popleft()
+            consumer = self.consumers.get(consumer_tag)
+            if consumer is None:  # cancelled meanwhile: the message goes back, undelivered
+                if not queue.deleted:
+                    queue.apply(fifo.Return((self.owner, consumer_tag), (msg_id,)))
+                continue
+            self._send_delivery(consumer, queue, msg_id, payload, redelivered)
 
     # -- flow: pause consumers when the channel may not take more ---------
     def _set_suspended(self, qos: bool | None = None) -> None:
@@ -267,7 +292,11 @@ class Channel:
         if want == self.suspended:
             return
         self.suspended = want
+        # Global prefetch is enforced per consumer credit plus this switch, so one
+        # queue's burst can overshoot the channel limit by at most its consumer's credit.
         for consumer in list(self.consumers.values()):
+            if self.suspended != want:
+                break  # deliveries made while resuming filled the channel again
             if consumer.queue is not None and not consumer.queue.deleted:
                 consumer.queue.apply(fifo.Suspend((self.owner, consumer.tag), active=not want))
 
@@ -287,6 +316,15 @@ class Channel:
             raise AMQPConnectionError(NOT_IMPLEMENTED, f"prefetch_size!=0 ({method.prefetch_size})", 60, 10)
         if method.global_:
             self.global_prefetch_count = method.prefetch_count
+            if self.held:
+                if method.prefetch_count:
+                    self._send_held()
+                else:
+                    while self.held:
+                        queue, tag, msg_id, payload, redelivered = self.held.popleft()
+                        consumer = self.consumers.get(tag)
+                        if consumer is not None:
+                            self._send_delivery(consumer, queue, msg_id, payload, redelivered)
             self._set_suspended(qos=bool(method.prefetch_count) and len(self.unacked) >= method.prefetch_count)
         else:
             self.prefetch_count = method.prefetch_count
@@ -317,9 +355,7 @@ class Channel:
         if self.global_prefetch_count:
             prefetch = min(prefetch or self.global_prefetch_count, self.global_prefetch_count)
         queue.add_consumer((self.owner, tag), self, 0 if method.no_ack else prefetch, priority,
-                           method.no_ack, method.exclusive)
-        if self.suspended:
-            queue.apply(fifo.Suspend((self.owner, tag), active=False))
+                           method.no_ack, method.exclusive, active=not self.suspended)
 
     def _consume_reply_to(self, method: spec.Basic.Consume, tag: str) -> None:
         if not method.no_ack:
@@ -494,6 +530,7 @@ class Channel:
             self.reply_to_token = None
         self.consumers.clear()
         self.unacked.clear()
+        self.held.clear()  # still checked out to this channel: owner_down returns them
         for queue in self.queues_used.values():
             if not queue.deleted:
                 queue.owner_down(self.owner)

@@ -49,6 +49,7 @@ class Checkout:
     prefetch: int
     priority: int = 0
     no_ack: bool = False
+    active: bool = True  # False: created suspended (its channel is at its global prefetch)
 
 
 @dataclass(frozen=True, slots=True)
@@ -308,7 +309,7 @@ def _leave_service(state: FifoState, consumer: ConsumerState) -> None:
 
 
 def _on_checkout(command: Checkout, state: FifoState, effects: list) -> str:
-    consumer = ConsumerState(command.prefetch, command.priority, command.no_ack)
+    consumer = ConsumerState(command.prefetch, command.priority, command.no_ack, suspended=not command.active)
     state.consumers[command.consumer] = consumer
     _enter_service(state, command.consumer, consumer)
     _service(state, effects)

@@ -109,18 +109,18 @@ class Queue:
                     assert sink is not None, f"delivery to unknown consumer {consumer_id!r}"
                     sink.deliver(self, consumer_id[1], effect.msg_id, effect.payload, effect.redelivered)
                 case fifo.DeadLetter():
-                    self.vhost.dead_letter(self, effect.reason, effect.payloads)
+                    self.vhost.dead_letter(self, effect.reason, effect.payloads, self._clock_ms())
                 case _:
                     raise AssertionError(f"unknown effect {effect!r}")
 
     # -- consumers --------------------------------------------------------
     def add_consumer(self, consumer_id: Hashable, sink: ConsumerSink, prefetch: int,
-                     priority: int, no_ack: bool, exclusive: bool) -> None:
+                     priority: int, no_ack: bool, exclusive: bool, active: bool = True) -> None:
         self.consumers[consumer_id] = sink
         self.had_consumers = True
         if exclusive:
             self.exclusive_consumer = consumer_id
-        self.apply(fifo.Checkout(consumer_id, prefetch, priority, no_ack))
+        self.apply(fifo.Checkout(consumer_id, prefetch, priority, no_ack, active))
 
     def remove_consumer(self, consumer_id: Hashable) -> None:
         """basic.cancel: no more deliveries; what it holds stays unacked."""

@@ -7,6 +7,7 @@ back for dead-lettering and auto-delete.
 from __future__ import annotations
 
 import secrets
+from datetime import datetime, timezone
 from typing import Any, Hashable
 
 from pamqp import commands as spec
@@ -80,7 +81,9 @@ class VirtualHost:
                 PRECONDITION_FAILED, f"invalid exchange type '{method.exchange_type}' for exchange "
                 f"'{name}' in vhost '{self.name}'", 40, 10)
         existing = self.exchanges.get(name)
-        if name == "" or (name.startswith("amq.") and existing is None):
+        if name == "":
+            raise ChannelError(ACCESS_REFUSED, "operation not permitted on the default exchange", 40, 10)
+        if name.startswith("amq.") and existing is None:
             raise ChannelError(
                 ACCESS_REFUSED, f"exchange name '{name}' contains reserved prefix 'amq.*'", 40, 10)
         if existing is not None:
@@ -112,7 +115,7 @@ class VirtualHost:
         exchange = self.exchanges.get(name)
         if exchange is None:
             return  # deleting what does not exist succeeds, as in RabbitMQ 3.x
-        if if_unused and (exchange.bindings or self._bindings_to(("exchange", name))):
+        if if_unused and exchange.bindings:  # as RabbitMQ: only bindings with it as source count
             raise ChannelError(PRECONDITION_FAILED, f"exchange '{name}' in vhost '{self.name}' in use", 40, 20)
         self.remove_exchange(exchange)
 
@@ -122,9 +125,6 @@ class VirtualHost:
         for other in list(self.exchanges.values()):
             if other.unbind_destination(("exchange", exchange.name)):
                 self._maybe_auto_delete_exchange(other)
-
-    def _bindings_to(self, destination: Destination) -> list[Binding]:
-        return [b for e in self.exchanges.values() for b in e.bindings if b.destination == destination]
 
     def _maybe_auto_delete_exchange(self, exchange: Exchange) -> None:
         if exchange.auto_delete and not exchange.bindings and exchange.name in self.exchanges:
@@ -281,7 +281,7 @@ class VirtualHost:
                         pending.append(target)
         return list(found.values())
 
-    def dead_letter(self, queue: Queue, reason: str, payloads: tuple) -> None:
+    def dead_letter(self, queue: Queue, reason: str, payloads: tuple, time_ms: int) -> None:
         """Republish dead messages to the queue's x-dead-letter-exchange, if any."""
         exchange_name = queue.arguments.get("x-dead-letter-exchange")
         if exchange_name is None:
@@ -292,7 +292,7 @@ class VirtualHost:
         override_key = queue.arguments.get("x-dead-letter-routing-key")
         for original_exchange, routing_key, properties, body in payloads:
             key = override_key if override_key is not None else routing_key
-            properties = _with_death(properties, queue, reason, original_exchange, routing_key)
+            properties = _with_death(properties, queue, reason, original_exchange, routing_key, time_ms)
             payload = (exchange_name, key, properties, body)
             for target in self.route(exchange, key, properties):
                 # A message dead-lettered back into its own queue is dropped unless a
@@ -304,7 +304,8 @@ class VirtualHost:
 _UNDECODED = object()
 
 
-def _with_death(properties: bytes, queue: Queue, reason: str, exchange: str, routing_key: str) -> bytes:
+def _with_death(properties: bytes, queue: Queue, reason: str, exchange: str, routing_key: str,
+                time_ms: int) -> bytes:
     """Add RabbitMQ's x-death record (and x-first-death-*) to the headers."""
     decoded = codec.decode_properties(properties)
     headers = dict(decoded.headers or {})
@@ -314,8 +315,9 @@ def _with_death(properties: bytes, queue: Queue, reason: str, exchange: str, rou
             death["count"] = death.get("count", 1) + 1
             break
     else:
-        deaths.insert(0, {"count": 1, "reason": reason, "queue": queue.name,
-                          "exchange": exchange, "routing-keys": [routing_key]})
+        deaths.insert(0, {"count": 1, "reason": reason, "queue": queue.name, "exchange": exchange,
+                          "routing-keys": [routing_key],
+                          "time": datetime.fromtimestamp(time_ms // 1000, tz=timezone.utc)})
         headers.setdefault("x-first-death-reason", reason)
         headers.setdefault("x-first-death-queue", queue.name)
         headers.setdefault("x-first-death-exchange", exchange)

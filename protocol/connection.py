@@ -45,6 +45,7 @@ from protocol.constants import (
     FRAME_HEARTBEAT,
     FRAME_METHOD,
     FRAME_MIN_SIZE,
+    NOT_ALLOWED,
     NOT_IMPLEMENTED,
     PRECONDITION_FAILED,
     PROTOCOL_HEADER,
@@ -227,9 +228,14 @@ class ServerConnection:
         if channel_state is None:
             if not isinstance(method, spec.Channel.Open):
                 raise AMQPConnectionError(CHANNEL_ERROR, "expected 'channel.open'", method_id >> 16, method_id & 0xFFFF)
+            if len(self.channels) >= self.channel_max:
+                raise AMQPConnectionError(
+                    NOT_ALLOWED, f"number of channels opened ({len(self.channels)}) has reached the "
+                    f"negotiated channel_max ({self.channel_max})", 20, 10)
             if channel > self.channel_max:
                 raise AMQPConnectionError(
-                    CHANNEL_ERROR, f"channel number {channel} exceeds channel_max {self.channel_max}", 20, 10)
+                    NOT_ALLOWED, f"channel number {channel} exceeds the negotiated channel_max ({self.channel_max})",
+                    20, 10)
             self.channels[channel] = _CHANNEL_OPEN
         elif channel_state is _CHANNEL_CLOSING:
             # §4.2.6: after sending channel.close, discard all but close/close-ok.
