@@ -275,7 +275,7 @@ class Channel:
             self._set_suspended(qos=len(self.unacked) >= self.global_prefetch_count)
 
     def _send_held(self) -> None:
-        while self.held and len(self.unacked) < self.global_prefetch_count:
+        while self.held and (not self.global_prefetch_count or len(self.unacked) < self.global_prefetch_count):
             queue, consumer_tag, msg_id, payload, redelivered = self.held.popleft()
             consumer = self.consumers.get(consumer_tag)
             if consumer is None:  # cancelled meanwhile: the message goes back, undelivered
@@ -317,14 +317,7 @@ class Channel:
         if method.global_:
             self.global_prefetch_count = method.prefetch_count
             if self.held:
-                if method.prefetch_count:
-                    self._send_held()
-                else:
-                    while self.held:
-                        queue, tag, msg_id, payload, redelivered = self.held.popleft()
-                        consumer = self.consumers.get(tag)
-                        if consumer is not None:
-                            self._send_delivery(consumer, queue, msg_id, payload, redelivered)
+                self._send_held()
             self._set_suspended(qos=bool(method.prefetch_count) and len(self.unacked) >= method.prefetch_count)
         else:
             self.prefetch_count = method.prefetch_count

@@ -36,6 +36,17 @@ async def connection(server):
     await within(connection.close(), "connection.close")
 
 
+async def ready_count(channel, queue_name: str) -> int:
+    """Messages ready in the queue, from a fresh passive queue.declare-ok.
+
+    Goes through the underlying aiormq channel: aio-pika's robust channel caches
+    Queue objects by name, so a second declare_queue() keeps the old declare-ok.
+    """
+    underlay = await channel.get_underlay_channel()
+    declare_ok = await within(underlay.queue_declare(queue_name, passive=True), f"passive declare of {queue_name}")
+    return declare_ok.message_count
+
+
 async def next_message(iterator, what: str, timeout: float = STEP_TIMEOUT_SECONDS) -> AbstractIncomingMessage:
     return await within(iterator.__anext__(), what, timeout)
 
@@ -43,7 +54,8 @@ async def next_message(iterator, what: str, timeout: float = STEP_TIMEOUT_SECOND
 async def test_publish_with_confirms_and_consume_with_manual_ack(connection, name):
     channel = await connection.channel(publisher_confirms=True)
     exchange = await channel.declare_exchange(f"{name}-x", aio_pika.ExchangeType.DIRECT, auto_delete=True)
-    queue = await channel.declare_queue(name, auto_delete=True)
+    # Not auto_delete: the queue must outlive the iterator's consumer for the final count.
+    queue = await channel.declare_queue(name)
     await queue.bind(exchange, routing_key="rk")
 
     bodies = [f"m{i}".encode() for i in range(20)]
@@ -62,8 +74,8 @@ async def test_publish_with_confirms_and_consume_with_manual_ack(connection, nam
             await message.ack()
     assert received == bodies, "messages were not delivered in publish order"
 
-    declared = await channel.declare_queue(name, passive=True)
-    assert declared.declaration_result.message_count == 0, "acked messages are still in the queue"
+    assert await ready_count(channel, name) == 0, "acked messages are still in the queue"
+    await queue.delete()
 
 
 async def test_unroutable_mandatory_publish_is_returned(connection, name):
@@ -94,10 +106,9 @@ async def test_prefetch_limits_unacked_deliveries(connection, name):
     # A fourth delivery would break prefetch; give it every chance to arrive by
     # round-tripping the broker on this channel (its deliveries precede the reply).
     for _ in range(3):
-        await channel.declare_queue(name, passive=True)
+        await ready_count(channel, name)
     assert len(held) == 3, f"prefetch_count=3 but {len(held)} deliveries are unacked"
-    declared = await channel.declare_queue(name, passive=True)
-    assert declared.declaration_result.message_count == 7, "queue should hold the 7 undelivered messages"
+    assert await ready_count(channel, name) == 7, "queue should hold the 7 undelivered messages"
 
     await held[0].ack()
     deadline = asyncio.get_running_loop().time() + STEP_TIMEOUT_SECONDS
@@ -109,7 +120,7 @@ async def test_prefetch_limits_unacked_deliveries(connection, name):
 
 async def test_reject_with_requeue_redelivers_with_redelivered_flag(connection, name):
     channel = await connection.channel()
-    queue = await channel.declare_queue(name, auto_delete=True)
+    queue = await channel.declare_queue(name)
     await channel.default_exchange.publish(aio_pika.Message(b"again", message_id="once"), routing_key=name)
 
     async with queue.iterator() as iterator:
@@ -123,8 +134,8 @@ async def test_reject_with_requeue_redelivers_with_redelivered_flag(connection, 
         assert second.redelivered, "a requeued message must come back with redelivered=True"
         await second.reject(requeue=False)
 
-    declared = await channel.declare_queue(name, passive=True)
-    assert declared.declaration_result.message_count == 0, "reject(requeue=False) kept the message"
+    assert await ready_count(channel, name) == 0, "reject(requeue=False) kept the message"
+    await queue.delete()
 
 
 async def test_nack_multiple_requeues_all(connection, name):
@@ -152,8 +163,11 @@ async def test_queue_deletion_cancels_consumer(connection, name):
         if not cancelled.done():
             cancelled.set_result(frame)
 
+    async def on_message(message: AbstractIncomingMessage) -> None:
+        await message.ack()
+
     underlay.on_consumer_cancel_callbacks.add(on_cancel)
-    tag = await queue.consume(lambda message: message.ack())
+    tag = await queue.consume(on_message)
 
     other = await connection.channel()
     await other.queue_delete(name)
@@ -179,8 +193,38 @@ async def test_rpc_pattern(connection, name):
         asyncio.gather(*(rpc_client.call(name, kwargs={"x": i, "y": 7}) for i in range(10))),
         "10 RPC calls through aio_pika.patterns.RPC")
     assert results == [i * 7 for i in range(10)]
-    await rpc_client.close()
-    await rpc_server.close()
+    # RPC.close() cancels the result consumer (the auto_delete result queue goes
+    # with it) and then unbinds that queue: RabbitMQ answers unbind-ok.
+    try:
+        await within(rpc_client.close(), "RPC.close() of the client")
+    except aio_pika.exceptions.ChannelNotFoundEntity as error:
+        pytest.fail(f"RPC.close(): queue.unbind of the auto-deleted result queue was refused: {error}")
+    await within(rpc_server.close(), "RPC.close() of the server")
+
+
+async def test_unbind_of_a_deleted_queue_is_ok(connection, name):
+    # RabbitMQ (rabbit_db_binding:delete) answers unbind-ok when the binding,
+    # the queue or the exchange no longer exists.
+    channel = await connection.channel()
+    exchange = await channel.declare_exchange(f"{name}-x", aio_pika.ExchangeType.DIRECT, auto_delete=True)
+    await channel.declare_queue(f"{name}-keep", auto_delete=True)
+    await (await channel.get_underlay_channel()).queue_bind(f"{name}-keep", f"{name}-x", routing_key="k")
+    underlay = await channel.get_underlay_channel()
+    await underlay.queue_declare(name)
+    await underlay.queue_bind(name, f"{name}-x", routing_key="k")
+    await underlay.queue_delete(name)
+    try:
+        await within(underlay.queue_unbind(name, f"{name}-x", routing_key="k"), "queue.unbind of a deleted queue")
+    except aio_pika.exceptions.ChannelNotFoundEntity as error:
+        pytest.fail(f"queue.unbind of a deleted queue closed the channel, RabbitMQ answers unbind-ok: {error}")
+    fresh = await connection.channel()
+    underlay = await fresh.get_underlay_channel()
+    try:
+        await within(underlay.queue_unbind(f"{name}-keep", f"{name}-no-such-x", routing_key="k"),
+                     "queue.unbind from a missing exchange")
+    except aio_pika.exceptions.ChannelNotFoundEntity as error:
+        pytest.fail(f"queue.unbind from a missing exchange closed the channel, RabbitMQ answers unbind-ok: {error}")
+    del exchange
 
 
 async def test_rpc_with_direct_reply_to(connection, name):
@@ -223,10 +267,10 @@ async def test_direct_reply_to_publish_without_consumer_is_a_channel_error(conne
     await channel.declare_queue(name, auto_delete=True)
     # RabbitMQ: publishing with reply_to=amq.rabbitmq.reply-to on a channel that
     # is not consuming from it closes the channel with 406 PRECONDITION_FAILED.
-    await channel.default_exchange.publish(
-        aio_pika.Message(b"q", reply_to="amq.rabbitmq.reply-to"), routing_key=name)
     with pytest.raises(aio_pika.exceptions.ChannelPreconditionFailed):
-        await within(channel.declare_queue(name, passive=True), "channel.close 406 after the bad publish")
+        await channel.default_exchange.publish(
+            aio_pika.Message(b"q", reply_to="amq.rabbitmq.reply-to"), routing_key=name)
+        await within(ready_count(channel, name), "channel.close 406 after the bad publish")
     fresh = await connection.channel()
     await fresh.declare_queue(name, passive=True)
 
@@ -236,22 +280,18 @@ async def test_transaction_commit_and_rollback(connection, name):
     queue = await channel.declare_queue(name, auto_delete=True)
     peek = await connection.channel()
 
-    async def ready_count() -> int:
-        declared = await peek.declare_queue(name, passive=True)
-        return declared.declaration_result.message_count
-
     transaction = channel.transaction()
     await transaction.select()
     await channel.default_exchange.publish(aio_pika.Message(b"rolled-back"), routing_key=name)
-    assert await ready_count() == 0, "a publish inside an uncommitted transaction is visible"
+    assert await ready_count(peek, name) == 0, "a publish inside an uncommitted transaction is visible"
     await transaction.rollback()
-    assert await ready_count() == 0, "rollback did not discard the publish"
+    assert await ready_count(peek, name) == 0, "rollback did not discard the publish"
 
     await channel.default_exchange.publish(aio_pika.Message(b"committed-1"), routing_key=name)
     await channel.default_exchange.publish(aio_pika.Message(b"committed-2"), routing_key=name)
-    assert await ready_count() == 0, "publishes visible before tx.commit"
+    assert await ready_count(peek, name) == 0, "publishes visible before tx.commit"
     await transaction.commit()
-    assert await ready_count() == 2, "tx.commit did not enqueue both publishes"
+    assert await ready_count(peek, name) == 2, "tx.commit did not enqueue both publishes"
 
     # Acks are transactional too.
     message = await within(queue.get(no_ack=False), "basic.get in a transaction")
@@ -261,9 +301,9 @@ async def test_transaction_commit_and_rollback(connection, name):
     await channel.close()
     # The rolled-back ack is not applied; the closed channel requeues it.
     deadline = asyncio.get_running_loop().time() + STEP_TIMEOUT_SECONDS
-    while await ready_count() != 2 and asyncio.get_running_loop().time() < deadline:
+    while await ready_count(peek, name) != 2 and asyncio.get_running_loop().time() < deadline:
         await asyncio.sleep(0.01)  # polling a condition with a deadline
-    assert await ready_count() == 2, "a rolled-back ack was applied (or the delivery was lost)"
+    assert await ready_count(peek, name) == 2, "a rolled-back ack was applied (or the delivery was lost)"
 
 
 async def test_transaction_context_manager(connection, name):
@@ -272,8 +312,7 @@ async def test_transaction_context_manager(connection, name):
     async with channel.transaction():
         for i in range(5):
             await channel.default_exchange.publish(aio_pika.Message(str(i).encode()), routing_key=name)
-    declared = await channel.declare_queue(name, passive=True)
-    assert declared.declaration_result.message_count == 5, "async with transaction() did not commit"
+    assert await ready_count(channel, name) == 5, "async with transaction() did not commit"
 
 
 async def test_channel_error_leaves_connection_usable(connection, name):
