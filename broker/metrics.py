@@ -61,7 +61,7 @@ class BrokerCollector(Collector):
         store = durability.store
         yield _gauge("warren_wal_size_bytes", "Size of the current WAL file", store.wal_size_bytes)
         yield _gauge("warren_segments", "Segment files on disk", store.segment_count)
-        yield _gauge("warren_segment_bytes", "Bytes in segment files", store.segment_bytes())
+        yield _gauge("warren_segment_bytes", "Bytes in segment files", store.segment_bytes)
         fsyncs = CounterMetricFamily("warren_wal_fsyncs", "fdatasync calls on the WAL (one per batch)")
         fsyncs.add_metric([], store.fsyncs)
         yield fsyncs

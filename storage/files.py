@@ -77,6 +77,12 @@ class RealFiles:
         if path.exists():
             path.rmdir()
 
+    def size(self, path: Path) -> int:
+        try:
+            return path.stat().st_size
+        except FileNotFoundError:
+            return 0
+
     def free_bytes(self, path: Path) -> int:
         stats = os.statvfs(path)
         return stats.f_bavail * stats.f_frsize

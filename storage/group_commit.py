@@ -90,13 +90,21 @@ class GroupCommitter:
                 for callback in self._callbacks.pop(batch, ()):
                     callback(ok)
                 if ok and self.store.needs_rollover():
-                    cursors, first_batch = self._prepare_rollover()
-                    await loop.run_in_executor(None, self.store.rollover, cursors, first_batch)
-                    log.info("wal.rolled_over", segments=self.store.segment_count)
+                    await self._rollover(loop)
         finally:
             self._task = None
             if self._pending or self._sealed:
                 self._task = loop.create_task(self._run())
+
+    async def _rollover(self, loop: asyncio.AbstractEventLoop) -> None:
+        cursors, first_batch = self._prepare_rollover()
+        try:
+            await loop.run_in_executor(None, self.store.rollover, cursors, first_batch)
+        except OSError as error:
+            # The old WAL files stay listed; the next batch past the limit tries again.
+            log.error("wal.rollover_failed", error=str(error))
+            return
+        log.info("wal.rolled_over", segments=self.store.segment_count)
 
     async def drain(self) -> None:
         """Wait until everything appended so far is on disk (used at shutdown)."""

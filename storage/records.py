@@ -1,19 +1,24 @@
-"""The write-ahead log's on-disk record format (version 1). Pure: bytes in, bytes out.
+"""The write-ahead log's on-disk record format (version 2). Pure: bytes in, bytes out.
 
-A WAL file starts with an 8-byte file header ``b"WRNWAL"`` + version (u16).
-Then records, each:
+A WAL or segment file starts with an 8-byte file header ``b"WRNWAL"`` +
+version (u16). Then records, each:
 
-    marker   u32   0x57524E52 ("WRNR"), so a scan can find record starts quickly
-    length   u32   bytes that follow the crc field (24 + len(payload))
-    crc      u32   CRC-32 of everything after this field
-    log_id   u64   which log (a queue, or the node's metadata) the entry belongs to
-    term     u64   Raft term (0 until replication)
-    index    u64   the entry's index in its log
-    payload  bytes
+    marker      u32   0x57524E52 ("WRNR"), so a scan can find record starts quickly
+    length      u32   bytes of the body: 24 + len(payload)
+    header_crc  u32   CRC-32 of marker and length: a length that passes is trusted
+    body_crc    u32   CRC-32 of the body
+    body:
+      log_id    u64   which log (a queue, or the node's metadata) the entry belongs to
+      term      u64   Raft term (0 until replication)
+      index     u64   the entry's index in its log
+      payload   bytes
 
 ``scan`` reads records back and tells a torn tail (a partial or corrupt last
 record: cut it off) from corruption in the middle (a bad record followed by
-good ones: refuse to start), by looking for any valid record after the bad one.
+good ones: refuse to start). After a bad record it looks for any valid record
+further on: from the end of the bad record's body when its header is intact
+(so a payload that itself contains an encoded record cannot mislead it), else
+from the next byte.
 """
 from __future__ import annotations
 
@@ -22,18 +27,19 @@ import zlib
 from dataclasses import dataclass
 
 FILE_MAGIC = b"WRNWAL"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 FILE_HEADER = FILE_MAGIC + struct.pack(">H", FORMAT_VERSION)
 FILE_HEADER_SIZE = len(FILE_HEADER)
 
 RECORD_MARKER = 0x57524E52
 RECORD_MARKER_BYTES = struct.pack(">I", RECORD_MARKER)
-_prefix = struct.Struct(">III")  # marker, length, crc
+_prefix = struct.Struct(">IIII")  # marker, length, header_crc, body_crc
+_marker_length = struct.Struct(">II")
 _entry_head = struct.Struct(">QQQ")  # log_id, term, index
 PREFIX_SIZE = _prefix.size
 ENTRY_HEAD_SIZE = _entry_head.size
 # A record's payload may not exceed this; a larger length field is corruption.
-RECORD_PAYLOAD_MAX_BYTES = 512 * 1024 * 1024
+RECORD_PAYLOAD_MAX_BYTES = 1024 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,8 +61,11 @@ class CorruptLog(Exception):
 
 
 def encode(log_id: int, term: int, index: int, payload: bytes) -> bytes:
+    if len(payload) > RECORD_PAYLOAD_MAX_BYTES:
+        raise ValueError(f"record payload of {len(payload)} bytes exceeds {RECORD_PAYLOAD_MAX_BYTES}")
     body = _entry_head.pack(log_id, term, index) + payload
-    return _prefix.pack(RECORD_MARKER, len(body), zlib.crc32(body)) + body
+    marker_length = _marker_length.pack(RECORD_MARKER, len(body))
+    return marker_length + struct.pack(">II", zlib.crc32(marker_length), zlib.crc32(body)) + body
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +93,7 @@ def scan(data: bytes, path: str = "<wal>") -> ScanResult:
     while offset < end:
         record, next_offset, problem = _decode_at(data, offset)
         if record is None:
-            if _any_valid_record_after(data, offset + 1):
+            if _any_valid_record_after(data, next_offset):
                 raise CorruptLog(path, offset, problem)
             return ScanResult(records, offset, end - offset, problem)
         records.append(record)
@@ -93,20 +102,23 @@ def scan(data: bytes, path: str = "<wal>") -> ScanResult:
 
 
 def _decode_at(data: bytes, offset: int) -> tuple[Record | None, int, str]:
-    if len(data) - offset < PREFIX_SIZE + ENTRY_HEAD_SIZE:
-        return None, offset, "partial record header"
-    marker, length, crc = _prefix.unpack_from(data, offset)
+    """(record, offset after it, "") or (None, where to look for later records, problem)."""
+    if len(data) - offset < PREFIX_SIZE:
+        return None, len(data), "partial record header"
+    marker, length, header_crc, body_crc = _prefix.unpack_from(data, offset)
     if marker != RECORD_MARKER:
-        return None, offset, "record marker missing"
+        return None, offset + 1, "record marker missing"
+    if zlib.crc32(data[offset:offset + 8]) != header_crc:
+        return None, offset + 1, "record header checksum mismatch"
     if length < ENTRY_HEAD_SIZE or length > RECORD_PAYLOAD_MAX_BYTES + ENTRY_HEAD_SIZE:
-        return None, offset, f"impossible record length {length}"
+        return None, offset + 1, f"impossible record length {length}"
     body_start = offset + PREFIX_SIZE
     body_end = body_start + length
     if body_end > len(data):
-        return None, offset, "partial record"
+        return None, len(data), "partial record"
     body = data[body_start:body_end]
-    if zlib.crc32(body) != crc:
-        return None, offset, "checksum mismatch"
+    if zlib.crc32(body) != body_crc:
+        return None, body_end, "checksum mismatch"
     log_id, term, index = _entry_head.unpack_from(body, 0)
     return Record(log_id, term, index, body[ENTRY_HEAD_SIZE:]), body_end, ""
 

@@ -61,6 +61,11 @@ class LogStore:
         self._wal_number = 0
         self._wal = None
         self._old_wals: list[Path] = []
+        # set when a failed batch could not be cut off: no more appends are accepted
+        self._broken: OSError | None = None
+        # read by the metrics endpoint on the loop while a rollover runs on a thread
+        self.segment_count = 0
+        self.segment_bytes = 0
         # counters for metrics
         self.fsyncs = 0
         self.bytes_written = 0
@@ -68,14 +73,18 @@ class LogStore:
     # -- recovery ---------------------------------------------------------
     def recover(self) -> Recovered:
         """Read everything back and open a fresh WAL file for appends."""
-        self.files.makedirs(self.wal_dir)
-        self.files.makedirs(self.segments_dir)
+        for directory in (self.directory, self.wal_dir, self.segments_dir):
+            self.files.makedirs(directory)
+            self.files.sync_directory(directory.parent)
         recovered = Recovered()
+        wal_paths = [p for p in self.files.listdir(self.wal_dir) if p.suffix == ".wal"]
+        # A rollover opens the new WAL file before it moves entries to segments and
+        # deletes the old one: with two or more WAL files a crash hit a rollover.
+        rollover_interrupted = len(wal_paths) >= 2
         for log_dir in self.files.listdir(self.segments_dir):
             log_id = int(log_dir.name)
             for path in self.files.listdir(log_dir):
-                self._recover_segment(log_id, path, recovered)
-        wal_paths = [p for p in self.files.listdir(self.wal_dir) if p.suffix == ".wal"]
+                self._recover_segment(log_id, path, recovered, rollover_interrupted)
         for position, path in enumerate(wal_paths):
             data = self.files.read_bytes(path)
             result = records.scan(data, str(path))
@@ -89,14 +98,18 @@ class LogStore:
             self._wal_number = max(self._wal_number, int(path.stem))
         self._old_wals = wal_paths
         self._open_new_wal()
+        self._count_segments()
         return recovered
 
-    def _recover_segment(self, log_id: int, path: Path, recovered: Recovered) -> None:
+    def _recover_segment(self, log_id: int, path: Path, recovered: Recovered, rollover_interrupted: bool) -> None:
         data = self.files.read_bytes(path)
         result = records.scan(data, str(path))
         if result.torn_reason is not None:
             # Segments are fsynced before the WAL file they came from is deleted, so a
-            # torn segment means a crash during that move: the WAL still has the entries.
+            # torn segment is only acceptable after a crash during that move, when the
+            # WAL file still holds the entries; otherwise it is lost data.
+            if not rollover_interrupted:
+                raise records.CorruptLog(str(path), result.valid_end, result.torn_reason + " (segment)")
             recovered.torn.append(TornTail(path, result.valid_end, result.torn_bytes, result.torn_reason))
             self.files.truncate(path, result.valid_end)
         entries = recovered.logs.setdefault(log_id, {})
@@ -119,17 +132,22 @@ class LogStore:
     # -- appends ----------------------------------------------------------
     def write_batch(self, data: bytes) -> None:
         """Append one batch of encoded records and make it durable (one fdatasync)."""
+        if self._broken is not None:
+            raise OSError(f"WAL unusable since an earlier failure: {self._broken}")
         size_before = self._wal.size
         try:
             self._wal.write(data)
             self._wal.sync()
-        except OSError:
-            # Cut the failed batch off so later batches follow a well-formed file.
+        except OSError as error:
+            # Cut the failed batch off, durably, so later batches follow a well-formed file.
+            path = self._wal.path
             try:
-                self._wal.truncate(size_before)
-            except OSError:
-                pass
-            raise
+                self._wal.close()
+                self.files.truncate(path, size_before)
+                self._wal = self.files.open_append(path)
+            except OSError as cut_error:
+                self._broken = cut_error
+            raise error
         self.fsyncs += 1
         self.bytes_written += len(data)
 
@@ -161,6 +179,7 @@ class LogStore:
         self.files.sync_directory(self.wal_dir)
         self._old_wals = []
         self.truncate_segments(cursors)
+        self._count_segments()
 
     def _move_to_segments(self, wal_path: Path, cursors: dict[int, int]) -> None:
         result = records.scan(self.files.read_bytes(wal_path), str(wal_path))
@@ -175,9 +194,16 @@ class LogStore:
             self._append_segment(log_id, entries)
 
     def _append_segment(self, log_id: int, entries: list[tuple[int, bytes]]) -> None:
-        """Append (index, encoded record) pairs, in index order, to the log's segments."""
+        """Append (index, encoded record) pairs, in index order, to the log's segments.
+
+        A segment is recorded in ``self.segments`` only once its bytes are synced;
+        a failed write is cut off again (or the new file removed) before the error
+        goes up, so the next rollover appends to a well-formed file.
+        """
         log_dir = self.segments_dir / str(log_id)
-        self.files.makedirs(log_dir)
+        if log_id not in self.segments:
+            self.files.makedirs(log_dir)
+            self.files.sync_directory(self.segments_dir)
         files = self.segments.setdefault(log_id, [])
         start = 0
         while start < len(entries):
@@ -186,18 +212,31 @@ class LogStore:
             if new_file:
                 number = int(current.path.stem) + 1 if current is not None else 1
                 current = SegmentFile(log_dir / f"{number:08d}.seg", entries[start][0], entries[start][0], 0)
-                files.append(current)
             chunk = entries[start:start + self.segment_max_entries - current.entries]
-            handle = self.files.open_append(current.path)
-            try:
-                handle.write((records.FILE_HEADER if new_file else b"") + b"".join(e[1] for e in chunk))
-                handle.sync()
-            finally:
-                handle.close()
+            self._write_segment(current, new_file, b"".join(e[1] for e in chunk))
+            if new_file:
+                files.append(current)
             current.entries += len(chunk)
             current.last_index = chunk[-1][0]
             start += len(chunk)
         self.files.sync_directory(log_dir)
+
+    def _write_segment(self, segment: SegmentFile, new_file: bool, data: bytes) -> None:
+        if new_file:
+            self.files.remove(segment.path)  # a leftover of an interrupted delete is not ours
+        handle = self.files.open_append(segment.path)
+        size_before = handle.size
+        try:
+            handle.write((records.FILE_HEADER if new_file else b"") + data)
+            handle.sync()
+        except OSError:
+            handle.close()
+            if new_file:
+                self.files.remove(segment.path)
+            else:
+                self.files.truncate(segment.path, size_before)
+            raise
+        handle.close()
 
     def truncate_segments(self, cursors: dict[int, int]) -> None:
         """Delete segment files wholly below their log's cursor, and deleted logs' files."""
@@ -215,19 +254,9 @@ class LogStore:
                 del self.segments[log_id]
                 self.files.remove_tree(self.segments_dir / str(log_id))
 
-    @property
-    def segment_count(self) -> int:
-        return sum(len(files) for files in self.segments.values())
-
-    def segment_bytes(self) -> int:
-        total = 0
-        for files in self.segments.values():
-            for segment in files:
-                try:
-                    total += segment.path.stat().st_size
-                except OSError:
-                    pass
-        return total
+    def _count_segments(self) -> None:
+        self.segment_count = sum(len(files) for files in self.segments.values())
+        self.segment_bytes = sum(self.files.size(s.path) for files in self.segments.values() for s in files)
 
     def close(self) -> None:
         if self._wal is not None:
