@@ -41,7 +41,7 @@ class ConfirmTracker:
         early = self._reported_early
         while seq in settled or seq in early:
             if seq in early:
-                early.discard(seq)  # already answered; a later multiple ack skips it
+                early.discard(seq)  # already answered; re-covering it with a multiple ack is harmless
             elif settled.pop(seq):
                 run_end = seq
             else:

@@ -61,6 +61,10 @@ class Durability:
         self.meta_index = 0
         self.next_log_id = 1
         self.recovery_seconds = 0.0
+        # the WAL batch holding the newest metadata record (topology replies wait for it)
+        self.last_meta_batch = 0
+        # per-log release cursors of the last rollover, read back from its snapshot
+        self._recovered_cursors: dict[int, int] = {}
         self.entries_per_fsync = Histogram(
             "warren_wal_entries_per_fsync", "WAL records made durable by one fdatasync",
             buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096), registry=None)
@@ -71,7 +75,9 @@ class Durability:
     # -- metadata journal (called by VirtualHost) --------------------------
     def _meta(self, entry: list) -> int:
         self.meta_index += 1
-        return self.committer.append(records.encode(METADATA_LOG_ID, 0, self.meta_index, _pack(entry)))
+        self.last_meta_batch = self.committer.append(
+            records.encode(METADATA_LOG_ID, 0, self.meta_index, _pack(entry)))
+        return self.last_meta_batch
 
     def exchange_declared(self, vhost: "VirtualHost", exchange: Exchange) -> None:
         if exchange.durable:
@@ -126,8 +132,10 @@ class Durability:
             for queue in vhost.queues.values():
                 if queue.log_id is not None:
                     cursors[queue.log_id] = queue.release_cursor()
+        # The cursors go into the snapshot: a segment file may keep dead entries below
+        # its log's cursor next to live ones, and recovery must skip those.
         first = records.encode(METADATA_LOG_ID, 0, self.meta_index,
-                               _pack(["snapshot", snapshot, self.next_log_id]))
+                               _pack(["snapshot", snapshot, self.next_log_id, cursors]))
         return cursors, first
 
     def _on_batch_done(self, entries: int, size: int, seconds: float) -> None:
@@ -170,8 +178,9 @@ class Durability:
     def _apply_metadata(self, broker: "Broker", entry: list) -> None:
         kind = entry[0]
         if kind == "snapshot":
-            _, snapshot, next_log_id = entry
+            _, snapshot, next_log_id, cursors = entry
             self.next_log_id = max(self.next_log_id, next_log_id)
+            self._recovered_cursors = {int(log_id): cursor for log_id, cursor in cursors.items()}
             for vhost_name, rows in snapshot.items():
                 vhost = broker.vhosts.get(vhost_name)
                 if vhost is None:
@@ -217,7 +226,11 @@ class Durability:
         enqueued: dict[int, list] = {}
         removed: set[int] = set()
         last_index = 0
+        cursor = self._recovered_cursors.get(queue.log_id, 0)
         for index in sorted(entries):
+            if index < cursor:
+                last_index = index
+                continue  # dead since the last rollover
             decoded = _unpack(entries[index].payload)
             last_index = index
             if decoded[0] == ENQUEUE:
@@ -242,7 +255,7 @@ def _queue_row(queue: Queue) -> list:
 
 def _binding_row(binding: Binding) -> list:
     return [binding.source, binding.destination[0], binding.destination[1], binding.routing_key,
-            dict(binding.arguments)]
+            binding.table]
 
 
 def _vhost_rows(vhost: "VirtualHost") -> dict:

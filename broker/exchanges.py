@@ -20,11 +20,12 @@ class Binding:
     source: str
     destination: Destination
     routing_key: str
-    arguments: tuple  # sorted items of the arguments table, hashable
+    arguments: tuple  # sorted items of the arguments table, hashable: the binding's identity
+    table: dict = field(default_factory=dict, compare=False, hash=False)  # the arguments as given
 
     @staticmethod
     def make(source: str, destination: Destination, routing_key: str, arguments: dict | None) -> "Binding":
-        return Binding(source, destination, routing_key, _freeze(arguments or {}))
+        return Binding(source, destination, routing_key, _freeze(arguments or {}), dict(arguments or {}))
 
 
 def _freeze(table: dict) -> tuple:
@@ -74,6 +75,8 @@ class DirectExchange(Exchange):
         self._by_key: dict[str, set[Destination]] = {}
 
     def bind(self, binding: Binding) -> None:
+        if binding in self.bindings:
+            return
         super().bind(binding)
         self._by_key.setdefault(binding.routing_key, set()).add(binding.destination)
 
@@ -111,9 +114,11 @@ class TopicExchange(Exchange):
         self._cache: dict[str, set[Destination]] = {}
 
     def bind(self, binding: Binding) -> None:
+        if binding in self.bindings:
+            return  # re-binding is a no-op; the trie counts distinct bindings
         super().bind(binding)
         node = self._trie
-        for word in binding.routing_key.split("."):
+        for word in _words(binding.routing_key):
             node = node.children.setdefault(word, _TrieNode())
         node.destinations[binding.destination] = node.destinations.get(binding.destination, 0) + 1
         self._cache.clear()
@@ -122,13 +127,13 @@ class TopicExchange(Exchange):
         if not super().unbind(binding):
             return False
         path = [self._trie]
-        for word in binding.routing_key.split("."):
+        words = _words(binding.routing_key)
+        for word in words:
             path.append(path[-1].children[word])
         leaf = path[-1]
         leaf.destinations[binding.destination] -= 1
         if not leaf.destinations[binding.destination]:
             del leaf.destinations[binding.destination]
-        words = binding.routing_key.split(".")
         for depth in range(len(words), 0, -1):  # prune empty branches
             node = path[depth]
             if node.children or node.destinations:
@@ -142,11 +147,16 @@ class TopicExchange(Exchange):
         if cached is not None:
             return cached
         found: set[Destination] = set()
-        _match(self._trie, routing_key.split("."), 0, found)
+        _match(self._trie, _words(routing_key), 0, found)
         if len(self._cache) >= self._CACHE_MAX:
             self._cache.clear()
         self._cache[routing_key] = found
         return found
+
+
+def _words(key: str) -> list[str]:
+    # As RabbitMQ: the empty key has no words (so '*' does not match it).
+    return key.split(".") if key else []
 
 
 class _TrieNode:
@@ -181,13 +191,15 @@ class HeadersExchange(Exchange):
 
     def route(self, routing_key: str, headers: dict | None) -> set[Destination]:
         headers = headers or {}
-        return {b.destination for b in self.bindings if headers_match(dict(b.arguments), headers)}
+        return {b.destination for b in self.bindings if headers_match(b.table, headers)}
 
 
 def headers_match(arguments: dict, headers: dict) -> bool:
-    """RabbitMQ's rule: x-match all (default) or any; keys starting 'x-' ignored."""
+    """RabbitMQ's rule: x-match all (default) or any; other 'x-' arguments are
+    compared only in the all-with-x / any-with-x modes."""
     mode = arguments.get("x-match", "all")
-    wanted = [(k, v) for k, v in arguments.items() if not k.startswith("x-")]
+    with_x = mode in ("any-with-x", "all-with-x")
+    wanted = [(k, v) for k, v in arguments.items() if k != "x-match" and (with_x or not k.startswith("x-"))]
     if mode in ("any", "any-with-x"):
         return any(k in headers and (v is None or headers[k] == v) for k, v in wanted)
     return all(k in headers and (v is None or headers[k] == v) for k, v in wanted)

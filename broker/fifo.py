@@ -137,6 +137,10 @@ class ConsumerState:
     cancelled: bool = False
     suspended: bool = False
     in_service: bool = False
+    # Entries in the service deques are (consumer_id, consumer, ticket); only the
+    # one carrying the current ticket counts, so leaving and re-entering service
+    # never gives a consumer two turns per round.
+    ticket: int = 0
 
     def has_credit(self) -> bool:
         return self.prefetch == 0 or len(self.checked_out) < self.prefetch
@@ -276,7 +280,7 @@ def _service(state: FifoState, effects: list) -> None:
             consumer.checked_out[msg_id] = None
         effects.append(Deliver(consumer_id, msg_id, payload, redelivered))
         if consumer.has_credit():
-            state.service[consumer.priority].append(consumer_id)
+            state.service[consumer.priority].append((consumer_id, consumer, consumer.ticket))
         else:
             consumer.in_service = False
 
@@ -285,9 +289,8 @@ def _next_in_service(state: FifoState) -> Hashable | None:
     for priority in state.priorities:
         waiting = state.service[priority]
         while waiting:
-            consumer_id = waiting.popleft()
-            consumer = state.consumers.get(consumer_id)
-            if consumer is not None and consumer.in_service:
+            consumer_id, consumer, ticket = waiting.popleft()
+            if consumer.in_service and ticket == consumer.ticket and state.consumers.get(consumer_id) is consumer:
                 return consumer_id
     return None
 
@@ -296,11 +299,12 @@ def _enter_service(state: FifoState, consumer_id: Hashable, consumer: ConsumerSt
     if consumer.in_service or consumer.cancelled or consumer.suspended or not consumer.has_credit():
         return
     consumer.in_service = True
+    consumer.ticket += 1
     waiting = state.service.get(consumer.priority)
     if waiting is None:
         waiting = state.service[consumer.priority] = deque()
         state.priorities = sorted(state.service, reverse=True)
-    waiting.append(consumer_id)
+    waiting.append((consumer_id, consumer, consumer.ticket))
 
 
 def _leave_service(state: FifoState, consumer: ConsumerState) -> None:
@@ -310,6 +314,12 @@ def _leave_service(state: FifoState, consumer: ConsumerState) -> None:
 
 def _on_checkout(command: Checkout, state: FifoState, effects: list) -> str:
     consumer = ConsumerState(command.prefetch, command.priority, command.no_ack, suspended=not command.active)
+    previous = state.consumers.get(command.consumer)
+    if previous is not None:
+        # A tag reused after basic.cancel: what the old consumer still holds stays
+        # checked out (the channel's delivery tags for it remain valid).
+        previous.in_service = False
+        consumer.checked_out = previous.checked_out
     state.consumers[command.consumer] = consumer
     _enter_service(state, command.consumer, consumer)
     _service(state, effects)

@@ -226,8 +226,15 @@ class VirtualHost:
 
     def unbind(self, source: str, destination: Destination, routing_key: str, arguments: dict | None,
                owner: Hashable, class_id: int, method_id: int) -> None:
-        exchange = self._binding_source(source, class_id, method_id)
-        self._binding_destination(destination, owner, class_id, method_id)
+        if source == "":
+            raise ChannelError(ACCESS_REFUSED, "operation not permitted on the default exchange", class_id, method_id)
+        exchange = self.exchanges.get(source)
+        kind, name = destination
+        target = self.queues.get(name) if kind == "queue" else self.exchanges.get(name)
+        if exchange is None or target is None:
+            return  # as RabbitMQ: unbinding what is already gone succeeds
+        if kind == "queue":
+            self._check_exclusive(target, owner, class_id, method_id)
         binding = Binding.make(source, destination, routing_key, arguments)
         if exchange.unbind(binding):
             self.journal.binding_changed(self, binding, False)

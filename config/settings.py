@@ -16,6 +16,7 @@ from pydantic_settings import (
     PydanticBaseSettingsSource,
     SettingsConfigDict,
 )
+from pydantic_settings.exceptions import SettingsError
 
 
 class ConfigError(Exception):
@@ -108,6 +109,8 @@ def load_settings(config_path: str | Path | None = None, **overrides: Any) -> Se
         return Settings(**file_values)
     except ValidationError as exc:
         raise ConfigError(_describe(exc)) from None
+    except SettingsError as exc:  # e.g. WARREN_USERS that is not JSON
+        raise ConfigError(f"invalid configuration: {exc}") from None
 
 
 def _describe(exc: ValidationError) -> str:

@@ -287,6 +287,9 @@ class ServerConnection:
                 UNEXPECTED_FRAME, f"expected content header for class 60, got class {class_id}")
         if body_size > self.max_message_size_bytes:
             del self._contents[channel]
+            # Closing from here on: the body frames that follow (often in this same
+            # read) are discarded instead of being taken for out-of-order frames.
+            self.channels[channel] = _CHANNEL_CLOSING
             events.append((EV_CHANNEL_ERROR, channel, ChannelError(
                 PRECONDITION_FAILED,
                 f"message size {body_size} is larger than configured max size {self.max_message_size_bytes}",
@@ -319,6 +322,8 @@ class ServerConnection:
         content = self._contents.get(channel)
         if content is not None:
             return content
+        if channel == 0:
+            raise AMQPConnectionError(UNEXPECTED_FRAME, f"{what} frame on channel 0")
         channel_state = self.channels.get(channel)
         if channel_state is _CHANNEL_CLOSING or self.state == CLOSING:
             return None  # discarded while closing, §4.2.6
@@ -353,6 +358,7 @@ class ServerConnection:
         """The server sent connection.close: only close-ok matters now."""
         self.state = CLOSING
         self._contents.clear()
+        self.channels.clear()  # nothing on any channel matters any more
 
 
 class BadProtocolHeader(Exception):
