@@ -121,7 +121,6 @@ class Channel:
                 elif taken > batch:
                     batch = taken
         if batch and seq and accepted:
-            self._after_route(0, True, True, mandatory, exchange.name, routing_key, properties, body)
             self._confirm_when_durable(seq, batch)
             return
         self._after_route(seq, bool(queues), accepted, mandatory, exchange.name, routing_key, properties, body)
@@ -391,7 +390,7 @@ class Channel:
         self.next_delivery_tag = tag + 1
         if not method.no_ack:
             self.unacked[tag] = (queue, None, reply.msg_id)
-        exchange, routing_key, properties, body = reply.payload
+        exchange, routing_key, properties, body = queue.hydrate(reply.payload)
         self.broker.counters.delivered += 1
         self.connection.write(codec.encode_get_ok(
             self.number, tag, reply.redelivered, codec.shortstr(exchange) + codec.shortstr(routing_key),

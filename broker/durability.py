@@ -30,8 +30,8 @@ from broker.vhost import NullJournal
 from config import Settings
 from protocol import codec
 from storage import records
-from storage.group_commit import GroupCommitter
-from storage.wal import LogStore
+from storage.group_commit import BatchWritten, GroupCommitter
+from storage.wal import Location, LogStore
 
 if TYPE_CHECKING:
     from broker.broker import Broker
@@ -56,7 +56,13 @@ class Durability:
     def __init__(self, settings: Settings):
         self.settings = settings
         self.store = LogStore(settings.data_dir / "log", settings.wal_max_size_bytes, settings.segment_max_entries)
-        self.committer = GroupCommitter(self.store, self._prepare_rollover, self._on_batch_done)
+        self.committer = GroupCommitter(self.store, self._prepare_rollover, self._on_batch_written,
+                                        self._on_relocated)
+        # durable queues by their log id, for relocating stored messages after a rollover
+        self.queues_by_log: dict[int, Queue] = {}
+        # batch -> (queue, msg_id, offset in batch, record length): messages whose bodies
+        # can leave memory once that batch is on disk
+        self._to_store: dict[int, list[tuple[Queue, int, int, int]]] = {}
         self.broker: "Broker | None" = None
         self.meta_index = 0
         self.next_log_id = 1
@@ -90,14 +96,19 @@ class Durability:
     def queue_declared(self, vhost: "VirtualHost", queue: Queue) -> None:
         if not queue.durable:
             return
-        queue.log_id = self.next_log_id
-        self.next_log_id += 1
+        self._attach(queue, self.next_log_id)
+        self._meta(["queue", vhost.name, *_queue_row(queue)])
+
+    def _attach(self, queue: Queue, log_id: int) -> None:
+        queue.log_id = log_id
         queue.journal = self
         queue.state.track_removals = True
-        self._meta(["queue", vhost.name, *_queue_row(queue)])
+        self.queues_by_log[log_id] = queue
+        self.next_log_id = max(self.next_log_id, log_id + 1)
 
     def queue_deleted(self, vhost: "VirtualHost", queue: Queue) -> None:
         if queue.log_id is not None:
+            self.queues_by_log.pop(queue.log_id, None)
             self._meta(["queue_deleted", vhost.name, queue.name])
 
     def binding_changed(self, vhost: "VirtualHost", binding: Binding, bound: bool) -> None:
@@ -112,11 +123,16 @@ class Durability:
         return source is not None and source.durable and target is not None and target.durable
 
     # -- queue logs (called by Queue) --------------------------------------
-    def log_enqueue(self, log_id: int, msg_id: int, payload: tuple) -> int:
-        return self.committer.append(records.encode(log_id, 0, msg_id, _pack([ENQUEUE, *payload])))
+    def log_enqueue(self, queue: Queue, msg_id: int, payload: tuple) -> int:
+        encoded = records.encode(queue.log_id, 0, msg_id, _pack([ENQUEUE, *payload]))
+        batch = self.committer.append(encoded)
+        self._to_store.setdefault(batch, []).append(
+            (queue, msg_id, self.committer.last_offset_in_batch, len(encoded)))
+        return batch
 
     def log_removals(self, log_id: int, index: int, removed: list) -> None:
-        persistent = [msg_id for msg_id, payload in removed if codec.is_persistent(payload[2])]
+        persistent = [msg_id for msg_id, payload in removed
+                      if type(payload) is Location or codec.is_persistent(payload[2])]
         if persistent:
             self.committer.append(records.encode(log_id, 0, index, _pack([REMOVE, persistent])))
 
@@ -138,29 +154,46 @@ class Durability:
                                _pack(["snapshot", snapshot, self.next_log_id, cursors]))
         return cursors, first
 
-    def _on_batch_done(self, entries: int, size: int, seconds: float) -> None:
-        self.entries_per_fsync.observe(entries)
-        self.fsync_seconds.observe(seconds)
+    def _on_batch_written(self, written: BatchWritten) -> None:
+        """A batch is durable: its messages' bodies may now be read back from disk
+        instead of being held in memory (RabbitMQ's lazy queues)."""
+        self.entries_per_fsync.observe(written.entries)
+        self.fsync_seconds.observe(written.seconds)
+        for queue, msg_id, offset, length in self._to_store.pop(written.batch, ()):
+            queue.store_body(msg_id, Location(written.path, written.start_offset + offset, length))
+
+    def _on_relocated(self, moved: dict[tuple[int, int], Location]) -> None:
+        """A rollover copied entries into segments: point stored bodies at the copies."""
+        for (log_id, index), location in moved.items():
+            queue = self.queues_by_log.get(log_id)
+            if queue is not None:
+                queue.relocate_body(index, location)
+
+    def load(self, location: Location) -> tuple:
+        """A stored message body back from disk, as the payload tuple."""
+        decoded = _unpack(self.store.read_payload(location))
+        assert decoded[0] == ENQUEUE, f"record at {location} is not an enqueue"
+        return tuple(decoded[1:])
 
     # -- recovery ------------------------------------------------------------
     def recover(self, broker: "Broker") -> None:
         started = time.perf_counter()
         self.broker = broker
-        recovered = self.store.recover()
+        scan = _RecoveryScan()
+        recovered = self.store.recover(scan.visit)
         for torn in recovered.torn:
             log.warning("wal.torn_tail_cut", file=str(torn.path), offset=torn.offset,
                         bytes_lost=torn.bytes_lost, reason=torn.reason)
-        metadata = recovered.logs.pop(METADATA_LOG_ID, {})
         for vhost in broker.vhosts.values():
             vhost.journal = NullJournal()  # replaying must not write the records again
-        self._replay_metadata(broker, metadata)
+        self._replay_metadata(broker, scan.metadata)
         for vhost in broker.vhosts.values():
             vhost.journal = self
+        self.queues_by_log = {q.log_id: q for v in broker.vhosts.values() for q in v.queues.values()
+                              if q.log_id is not None}
         messages = 0
-        for vhost in broker.vhosts.values():
-            for queue in vhost.queues.values():
-                if queue.log_id is not None:
-                    messages += self._restore_queue(queue, recovered.logs.get(queue.log_id, {}))
+        for log_id, queue in self.queues_by_log.items():
+            messages += self._restore_queue(queue, scan.logs.get(log_id))
         self.recovery_seconds = time.perf_counter() - started
         log.info("recovery.done", seconds=round(self.recovery_seconds, 3), messages=messages,
                  queues=sum(len(v.queues) for v in broker.vhosts.values()))
@@ -216,28 +249,19 @@ class Durability:
     def _restore_queue_declaration(self, vhost: "VirtualHost", row: list) -> None:
         name, log_id, auto_delete, arguments = row
         queue = Queue(vhost, name, True, None, auto_delete, arguments)
-        queue.log_id = log_id
-        queue.journal = self
-        queue.state.track_removals = True
+        self._attach(queue, log_id)
         vhost.add_queue(queue)
-        self.next_log_id = max(self.next_log_id, log_id + 1)
 
-    def _restore_queue(self, queue: Queue, entries: dict[int, records.Record]) -> int:
-        enqueued: dict[int, list] = {}
-        removed: set[int] = set()
-        last_index = 0
+    def _restore_queue(self, queue: Queue, scanned: "_LogScan | None") -> int:
+        """Re-enqueue the live messages, bodies left on disk, skipping the dead
+        entries below the cursor of the last rollover."""
+        if scanned is None:
+            return 0
         cursor = self._recovered_cursors.get(queue.log_id, 0)
-        for index in sorted(entries):
-            if index < cursor:
-                last_index = index
-                continue  # dead since the last rollover
-            decoded = _unpack(entries[index].payload)
-            last_index = index
-            if decoded[0] == ENQUEUE:
-                enqueued[index] = decoded[1:]
-            else:
-                removed.update(decoded[1])
-        queue.restore([(msg_id, tuple(p)) for msg_id, p in enqueued.items() if msg_id not in removed], last_index)
+        removed = scanned.removed
+        live = [(msg_id, location, size) for msg_id, (location, size) in sorted(scanned.enqueued.items())
+                if msg_id >= cursor and msg_id not in removed]
+        queue.restore(live, scanned.last_index)
         return len(queue.state.messages)
 
     async def close(self) -> None:
@@ -284,3 +308,36 @@ def _restore_binding(vhost: "VirtualHost", row: list, bound: bool) -> None:
         exchange.bind(binding)
     else:
         exchange.unbind(binding)
+
+
+class _LogScan:
+    """What recovery learnt about one queue's log: where each enqueue lies."""
+
+    __slots__ = ("enqueued", "removed", "last_index")
+
+    def __init__(self) -> None:
+        self.enqueued: dict[int, tuple[Location, int]] = {}  # msg_id -> (record, body size)
+        self.removed: set[int] = set()
+        self.last_index = 0
+
+
+class _RecoveryScan:
+    """Visits every recovered record; keeps metadata, and only locations of bodies."""
+
+    def __init__(self) -> None:
+        self.metadata: dict[int, records.Record] = {}
+        self.logs: dict[int, _LogScan] = {}
+
+    def visit(self, record: records.Record, location: Location) -> None:
+        if record.log_id == METADATA_LOG_ID:
+            self.metadata[record.index] = record
+            return
+        scanned = self.logs.get(record.log_id)
+        if scanned is None:
+            scanned = self.logs[record.log_id] = _LogScan()
+        scanned.last_index = max(scanned.last_index, record.index)
+        decoded = _unpack(record.payload)
+        if decoded[0] == ENQUEUE:
+            scanned.enqueued[record.index] = (location, len(decoded[4]))
+        else:
+            scanned.removed.update(decoded[1])

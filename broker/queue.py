@@ -86,17 +86,34 @@ class Queue:
             return None
         if self.log_id is None or not codec.is_persistent(payload[2]):
             return 0
-        return self.journal.log_enqueue(self.log_id, msg_id, payload)
+        return self.journal.log_enqueue(self, msg_id, payload)
 
     def release_cursor(self) -> int:
         """The oldest message still held: log entries below it are dead."""
         return next(iter(self.state.messages), self.index + 1)
 
-    def restore(self, live: list[tuple[int, tuple]], last_index: int) -> None:
+    # -- bodies on disk ---------------------------------------------------
+    # A persistent message's payload is replaced by the location of its WAL record
+    # once that is durable, and read back when it is delivered.
+    def store_body(self, msg_id: int, location: Any) -> None:
+        entry = self.state.messages.get(msg_id)
+        if entry is not None and type(entry[0]) is tuple:
+            self.state.messages[msg_id] = (location, entry[1])
+
+    def relocate_body(self, msg_id: int, location: Any) -> None:
+        entry = self.state.messages.get(msg_id)
+        if entry is not None and type(entry[0]) is not tuple:
+            self.state.messages[msg_id] = (location, entry[1])
+
+    def hydrate(self, payload: Any) -> tuple:
+        """The (exchange, routing_key, properties, body) of a payload, from disk if stored."""
+        return payload if type(payload) is tuple else self.journal.load(payload)
+
+    def restore(self, live: list[tuple[int, Any, int]], last_index: int) -> None:
         """Recovery: re-enqueue the live messages under their original ids."""
         now = self._clock_ms()
-        for msg_id, payload in live:
-            fifo.apply(fifo.Meta(msg_id, now), fifo.Enqueue(payload, len(payload[3])), self.state)
+        for msg_id, payload, size in live:
+            fifo.apply(fifo.Meta(msg_id, now), fifo.Enqueue(payload, size), self.state)
         self.index = max(self.index, last_index)
         if self.state.removed:  # a length limit dropped some on the way back
             self._log_removals()
@@ -107,9 +124,11 @@ class Queue:
                 case fifo.Deliver(consumer=consumer_id):
                     sink = self.consumers.get(consumer_id)
                     assert sink is not None, f"delivery to unknown consumer {consumer_id!r}"
-                    sink.deliver(self, consumer_id[1], effect.msg_id, effect.payload, effect.redelivered)
+                    sink.deliver(self, consumer_id[1], effect.msg_id, self.hydrate(effect.payload),
+                                 effect.redelivered)
                 case fifo.DeadLetter():
-                    self.vhost.dead_letter(self, effect.reason, effect.payloads, self._clock_ms())
+                    self.vhost.dead_letter(self, effect.reason, tuple(self.hydrate(p) for p in effect.payloads),
+                                           self._clock_ms())
                 case _:
                     raise AssertionError(f"unknown effect {effect!r}")
 

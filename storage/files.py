@@ -37,6 +37,25 @@ class AppendHandle:
 
 
 class RealFiles:
+    def __init__(self) -> None:
+        # read-only descriptors for reading records back; an unlinked file stays
+        # readable through its descriptor until ``forget`` closes it
+        self._readers: dict[Path, int] = {}
+
+    def read_at(self, path: Path, offset: int, length: int) -> bytes:
+        fd = self._readers.get(path)
+        if fd is None:
+            fd = self._readers[path] = os.open(path, os.O_RDONLY)
+        data = os.pread(fd, length, offset)
+        if len(data) != length:
+            raise OSError(f"{path}: short read at offset {offset}")
+        return data
+
+    def forget(self, path: Path) -> None:
+        fd = self._readers.pop(path, None)
+        if fd is not None:
+            os.close(fd)
+
     def open_append(self, path: Path) -> AppendHandle:
         return AppendHandle(path)
 

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 import structlog
 
-from storage.wal import LogStore
+from storage.wal import Location, LogStore
 
 log = structlog.get_logger("warren.storage")
 
@@ -25,12 +27,28 @@ DurableCallback = Callable[[bool], None]
 BATCH_MAX_BYTES = 16 * 1024 * 1024
 
 
+@dataclass(frozen=True, slots=True)
+class BatchWritten:
+    """A batch that is now durable: where it lies, and what it cost."""
+
+    batch: int
+    path: Path
+    start_offset: int
+    entries: int
+    size: int
+    seconds: float
+
+
 class GroupCommitter:
     def __init__(self, store: LogStore, prepare_rollover: Callable[[], tuple[dict[int, int], bytes]],
-                 on_batch_done: Callable[[int, int, float], None] | None = None):
+                 on_batch_written: Callable[[BatchWritten], None] | None = None,
+                 on_relocated: Callable[[dict[tuple[int, int], Location]], None] | None = None):
         self.store = store
         self._prepare_rollover = prepare_rollover
-        self._on_batch_done = on_batch_done
+        self._on_batch_written = on_batch_written
+        self._on_relocated = on_relocated
+        # where the record of the latest append() starts inside its batch
+        self.last_offset_in_batch = 0
         self._pending: list[bytes] = []
         self._pending_bytes = 0
         self._pending_entries = 0
@@ -44,6 +62,7 @@ class GroupCommitter:
     def append(self, encoded_record: bytes) -> int:
         """Queue one encoded record; returns the batch number it will be written in."""
         self._pending.append(encoded_record)
+        self.last_offset_in_batch = self._pending_bytes
         self._pending_bytes += len(encoded_record)
         self._pending_entries += 1
         if self._task is None:
@@ -80,13 +99,14 @@ class GroupCommitter:
                 started = time.perf_counter()
                 ok = True
                 try:
-                    await loop.run_in_executor(None, self.store.write_batch, data)
+                    path, start = await loop.run_in_executor(None, self.store.write_batch, data)
                 except OSError as error:
                     ok = False
                     self.failed_batches += 1
                     log.error("wal.write_failed", batch=batch, bytes=len(data), error=str(error))
-                if ok and self._on_batch_done is not None:
-                    self._on_batch_done(entries, len(data), time.perf_counter() - started)
+                if ok and self._on_batch_written is not None:
+                    self._on_batch_written(BatchWritten(batch, path, start, entries, len(data),
+                                                        time.perf_counter() - started))
                 for callback in self._callbacks.pop(batch, ()):
                     callback(ok)
                 if ok and self.store.needs_rollover():
@@ -99,7 +119,10 @@ class GroupCommitter:
     async def _rollover(self, loop: asyncio.AbstractEventLoop) -> None:
         cursors, first_batch = self._prepare_rollover()
         try:
-            await loop.run_in_executor(None, self.store.rollover, cursors, first_batch)
+            moved = await loop.run_in_executor(None, self.store.start_rollover, cursors, first_batch)
+            if self._on_relocated is not None:
+                self._on_relocated(moved)  # readers switch before the old files go
+            await loop.run_in_executor(None, self.store.finish_rollover, cursors)
         except OSError as error:
             # The old WAL files stay listed; the next batch past the limit tries again.
             log.error("wal.rollover_failed", error=str(error))

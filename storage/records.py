@@ -71,6 +71,7 @@ def encode(log_id: int, term: int, index: int, payload: bytes) -> bytes:
 @dataclass(frozen=True, slots=True)
 class ScanResult:
     records: list[Record]
+    offsets: list[int]  # where each record starts in the file
     valid_end: int  # offset just past the last good record
     torn_bytes: int  # bytes after valid_end that were cut off as a torn tail
     torn_reason: str | None
@@ -80,7 +81,9 @@ def scan(data: bytes, path: str = "<wal>") -> ScanResult:
     """Decode a whole WAL file's bytes. Raises CorruptLog for mid-file damage."""
     if len(data) < FILE_HEADER_SIZE:
         if FILE_HEADER.startswith(data):
-            return ScanResult([], len(data), 0, None) if not data else ScanResult([], 0, len(data), "torn file header")
+            if not data:
+                return ScanResult([], [], 0, 0, None)
+            return ScanResult([], [], 0, len(data), "torn file header")
         raise CorruptLog(path, 0, "not a Warren WAL file (bad magic)")
     if data[:len(FILE_MAGIC)] != FILE_MAGIC:
         raise CorruptLog(path, 0, "not a Warren WAL file (bad magic)")
@@ -88,20 +91,22 @@ def scan(data: bytes, path: str = "<wal>") -> ScanResult:
     if version != FORMAT_VERSION:
         raise CorruptLog(path, 0, f"unsupported WAL format version {version}")
     records: list[Record] = []
+    offsets: list[int] = []
     offset = FILE_HEADER_SIZE
     end = len(data)
     while offset < end:
-        record, next_offset, problem = _decode_at(data, offset)
+        record, next_offset, problem = decode_at(data, offset)
         if record is None:
             if _any_valid_record_after(data, next_offset):
                 raise CorruptLog(path, offset, problem)
-            return ScanResult(records, offset, end - offset, problem)
+            return ScanResult(records, offsets, offset, end - offset, problem)
         records.append(record)
+        offsets.append(offset)
         offset = next_offset
-    return ScanResult(records, offset, 0, None)
+    return ScanResult(records, offsets, offset, 0, None)
 
 
-def _decode_at(data: bytes, offset: int) -> tuple[Record | None, int, str]:
+def decode_at(data: bytes, offset: int) -> tuple[Record | None, int, str]:
     """(record, offset after it, "") or (None, where to look for later records, problem)."""
     if len(data) - offset < PREFIX_SIZE:
         return None, len(data), "partial record header"
@@ -127,7 +132,7 @@ def _any_valid_record_after(data: bytes, start: int) -> bool:
     """Is there a well-formed record anywhere past a bad one? Then it is not a torn tail."""
     offset = data.find(RECORD_MARKER_BYTES, start)
     while offset != -1:
-        record, _, _ = _decode_at(data, offset)
+        record, _, _ = decode_at(data, offset)
         if record is not None:
             return True
         offset = data.find(RECORD_MARKER_BYTES, offset + 1)

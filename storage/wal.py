@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from storage import records
 from storage.files import RealFiles
@@ -42,8 +43,22 @@ class TornTail:
     reason: str
 
 
+@dataclass(frozen=True, slots=True)
+class Location:
+    """Where one record lies on disk, so its payload can be read back later."""
+
+    path: Path
+    offset: int
+    length: int
+
+
+# Called for every record recovered, segments first, then WAL files, in file order.
+RecordVisitor = Callable[[records.Record, Location], None]
+
+
 @dataclass(slots=True)
 class Recovered:
+    # filled only when recover() is called without a visitor
     logs: dict[int, dict[int, records.Record]] = field(default_factory=dict)
     torn: list[TornTail] = field(default_factory=list)
 
@@ -71,12 +86,19 @@ class LogStore:
         self.bytes_written = 0
 
     # -- recovery ---------------------------------------------------------
-    def recover(self) -> Recovered:
-        """Read everything back and open a fresh WAL file for appends."""
+    def recover(self, visit: RecordVisitor | None = None) -> Recovered:
+        """Read everything back and open a fresh WAL file for appends.
+
+        With ``visit``, each record is handed over with its location instead of
+        being kept, so a large backlog is not held in memory at once.
+        """
+        recovered = Recovered()
+        if visit is None:
+            def visit(record: records.Record, location: Location) -> None:
+                recovered.logs.setdefault(record.log_id, {})[record.index] = record
         for directory in (self.directory, self.wal_dir, self.segments_dir):
             self.files.makedirs(directory)
             self.files.sync_directory(directory.parent)
-        recovered = Recovered()
         wal_paths = [p for p in self.files.listdir(self.wal_dir) if p.suffix == ".wal"]
         # A rollover opens the new WAL file before it moves entries to segments and
         # deletes the old one: with two or more WAL files a crash hit a rollover.
@@ -84,7 +106,7 @@ class LogStore:
         for log_dir in self.files.listdir(self.segments_dir):
             log_id = int(log_dir.name)
             for path in self.files.listdir(log_dir):
-                self._recover_segment(log_id, path, recovered, rollover_interrupted)
+                self._recover_segment(log_id, path, recovered, rollover_interrupted, visit)
         for position, path in enumerate(wal_paths):
             data = self.files.read_bytes(path)
             result = records.scan(data, str(path))
@@ -93,15 +115,15 @@ class LogStore:
                     raise records.CorruptLog(str(path), result.valid_end, result.torn_reason + " (not the newest WAL file)")
                 recovered.torn.append(TornTail(path, result.valid_end, result.torn_bytes, result.torn_reason))
                 self.files.truncate(path, result.valid_end)
-            for record in result.records:
-                recovered.logs.setdefault(record.log_id, {})[record.index] = record
+            _visit_all(result, path, visit)
             self._wal_number = max(self._wal_number, int(path.stem))
         self._old_wals = wal_paths
         self._open_new_wal()
         self._count_segments()
         return recovered
 
-    def _recover_segment(self, log_id: int, path: Path, recovered: Recovered, rollover_interrupted: bool) -> None:
+    def _recover_segment(self, log_id: int, path: Path, recovered: Recovered, rollover_interrupted: bool,
+                         visit: RecordVisitor) -> None:
         data = self.files.read_bytes(path)
         result = records.scan(data, str(path))
         if result.torn_reason is not None:
@@ -112,9 +134,7 @@ class LogStore:
                 raise records.CorruptLog(str(path), result.valid_end, result.torn_reason + " (segment)")
             recovered.torn.append(TornTail(path, result.valid_end, result.torn_bytes, result.torn_reason))
             self.files.truncate(path, result.valid_end)
-        entries = recovered.logs.setdefault(log_id, {})
-        for record in result.records:
-            entries[record.index] = record
+        _visit_all(result, path, visit)
         if result.records:
             self.segments.setdefault(log_id, []).append(SegmentFile(
                 path, result.records[0].index, result.records[-1].index, len(result.records)))
@@ -130,8 +150,9 @@ class LogStore:
         self.files.sync_directory(self.wal_dir)
 
     # -- appends ----------------------------------------------------------
-    def write_batch(self, data: bytes) -> None:
-        """Append one batch of encoded records and make it durable (one fdatasync)."""
+    def write_batch(self, data: bytes) -> tuple[Path, int]:
+        """Append one batch of encoded records and make it durable (one fdatasync).
+        Returns the WAL file and the offset the batch starts at."""
         if self._broken is not None:
             raise OSError(f"WAL unusable since an earlier failure: {self._broken}")
         size_before = self._wal.size
@@ -150,6 +171,15 @@ class LogStore:
             raise error
         self.fsyncs += 1
         self.bytes_written += len(data)
+        return self._wal.path, size_before
+
+    def read_payload(self, location: Location) -> bytes:
+        """The payload of the record at ``location`` (checked against its checksums)."""
+        data = self.files.read_at(location.path, location.offset, location.length)
+        record, _, problem = records.decode_at(data, 0)
+        if record is None:
+            raise records.CorruptLog(str(location.path), location.offset, problem)
+        return record.payload
 
     @property
     def wal_size_bytes(self) -> int:
@@ -159,9 +189,17 @@ class LogStore:
         return self.wal_size_bytes >= self.wal_max_size_bytes
 
     # -- rollover ---------------------------------------------------------
-    def rollover(self, cursors: dict[int, int], first_batch: bytes = b"") -> None:
-        """Start a new WAL file (beginning with ``first_batch``), move what is
-        still needed from the old ones into segments, delete the old ones.
+    def rollover(self, cursors: dict[int, int], first_batch: bytes = b"") -> dict[tuple[int, int], Location]:
+        """Both halves of a rollover at once (for callers that read nothing meanwhile)."""
+        moved = self.start_rollover(cursors, first_batch)
+        self.finish_rollover(cursors)
+        return moved
+
+    def start_rollover(self, cursors: dict[int, int], first_batch: bytes = b"") -> dict[tuple[int, int], Location]:
+        """Start a new WAL file (beginning with ``first_batch``) and copy what is
+        still needed from the old ones into segments. Returns where each copied
+        entry now lies, keyed by (log_id, index). The old files stay readable
+        until ``finish_rollover``, so readers can switch to the new locations first.
 
         ``cursors`` maps every live log to its release cursor: entries below it
         are not needed any more. A log missing from ``cursors`` was deleted.
@@ -172,16 +210,23 @@ class LogStore:
         self._open_new_wal()
         if first_batch:
             self.write_batch(first_batch)
+        moved: dict[tuple[int, int], Location] = {}
         for path in self._old_wals:
-            self._move_to_segments(path, cursors)
+            self._move_to_segments(path, cursors, moved)
+        return moved
+
+    def finish_rollover(self, cursors: dict[int, int]) -> None:
+        """Delete the old WAL files and the segment files wholly below their cursor."""
         for path in self._old_wals:
             self.files.remove(path)
+            self.files.forget(path)
         self.files.sync_directory(self.wal_dir)
         self._old_wals = []
         self.truncate_segments(cursors)
         self._count_segments()
 
-    def _move_to_segments(self, wal_path: Path, cursors: dict[int, int]) -> None:
+    def _move_to_segments(self, wal_path: Path, cursors: dict[int, int],
+                          moved: dict[tuple[int, int], Location]) -> None:
         result = records.scan(self.files.read_bytes(wal_path), str(wal_path))
         by_log: dict[int, list[tuple[int, bytes]]] = {}
         for record in result.records:
@@ -191,9 +236,10 @@ class LogStore:
             by_log.setdefault(record.log_id, []).append(
                 (record.index, records.encode(record.log_id, record.term, record.index, record.payload)))
         for log_id, entries in by_log.items():
-            self._append_segment(log_id, entries)
+            self._append_segment(log_id, entries, moved)
 
-    def _append_segment(self, log_id: int, entries: list[tuple[int, bytes]]) -> None:
+    def _append_segment(self, log_id: int, entries: list[tuple[int, bytes]],
+                        moved: dict[tuple[int, int], Location]) -> None:
         """Append (index, encoded record) pairs, in index order, to the log's segments.
 
         A segment is recorded in ``self.segments`` only once its bytes are synced;
@@ -213,7 +259,10 @@ class LogStore:
                 number = int(current.path.stem) + 1 if current is not None else 1
                 current = SegmentFile(log_dir / f"{number:08d}.seg", entries[start][0], entries[start][0], 0)
             chunk = entries[start:start + self.segment_max_entries - current.entries]
-            self._write_segment(current, new_file, b"".join(e[1] for e in chunk))
+            offset = self._write_segment(current, new_file, b"".join(e[1] for e in chunk))
+            for index, encoded in chunk:
+                moved[(log_id, index)] = Location(current.path, offset, len(encoded))
+                offset += len(encoded)
             if new_file:
                 files.append(current)
             current.entries += len(chunk)
@@ -221,7 +270,8 @@ class LogStore:
             start += len(chunk)
         self.files.sync_directory(log_dir)
 
-    def _write_segment(self, segment: SegmentFile, new_file: bool, data: bytes) -> None:
+    def _write_segment(self, segment: SegmentFile, new_file: bool, data: bytes) -> int:
+        """Append ``data`` (synced); returns the offset it starts at."""
         if new_file:
             self.files.remove(segment.path)  # a leftover of an interrupted delete is not ours
         handle = self.files.open_append(segment.path)
@@ -237,6 +287,7 @@ class LogStore:
                 self.files.truncate(segment.path, size_before)
             raise
         handle.close()
+        return size_before + (records.FILE_HEADER_SIZE if new_file else 0)
 
     def truncate_segments(self, cursors: dict[int, int]) -> None:
         """Delete segment files wholly below their log's cursor, and deleted logs' files."""
@@ -246,6 +297,7 @@ class LogStore:
             for segment in self.segments[log_id]:
                 if cursor is None or segment.last_index < cursor:
                     self.files.remove(segment.path)
+                    self.files.forget(segment.path)
                 else:
                     kept.append(segment)
             if kept:
@@ -262,3 +314,8 @@ class LogStore:
         if self._wal is not None:
             self._wal.close()
             self._wal = None
+
+
+def _visit_all(result: records.ScanResult, path: Path, visit: RecordVisitor) -> None:
+    for record, offset in zip(result.records, result.offsets):
+        visit(record, Location(path, offset, records.PREFIX_SIZE + records.ENTRY_HEAD_SIZE + len(record.payload)))

@@ -234,6 +234,15 @@ class FaultyFiles:
             raise IsADirectoryError(errno.EISDIR, "Is a directory", str(path))
         return bytes(node.data)
 
+    def read_at(self, path: Path, offset: int, length: int) -> bytes:
+        data = self.read_bytes(path)[offset:offset + length]
+        if len(data) != length:
+            raise OSError(f"{path}: short read at offset {offset}")
+        return data
+
+    def forget(self, path: Path) -> None:
+        pass
+
     def size(self, path: Path) -> int:
         node = self.nodes.get(path)
         return len(node.data) if node is not None and not isinstance(node, FakeDir) else 0

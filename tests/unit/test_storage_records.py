@@ -51,8 +51,8 @@ def test_encode_scan_round_trip(entries):
 
 
 def test_empty_file_and_header_only_file_are_clean():
-    assert scan(b"") == records.ScanResult([], 0, 0, None)
-    assert scan(FILE_HEADER) == records.ScanResult([], FILE_HEADER_SIZE, 0, None)
+    assert scan(b"") == records.ScanResult([], [], 0, 0, None)
+    assert scan(FILE_HEADER) == records.ScanResult([], [], FILE_HEADER_SIZE, 0, None)
 
 
 def test_record_layout_matches_the_documented_format():

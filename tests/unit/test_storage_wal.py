@@ -708,10 +708,10 @@ class BlockingStore(LogStore):
         self.started = threading.Event()
         self.go = threading.Event()
 
-    def write_batch(self, data: bytes) -> None:
+    def write_batch(self, data: bytes):
         self.started.set()
         assert self.go.wait(10), "test never released the write"
-        super().write_batch(data)
+        return super().write_batch(data)
 
 
 async def test_appends_during_a_write_go_into_the_next_batch_and_callbacks_run_in_order(tmp_path):
@@ -742,7 +742,7 @@ class SyncFailsStore(LogStore):
         super().__init__(*args, **kwargs)
         self.calls = 0
 
-    def write_batch(self, data: bytes) -> None:
+    def write_batch(self, data: bytes):
         self.calls += 1
         if self.calls not in self.fail_calls:
             return super().write_batch(data)
@@ -810,11 +810,11 @@ class RolloverFailsOnceStore(LogStore):
         super().__init__(*args, **kwargs)
         self.rollover_failures = 0
 
-    def rollover(self, cursors: dict[int, int], first_batch: bytes = b"") -> None:
+    def start_rollover(self, cursors: dict[int, int], first_batch: bytes = b""):
         if self.rollover_failures == 0:
             self.rollover_failures += 1
             raise OSError(errno.ENOSPC, "injected: no space for segments")
-        super().rollover(cursors, first_batch)
+        return super().start_rollover(cursors, first_batch)
 
 
 async def test_failed_rollover_does_not_break_the_committer(tmp_path):
