@@ -26,9 +26,8 @@ The replication pacing (progress states, pipelining) lives in replication.py.
 """
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from raft.log import RaftLog
 from raft.messages import (
@@ -38,6 +37,9 @@ from raft.messages import (
 )
 from raft.progress import Progress
 from raft import replication
+
+if TYPE_CHECKING:
+    import random
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,7 +156,8 @@ class RaftNode:
             self.election_elapsed = 0
             # §6.2: a leader that has not heard from a quorum for an election
             # timeout steps down, so clients look for the real leader.
-            if self.check_quorum and not replication.quorum_recently_active(self):
+            quorum_active = replication.quorum_recently_active(self)
+            if self.check_quorum and not quorum_active:
                 self.become_follower(self.term, None)
                 return
             self.lead_transferee = None  # §3.10: a transfer that takes this long is aborted
@@ -258,6 +261,19 @@ class RaftNode:
 
     # --- output: the Ready contract ------------------------------------------------
 
+    def has_ready(self) -> bool:
+        """Whether `ready()` has something (cheap, no side effects); a leader
+        with a pending broadcast to paused followers may get None after all."""
+        if self.outstanding is not None:
+            return False
+        return bool(
+            self.messages or self.log.pending_snapshot is not None
+            or self.log.stable_index < self.log.last_index()
+            or self.log.commit_index > self.log.applied_index
+            or (self.role == Role.LEADER and (self.broadcast_pending or self.commit_broadcast_pending))
+            or HardState(self.term, self.voted_for, self.log.commit_index) != self.prev_hard_state
+            or SoftState(self.leader_id, self.role.value) != self.prev_soft_state)
+
     def ready(self) -> Ready | None:
         assert self.outstanding is None, "advance() the previous Ready first"
         if self.role == Role.LEADER:
@@ -348,7 +364,7 @@ class RaftNode:
         self.role = Role.LEADER
         self.leader_id = self.node_id
         last_index = self.log.last_index()
-        for voter in set(self.voters) | {self.node_id}:
+        for voter in sorted(set(self.voters) | {self.node_id}):
             self.progress[voter] = self.new_progress(last_index + 1)
         own = self.progress[self.node_id]
         own.maybe_update(self.log.stable_index)
@@ -413,6 +429,8 @@ class RaftNode:
             return
         if self.role not in (Role.PRE_CANDIDATE, Role.CANDIDATE):
             return
+        if message.pre_vote and message.vote_granted and message.term != self.term + 1:
+            return  # granted in an earlier pre-vote round, for another term
         self.votes.setdefault(message.sender, message.vote_granted)
         outcome = self.count_votes()
         if outcome == "won":

@@ -158,6 +158,7 @@ class RaftLog:
     def compact(self, snapshot: Snapshot) -> None:
         """The application captured everything up to snapshot.index: drop it."""
         assert snapshot.index <= self.applied_index, "compacting beyond what is applied"
+        assert snapshot.index <= self.stable_index, "compacting entries not yet persisted"
         assert snapshot.index > self.snapshot.index, "compacting backwards"
         assert self.term(snapshot.index) == snapshot.term
         del self.entries[:snapshot.index - self.snapshot.index]

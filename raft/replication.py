@@ -170,13 +170,17 @@ def maybe_commit(node: RaftNode) -> bool:
 
 
 def quorum_recently_active(node: RaftNode) -> bool:
-    """Thesis §6.2 check-quorum; clears the marks for the next round."""
+    """Thesis §6.2 check-quorum; clears the marks for the next round. A
+    follower silent for a whole round is probed afresh when it is back: what
+    was sent to it meanwhile is likely lost."""
     active = 0
     for voter in node.voters:
         progress = node.progress.get(voter)
         if voter == node.node_id or (progress is not None and progress.recent_active):
             active += 1
     for peer, progress in node.progress.items():
+        if peer != node.node_id and not progress.recent_active and progress.state != ProgressState.PROBE:
+            progress.become_probe()
         progress.recent_active = peer == node.node_id
     return active >= node.quorum()
 

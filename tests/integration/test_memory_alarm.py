@@ -45,3 +45,22 @@ def test_publishers_blocked_over_watermark_and_unblocked_after_drain(tmp_path):
         publisher.close()
     finally:
         server.stop()
+
+
+def test_disk_alarm_blocks_publishers_when_free_space_is_below_the_limit(tmp_path):
+    # A limit larger than any disk: the alarm is on from the first check.
+    server = make_server(tmp_path, WARREN_DISK_FREE_LIMIT_BYTES=str(10**18),
+                         WARREN_ALARM_CHECK_INTERVAL_SECONDS="0.05").start()
+    try:
+        reasons: list[str] = []
+        publisher = pika.BlockingConnection(pika.URLParameters(server.url))
+        publisher.add_on_connection_blocked_callback(
+            lambda _c, frame: reasons.append(frame.method.reason))
+        channel = publisher.channel()
+        channel.queue_declare("disk-alarm-q")
+        channel.basic_publish("", "disk-alarm-q", b"first")
+        _wait_for(lambda: reasons, publisher, 10, "connection.blocked from the disk alarm")
+        assert reasons == ["low on disk"], f"blocked with {reasons}, expected RabbitMQ's 'low on disk'"
+        publisher.close()
+    finally:
+        server.stop()

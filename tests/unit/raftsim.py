@@ -21,13 +21,17 @@ names the seed, the replay command, and the recent events.
 from __future__ import annotations
 
 import random
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 
 import msgpack
 
 from raft.core import RaftNode, Ready
-from raft.messages import ConfigChangeOp, Entry, EntryKind, HardState, Message, Role, Snapshot
+from raft.messages import (
+    AppendEntries, AppendEntriesResponse, ConfigChange, ConfigChangeOp, Entry, EntryKind, HardState,
+    Heartbeat, HeartbeatResponse, InstallSnapshot, Message, RequestVote, RequestVoteResponse, Role,
+    Snapshot, TimeoutNow,
+)
 
 
 class SimulationFailure(AssertionError):
@@ -149,6 +153,7 @@ class Simulation:
         self.rng = random.Random(seed)
         self.now = 0
         self.events: deque[str] = deque(maxlen=60)
+        self.stats: Counter[str] = Counter()   # what happened, to show the run exercised it
         ids = [f"n{i}" for i in range(1, scenario.node_count + scenario.spare_count + 1)]
         self.initial_voters = ids[:scenario.node_count]
         self.nodes = {node_id: SimNode(node_id, SimStorage()) for node_id in ids}
@@ -185,6 +190,8 @@ class Simulation:
 
     def log(self, text: str) -> None:
         self.events.append(f"[{self.now}] {text}")
+        words = text.split()
+        self.stats[words[1] if words[0] in self.nodes else words[0]] += 1
 
     # --- node life --------------------------------------------------------------------
 
@@ -205,10 +212,13 @@ class Simulation:
             node.applied_index, node.payloads = 0, []
         node.seen_commit = node.raft.commit_index
 
-    def crash(self, node: SimNode) -> None:
-        # Maybe in the middle of writing a Ready: a prefix of it lands, nothing is sent.
+    def crash(self, node: SimNode, torn: bool | None = None) -> None:
+        """Power loss. If `torn` (by default: at random), it strikes while the
+        next Ready is being written: a prefix of it lands, nothing is sent."""
         raft = node.raft
-        if raft is not None and self.rng.random() < 0.5:
+        if torn is None:
+            torn = self.rng.random() < 0.5
+        if raft is not None and torn:
             ready = raft.ready()
             if ready is not None:
                 node.storage.persist(ready, self.rng)
@@ -224,6 +234,8 @@ class Simulation:
             if ready is None:
                 return
             self.check_new_entries(node, ready)
+            if ready.truncate_from is not None:
+                self.log(f"{node.node_id} truncates from {ready.truncate_from}")
             node.storage.persist(ready)
             self.check_durable_commit(node)
             for message in ready.messages:
@@ -493,3 +505,146 @@ class Simulation:
         except AssertionError as error:   # an assert inside the core
             self.fail(f"assertion in the Raft core: {error!r}")
         return self
+
+
+# --- a hand-driven cluster for transcript tests ------------------------------------------------
+
+def show(message: Message) -> str:
+    """One line per message, the way transcripts spell it."""
+    head = f"{message.sender}->{message.to} "
+    match message:
+        case RequestVote():
+            kind = "PreVote" if message.pre_vote else "Vote"
+            extra = " transfer" if message.transfer else ""
+            return head + f"{kind} term={message.term} last={message.last_log_index}@{message.last_log_term}{extra}"
+        case RequestVoteResponse():
+            kind = "PreVote" if message.pre_vote else "Vote"
+            verdict = "granted" if message.vote_granted else "rejected"
+            return head + f"{kind}Response term={message.term} {verdict}"
+        case AppendEntries():
+            entries = " ".join(show_entry(e) for e in message.entries)
+            return (head + f"AppendEntries term={message.term} prev={message.prev_log_index}@{message.prev_log_term} "
+                    f"commit={message.leader_commit} [{entries}]")
+        case AppendEntriesResponse() if message.success:
+            return head + f"AppendEntriesResponse term={message.term} match={message.match_index}"
+        case AppendEntriesResponse():
+            return (head + f"AppendEntriesResponse term={message.term} reject={message.reject_index} "
+                    f"hint={message.conflict_index}@{message.conflict_term}")
+        case Heartbeat():
+            return head + f"Heartbeat term={message.term} commit={message.commit_index}"
+        case HeartbeatResponse():
+            return head + f"HeartbeatResponse term={message.term}"
+        case InstallSnapshot():
+            snapshot = message.snapshot
+            return head + f"InstallSnapshot term={message.term} snapshot={snapshot.index}@{snapshot.term}"
+        case TimeoutNow():
+            return head + f"TimeoutNow term={message.term}"
+    raise AssertionError(message)
+
+
+def show_entry(entry: Entry) -> str:
+    """`index@term`, then the payload, `noop` or the config change."""
+    if entry.kind == EntryKind.NOOP:
+        return f"{entry.index}@{entry.term}:noop"
+    if entry.kind == EntryKind.CONFIG:
+        change = ConfigChange.decode(entry.data)
+        return f"{entry.index}@{entry.term}:{change.op.name.lower()}-{change.node_id}"
+    return f"{entry.index}@{entry.term}:{entry.data.decode()}"
+
+
+class Cluster:
+    """Nodes with perfect storage and a network the test drives by hand:
+    `deliver()` hands over what is queued (except across cut links) and
+    processes every Ready; `stabilize()` repeats until nothing moves and
+    returns the transcript."""
+
+    def __init__(self, voters: list[str], spares: list[str] = (), seed: int = 0, **options) -> None:
+        self.options = options
+        self.rng = random.Random(seed)
+        self.nodes: dict[str, SimNode] = {}
+        for node_id in list(voters) + list(spares):
+            peers = list(voters) if node_id in voters else []
+            self.nodes[node_id] = SimNode(node_id, SimStorage())
+            self.nodes[node_id].raft = RaftNode(node_id, peers, random.Random(self.rng.random()), **options)
+        self.queue: list[Message] = []
+        self.cut: set[frozenset[str]] = set()
+        self.readies: dict[str, list[Ready]] = {node_id: [] for node_id in self.nodes}
+
+    def __getitem__(self, node_id: str) -> RaftNode:
+        return self.nodes[node_id].raft
+
+    def restore(self, node_id: str, hard_state: HardState, entries: list[Entry], peers: list[str]) -> None:
+        """Replace a node by one recovered from the given persisted state."""
+        node = SimNode(node_id, SimStorage())
+        node.storage.hard_state, node.storage.entries = hard_state, list(entries)
+        node.raft = RaftNode.restore(node_id, peers, random.Random(self.rng.random()), hard_state=hard_state,
+                                     entries=list(entries), **self.options)
+        self.nodes[node_id] = node
+
+    def process(self) -> None:
+        """Every node's Ready: persist, queue the messages, apply, advance."""
+        for node in self.nodes.values():
+            while node.raft is not None and (ready := node.raft.ready()) is not None:
+                self.readies[node.node_id].append(ready)
+                node.storage.persist(ready)
+                self.queue += ready.messages
+                if ready.snapshot is not None:
+                    node.applied_index, node.payloads = decode_state(ready.snapshot.data)
+                for entry in ready.committed_entries:
+                    assert entry.index == node.applied_index + 1
+                    node.applied_index = entry.index
+                    if entry.kind == EntryKind.NORMAL:
+                        node.payloads.append(entry.data)
+                node.raft.advance(ready)
+
+    def take(self) -> list[str]:
+        """Process, then show (and keep queued) what is waiting to be delivered."""
+        self.process()
+        return [show(m) for m in self.queue]
+
+    def deliver(self, only: set[str] | None = None) -> list[str]:
+        """Deliver the queued messages (to `only` those nodes, if given);
+        returns the transcript of what was delivered or dropped."""
+        self.process()
+        transcript = []
+        pending, self.queue = self.queue, []
+        for message in pending:
+            if only is not None and message.to not in only:
+                self.queue.append(message)
+                continue
+            target = self.nodes[message.to]
+            if target.raft is None or frozenset((message.sender, message.to)) in self.cut:
+                transcript.append(show(message) + "  (dropped)")
+                continue
+            transcript.append(show(message))
+            target.raft.step(message)
+        self.process()
+        return transcript
+
+    def stabilize(self, limit: int = 50) -> list[str]:
+        transcript: list[str] = []
+        for _ in range(limit):
+            self.process()
+            if not self.queue:
+                return transcript
+            transcript += self.deliver()
+        raise AssertionError("the cluster did not stabilize")
+
+    def tick(self, node_id: str, ticks: int = 1) -> None:
+        for _ in range(ticks):
+            self.nodes[node_id].raft.tick()
+
+    def isolate(self, node_id: str) -> None:
+        self.cut |= {frozenset((node_id, other)) for other in self.nodes if other != node_id}
+
+    def heal(self) -> None:
+        self.cut = set()
+
+    def applied(self, node_id: str) -> list[bytes]:
+        return self.nodes[node_id].payloads
+
+    def compact(self, node_id: str) -> Snapshot:
+        node = self.nodes[node_id]
+        node.raft.compact(node.applied_index, encode_state(node.applied_index, node.payloads))
+        node.storage.compact(node.raft.log.snapshot)
+        return node.raft.log.snapshot

@@ -1,0 +1,54 @@
+"""Properties of the in-memory Raft log (raft/log.py) against a plain list."""
+from __future__ import annotations
+
+from hypothesis import given, settings, strategies as st
+
+from raft.log import RaftLog
+from raft.messages import Entry, EntryKind, Snapshot
+
+OPERATIONS = st.lists(st.tuples(st.sampled_from(["append", "commit", "apply", "compact", "persist"]),
+                                st.integers(0, 30), st.integers(1, 4)), max_size=60)
+
+
+@settings(max_examples=200, deadline=None)
+@given(OPERATIONS)
+def test_the_log_behaves_like_a_list_with_a_compacted_prefix(operations):
+    log = RaftLog(Snapshot(0, 0, ("a",), b""), [], 0)
+    model: list[tuple[int, bytes]] = []          # (term, data) at index i + 1
+    term = 1
+    for op, number, count in operations:
+        if op == "append":
+            # a leader of a newer term overwrites the uncommitted suffix from some point
+            term += 1
+            first = max(log.commit_index + 1, log.snapshot_index + 1, min(number, log.last_index() + 1))
+            entries = [Entry(term, first + i, EntryKind.NORMAL, b"%d" % (first + i)) for i in range(count)]
+            log.append(entries)
+            del model[first - 1:]
+            model += [(term, e.data) for e in entries]
+        elif op == "commit":
+            log.commit_to(min(number, log.last_index()))
+        elif op == "apply":
+            # entries are applied once persisted (persist, send, apply)
+            log.applied_index = max(log.applied_index, min(number, log.commit_index, log.stable_index))
+        elif op == "compact" and log.snapshot_index < log.applied_index:
+            index = log.applied_index
+            log.compact(Snapshot(index, log.term(index), ("a",), b""))
+        elif op == "persist" and log.entries:
+            log.stable_to(log.last_index(), log.last_term())
+        check(log, model)
+
+
+def check(log: RaftLog, model: list[tuple[int, bytes]]) -> None:
+    assert log.snapshot_index <= log.applied_index <= log.commit_index <= log.last_index() == len(model)
+    assert log.stable_index <= log.last_index()
+    for index in range(log.snapshot_index + 1, log.last_index() + 1):
+        assert (log.term(index), log.entry(index).data) == model[index - 1]
+    assert log.term(log.snapshot_index) == (model[log.snapshot_index - 1][0] if log.snapshot_index else 0)
+    assert log.term(log.snapshot_index - 1 if log.snapshot_index else 0) in (None, 0)
+    assert [e.index for e in log.unstable_entries()] == list(range(log.stable_index + 1, log.last_index() + 1))
+    committed = log.committed_unapplied(log.applied_index)
+    assert [e.index for e in committed] == list(range(log.applied_index + 1, log.commit_index + 1))
+    if log.last_index() > log.snapshot_index:
+        sliced = log.slice(log.snapshot_index + 1, 0)
+        assert len(sliced) == 1                       # at least one entry, even over the limit
+    assert log.slice(log.snapshot_index, 1 << 20) is None if log.snapshot_index else True
