@@ -65,6 +65,9 @@ class BrokerCollector(Collector):
         fsyncs = CounterMetricFamily("warren_wal_fsyncs", "fdatasync calls on the WAL (one per batch)")
         fsyncs.add_metric([], store.fsyncs)
         yield fsyncs
+        rollovers = CounterMetricFamily("warren_wal_rollovers", "WAL files rolled over into segments")
+        rollovers.add_metric([], store.rollovers)
+        yield rollovers
         written = CounterMetricFamily("warren_wal_written_bytes", "Bytes appended to the WAL")
         written.add_metric([], store.bytes_written)
         yield written

@@ -57,6 +57,8 @@ class GroupCommitter:
         self.open_batch = 1  # the batch new appends go into
         self._callbacks: dict[int, list[DurableCallback]] = {}
         self._task: asyncio.Task | None = None
+        # the slow half of a rollover (copying into segments) runs beside new batches
+        self._rollover_task: asyncio.Task | None = None
         self.failed_batches = 0
 
     def append(self, encoded_record: bytes) -> int:
@@ -109,27 +111,39 @@ class GroupCommitter:
                                                         time.perf_counter() - started))
                 for callback in self._callbacks.pop(batch, ()):
                     callback(ok)
-                if ok and self.store.needs_rollover():
-                    await self._rollover(loop)
+                if ok and self._rollover_task is None and self.store.needs_rollover():
+                    await self._start_rollover(loop)
         finally:
             self._task = None
             if self._pending or self._sealed:
                 self._task = loop.create_task(self._run())
 
-    async def _rollover(self, loop: asyncio.AbstractEventLoop) -> None:
+    async def _start_rollover(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Switch to a new WAL file now; copy the old one into segments beside
+        the batches that follow, so writers never wait for a rollover."""
         cursors, first_batch = self._prepare_rollover()
         try:
-            moved = await loop.run_in_executor(None, self.store.start_rollover, cursors, first_batch)
+            await loop.run_in_executor(None, self.store.switch_wal, first_batch)
+        except OSError as error:
+            log.error("wal.rollover_failed", error=str(error))
+            return
+        self._rollover_task = loop.create_task(self._finish_rollover(loop, cursors))
+
+    async def _finish_rollover(self, loop: asyncio.AbstractEventLoop, cursors: dict[int, int]) -> None:
+        try:
+            moved = await loop.run_in_executor(None, self.store.move_to_segments, cursors)
             if self._on_relocated is not None:
                 self._on_relocated(moved)  # readers switch before the old files go
             await loop.run_in_executor(None, self.store.finish_rollover, cursors)
         except OSError as error:
-            # The old WAL files stay listed; the next batch past the limit tries again.
+            # The old WAL files stay listed; the next rollover moves them again.
             log.error("wal.rollover_failed", error=str(error))
             return
+        finally:
+            self._rollover_task = None
         log.info("wal.rolled_over", segments=self.store.segment_count)
 
     async def drain(self) -> None:
         """Wait until everything appended so far is on disk (used at shutdown)."""
-        while self._task is not None:
-            await asyncio.shield(self._task)
+        while self._task is not None or self._rollover_task is not None:
+            await asyncio.shield(self._task or self._rollover_task)

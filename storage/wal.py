@@ -84,6 +84,7 @@ class LogStore:
         # counters for metrics
         self.fsyncs = 0
         self.bytes_written = 0
+        self.rollovers = 0
 
     # -- recovery ---------------------------------------------------------
     def recover(self, visit: RecordVisitor | None = None) -> Recovered:
@@ -190,55 +191,69 @@ class LogStore:
 
     # -- rollover ---------------------------------------------------------
     def rollover(self, cursors: dict[int, int], first_batch: bytes = b"") -> dict[tuple[int, int], Location]:
-        """Both halves of a rollover at once (for callers that read nothing meanwhile)."""
+        """All steps of a rollover at once (for callers that read nothing meanwhile)."""
         moved = self.start_rollover(cursors, first_batch)
         self.finish_rollover(cursors)
         return moved
 
     def start_rollover(self, cursors: dict[int, int], first_batch: bytes = b"") -> dict[tuple[int, int], Location]:
-        """Start a new WAL file (beginning with ``first_batch``) and copy what is
-        still needed from the old ones into segments. Returns where each copied
-        entry now lies, keyed by (log_id, index). The old files stay readable
-        until ``finish_rollover``, so readers can switch to the new locations first.
+        self.switch_wal(first_batch)
+        return self.move_to_segments(cursors)
 
-        ``cursors`` maps every live log to its release cursor: entries below it
-        are not needed any more. A log missing from ``cursors`` was deleted.
-        """
+    def switch_wal(self, first_batch: bytes = b"") -> None:
+        """Close the current WAL file and start a new one beginning with ``first_batch``.
+        Quick: appends go on into the new file while ``move_to_segments`` runs."""
         old = self._wal
         self._old_wals.append(old.path)
         old.close()
         self._open_new_wal()
         if first_batch:
             self.write_batch(first_batch)
+
+    def move_to_segments(self, cursors: dict[int, int]) -> dict[tuple[int, int], Location]:
+        """Copy what is still needed from the old WAL files into segments. Returns
+        where each copied entry now lies, keyed by (log_id, index). The old files
+        stay readable until ``finish_rollover``, so readers can switch first.
+        Touches only old WAL files and segments, never the current WAL file.
+
+        ``cursors`` maps every live log to its release cursor: entries below it
+        are not needed any more. A log missing from ``cursors`` was deleted.
+        """
         moved: dict[tuple[int, int], Location] = {}
-        for path in self._old_wals:
+        for path in list(self._old_wals):
             self._move_to_segments(path, cursors, moved)
         return moved
 
     def finish_rollover(self, cursors: dict[int, int]) -> None:
         """Delete the old WAL files and the segment files wholly below their cursor."""
-        for path in self._old_wals:
+        done = list(self._old_wals)
+        for path in done:
             self.files.remove(path)
             self.files.forget(path)
         self.files.sync_directory(self.wal_dir)
-        self._old_wals = []
+        self._old_wals = [p for p in self._old_wals if p not in done]
         self.truncate_segments(cursors)
         self._count_segments()
+        self.rollovers += 1
 
     def _move_to_segments(self, wal_path: Path, cursors: dict[int, int],
                           moved: dict[tuple[int, int], Location]) -> None:
-        result = records.scan(self.files.read_bytes(wal_path), str(wal_path))
-        by_log: dict[int, list[tuple[int, bytes]]] = {}
-        for record in result.records:
+        data = self.files.read_bytes(wal_path)
+        result = records.scan(data, str(wal_path))
+        view = memoryview(data)
+        by_log: dict[int, list[tuple[int, memoryview]]] = {}
+        for record, offset in zip(result.records, result.offsets):
             cursor = cursors.get(record.log_id)
             if cursor is None or record.index < cursor:
                 continue
-            by_log.setdefault(record.log_id, []).append(
-                (record.index, records.encode(record.log_id, record.term, record.index, record.payload)))
+            length = records.PREFIX_SIZE + records.ENTRY_HEAD_SIZE + len(record.payload)
+            # the record's bytes as they are in the WAL: segments use the same format
+            by_log.setdefault(record.log_id, []).append((record.index, view[offset:offset + length]))
+        del result
         for log_id, entries in by_log.items():
             self._append_segment(log_id, entries, moved)
 
-    def _append_segment(self, log_id: int, entries: list[tuple[int, bytes]],
+    def _append_segment(self, log_id: int, entries: list[tuple[int, bytes | memoryview]],
                         moved: dict[tuple[int, int], Location]) -> None:
         """Append (index, encoded record) pairs, in index order, to the log's segments.
 

@@ -27,7 +27,9 @@ def _body(number: int) -> bytes:
 def test_backlog_bodies_are_read_back_from_disk(tmp_path):
     # A fixed mmap threshold: glibc then returns freed large buffers to the OS at once,
     # so RSS shows what the broker holds rather than what the allocator keeps around.
-    server = make_server(tmp_path, MALLOC_MMAP_THRESHOLD_="65536").start()
+    # A small WAL keeps the transient memory of a rollover (which reads one WAL file) small.
+    server = make_server(tmp_path, MALLOC_MMAP_THRESHOLD_="65536",
+                         WARREN_WAL_MAX_SIZE_BYTES=str(8 * 1024 * 1024)).start()
     try:
         connection = pika.BlockingConnection(pika.URLParameters(server.url))
         channel = connection.channel()

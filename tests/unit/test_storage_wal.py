@@ -810,11 +810,11 @@ class RolloverFailsOnceStore(LogStore):
         super().__init__(*args, **kwargs)
         self.rollover_failures = 0
 
-    def start_rollover(self, cursors: dict[int, int], first_batch: bytes = b""):
+    def move_to_segments(self, cursors: dict[int, int]):
         if self.rollover_failures == 0:
             self.rollover_failures += 1
             raise OSError(errno.ENOSPC, "injected: no space for segments")
-        return super().start_rollover(cursors, first_batch)
+        return super().move_to_segments(cursors)
 
 
 async def test_failed_rollover_does_not_break_the_committer(tmp_path):
