@@ -31,6 +31,14 @@ class User(BaseModel):
     tags: list[str] = []
 
 
+class ClusterNode(BaseModel):
+    """A member of the cluster: its node name and where its cluster port listens."""
+
+    name: str = Field(min_length=1)
+    host: str = Field(min_length=1)
+    port: int = Field(25672, ge=1, le=65535)
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="WARREN_", extra="forbid", validate_default=True
@@ -74,6 +82,18 @@ class Settings(BaseSettings):
     wal_max_size_bytes: int = Field(64 * 1024 * 1024, ge=64 * 1024)
     # Entries per segment file (rabbitmq/ra's default): the unit of truncation.
     segment_max_entries: int = Field(4096, ge=16)
+
+    # Cluster (the quorum-queue issue). Every node lists all members, itself included;
+    # an empty list is a cluster of one. Nodes authenticate each other with the
+    # shared secret, like RabbitMQ's Erlang cookie.
+    cluster_nodes: list[ClusterNode] = []
+    cluster_host: str = "0.0.0.0"
+    cluster_port: int = Field(25672, ge=0, le=65535)
+    cluster_secret: SecretStr | None = None
+    # Replicas of a new quorum queue (capped at the cluster size), as RabbitMQ's.
+    quorum_cluster_size: int = Field(3, ge=1, le=255)
+    # Enqueues a channel may have in flight before it stops reading its socket.
+    commands_soft_limit: int = Field(32, ge=1)
 
     @field_validator("log_level", mode="before")
     @classmethod
