@@ -339,7 +339,8 @@ class Channel:
             raise ChannelError(ACCESS_REFUSED, f"queue '{queue.name}' in vhost '{self.vhost.name}' in exclusive use",
                                60, 20)
         if queue.queue_type == "quorum" and self.global_prefetch_count:
-            raise ChannelError(NOT_IMPLEMENTED, "queue 'quorum' does not support global qos", 60, 20)
+            raise AMQPConnectionError(NOT_IMPLEMENTED, f"queue '{queue.name}' in vhost '{self.vhost.name}' "
+                                      "does not support global qos", 60, 20)
         self.consumers[tag] = Consumer(tag, codec.shortstr(tag), queue, method.no_ack)
         self.queues_used[id(queue)] = queue
         if not method.nowait:
