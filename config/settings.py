@@ -92,6 +92,11 @@ class Settings(BaseSettings):
     cluster_secret: SecretStr | None = None
     # Replicas of a new quorum queue (capped at the cluster size), as RabbitMQ's.
     quorum_cluster_size: int = Field(3, ge=1, le=255)
+    # Node-to-node transport limits.
+    cluster_frame_max_bytes: int = Field(64 * 1024 * 1024, ge=65536)
+    peer_outbound_max_bytes: int = Field(64 * 1024 * 1024, ge=65536)
+    cluster_handshake_timeout_seconds: float = Field(5.0, gt=0)
+    cluster_heartbeat_seconds: float = Field(1.0, gt=0)
     # Enqueues a channel may have in flight before it stops reading its socket.
     commands_soft_limit: int = Field(32, ge=1)
 

@@ -7,6 +7,7 @@ space. Paths are ``pathlib.Path``.
 from __future__ import annotations
 
 import os
+from collections import OrderedDict
 from pathlib import Path
 
 
@@ -36,25 +37,54 @@ class AppendHandle:
         os.close(self._fd)
 
 
+# Records are read back in the order they were written (a backlog drains front to
+# back), so reads go through a small cache of file blocks: one pread per block.
+READ_BLOCK_BYTES = 256 * 1024
+READ_CACHE_BLOCKS_MAX = 32
+
+
 class RealFiles:
     def __init__(self) -> None:
         # read-only descriptors for reading records back; an unlinked file stays
         # readable through its descriptor until ``forget`` closes it
         self._readers: dict[Path, int] = {}
+        self._blocks: OrderedDict[tuple[Path, int], bytes] = OrderedDict()
 
-    def read_at(self, path: Path, offset: int, length: int) -> bytes:
+    def read_at(self, path: Path, offset: int, length: int, cached: bool = True) -> bytes:
+        """``length`` bytes at ``offset``. Callers verify what they read (checksums)
+        and retry with ``cached=False`` if a cached block was stale."""
         fd = self._readers.get(path)
         if fd is None:
             fd = self._readers[path] = os.open(path, os.O_RDONLY)
+        block, start = divmod(offset, READ_BLOCK_BYTES)
+        if cached and start + length <= READ_BLOCK_BYTES:
+            data = self._block(fd, path, block, start + length)
+            if start + length <= len(data):
+                return data[start:start + length]
         data = os.pread(fd, length, offset)
         if len(data) != length:
             raise OSError(f"{path}: short read at offset {offset}")
         return data
 
+    def _block(self, fd: int, path: Path, block: int, needed_bytes: int) -> bytes:
+        key = (path, block)
+        data = self._blocks.get(key)
+        if data is None or len(data) < needed_bytes:  # the file's last block may have grown
+            data = os.pread(fd, READ_BLOCK_BYTES, block * READ_BLOCK_BYTES)
+            self._blocks[key] = data
+            if len(self._blocks) > READ_CACHE_BLOCKS_MAX:
+                self._blocks.popitem(last=False)
+        else:
+            self._blocks.move_to_end(key)
+        return data
+
     def forget(self, path: Path) -> None:
+        """Close the reader of a file that is gone or changed, and drop its cached blocks."""
         fd = self._readers.pop(path, None)
         if fd is not None:
             os.close(fd)
+        for key in [k for k in self._blocks if k[0] == path]:
+            self._blocks.pop(key, None)
 
     def open_append(self, path: Path) -> AppendHandle:
         return AppendHandle(path)
@@ -63,6 +93,7 @@ class RealFiles:
         return path.read_bytes()
 
     def truncate(self, path: Path, size: int) -> None:
+        self.forget(path)
         with open(path, "r+b") as file:
             file.truncate(size)
             file.flush()

@@ -234,7 +234,7 @@ class FaultyFiles:
             raise IsADirectoryError(errno.EISDIR, "Is a directory", str(path))
         return bytes(node.data)
 
-    def read_at(self, path: Path, offset: int, length: int) -> bytes:
+    def read_at(self, path: Path, offset: int, length: int, cached: bool = True) -> bytes:
         data = self.read_bytes(path)[offset:offset + length]
         if len(data) != length:
             raise OSError(f"{path}: short read at offset {offset}")

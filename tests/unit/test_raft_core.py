@@ -585,7 +585,9 @@ def test_config_change_round_trip():
     assert ConfigChange.decode(change.encode()) == change
 
 
-RAFT_MODULES = sorted((REPO / "raft").glob("*.py"))
+# The asyncio shells of raft/ (the node-to-node transport) are not pure cores.
+RAFT_SHELLS = {"transport.py"}
+RAFT_MODULES = sorted(p for p in (REPO / "raft").glob("*.py") if p.name not in RAFT_SHELLS)
 FORBIDDEN = {"asyncio", "socket", "time", "os", "random", "selectors", "threading", "subprocess"}
 
 
