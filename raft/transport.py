@@ -95,14 +95,12 @@ class TransportLimits:
 
     @classmethod
     def from_settings(cls, settings: Any) -> TransportLimits:
-        """The settings' cluster_* limits where it has them, else the defaults."""
-        defaults = cls()
+        """The configured cluster_* limits; the rest keep their defaults."""
         return cls(
-            frame_max_bytes=getattr(settings, "cluster_frame_max_bytes", defaults.frame_max_bytes),
-            peer_outbound_max_bytes=getattr(settings, "peer_outbound_max_bytes", defaults.peer_outbound_max_bytes),
-            handshake_timeout_seconds=getattr(
-                settings, "cluster_handshake_timeout_seconds", defaults.handshake_timeout_seconds),
-            heartbeat_seconds=getattr(settings, "cluster_heartbeat_seconds", defaults.heartbeat_seconds),
+            frame_max_bytes=settings.cluster_frame_max_bytes,
+            peer_outbound_max_bytes=settings.peer_outbound_max_bytes,
+            handshake_timeout_seconds=settings.cluster_handshake_timeout_seconds,
+            heartbeat_seconds=settings.cluster_heartbeat_seconds,
         )
 
 
