@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _assertions_enabled() -> bool:
     try:
-        assert False
+        assert False  # noqa: B011 (this is the check that asserts are on)
     except AssertionError:
         return True
     return False

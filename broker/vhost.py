@@ -110,7 +110,7 @@ class VirtualHost:
 
     def delete_exchange(self, name: str, if_unused: bool) -> None:
         if name == "" or name.startswith("amq."):
-            raise ChannelError(ACCESS_REFUSED, f"operation not permitted on the default exchange"
+            raise ChannelError(ACCESS_REFUSED, "operation not permitted on the default exchange"
                                if name == "" else f"exchange '{name}' in vhost '{self.name}' is built in", 40, 20)
         exchange = self.exchanges.get(name)
         if exchange is None:

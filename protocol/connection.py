@@ -248,7 +248,7 @@ class ServerConnection:
             raise AMQPConnectionError(CHANNEL_ERROR, "second 'channel.open' seen", 20, 10)
         elif channel in self._contents:
             raise AMQPConnectionError(
-                UNEXPECTED_FRAME, f"expected content header for class 60, got non content header frame instead")
+                UNEXPECTED_FRAME, "expected content header for class 60, got non content header frame instead")
         events.append((EV_METHOD, channel, method))
 
     def _on_channel0_method(self, method, events: list) -> None:
