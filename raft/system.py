@@ -1,0 +1,420 @@
+"""The node-wide Raft system: thousands of groups (one per quorum queue) on one
+node, sharing one storage batch and one frame per peer node per turn.
+
+Theory of operation (after rabbitmq/ra). A `RaftSystem` does no I/O and
+reads no clock; the shell hands it inputs and gives it four callables:
+
+* `persist(items) -> token`: make a list of `PersistItem`s durable (the shell
+  turns them into WAL records: one batch, one fsync) and later call
+  `on_persisted(token)`, possibly from inside `persist` if storage is
+  synchronous. With `storage.group_commit`, the token is the batch number
+  the last record went into (batches become durable in order).
+* `send(peer, frame)`: one frame per peer node, a list of items
+  `[group_id, message_wire]` or `[group_id, message_wire, QUIESCE]` (a
+  leader's last heartbeat before it falls quiet); msgpack-able as is.
+* `apply(group_id, entry)`: every committed entry, in order (NORMAL, NOOP
+  and CONFIG: the state machine skips what it does not use). After a
+  restart, entries after the snapshot are applied again.
+* `install_snapshot(group_id, snapshot)`, `on_role_change(group_id, role,
+  leader_id, term)`, `request_turn()`: optional.
+
+Inputs: `add_group`, `remove_group`, `propose`, `propose_conf_change`,
+`transfer_leadership`, `compact`, `step(from_node, frame)`, `tick()` on a
+timer, `peer_down(node)` / `peer_up(node)` from the transport's per-node
+failure detector, `on_persisted(token)`. Then, once per event-loop turn,
+`process_ready()`, which keeps the etcd-raft order across all groups at once
+(persist, then send, then apply, then advance):
+
+1. completes the Readies whose batch `on_persisted` reported durable: queues
+   their messages, applies their committed entries, advances their groups;
+2. takes a Ready from every group touched since the last turn; those with
+   nothing to persist are completed at once (heartbeats, acks of state that
+   is already durable), the others go into ONE `persist` call;
+3. completes that batch if storage acknowledged it synchronously;
+4. sends what was queued: at most one frame per peer node (split only
+   beyond `frame_max_messages`).
+
+A group has at most one Ready outstanding; it may be stepped, ticked and
+proposed to meanwhile, and its next Ready is taken after `advance`, so a
+message always travels after the persist of the state it promises (a vote,
+an acknowledged entry, a term). Only groups that were touched are visited
+by `process_ready`; only awake groups are visited by `tick`: idle groups cost
+nothing. Quiescence, and why it is safe, is explained in raft/group.py.
+
+A failed persist (`on_persisted(token, ok=False)`) leaves groups whose state
+in memory is ahead of the disk: `process_ready` then raises `PersistFailed`
+and the shell must rebuild the system from storage (etcd-raft and ra crash
+and recover in that case too).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING
+
+from raft.core import RaftNode, Ready, RecoveredState
+from raft.group import (
+    QUIESCE, Group, GroupId, GroupMetrics, PersistItem, follower_may_quiesce, leader_may_quiesce,
+    persist_item, quiesce_heartbeats,
+)
+from raft.messages import (
+    ConfigChangeOp, Entry, Heartbeat, HeartbeatResponse, Message, Role, Snapshot, from_wire, to_wire,
+)
+
+if TYPE_CHECKING:
+    import random
+
+Persist = Callable[[list[PersistItem]], int]
+Send = Callable[[str, list], None]
+Apply = Callable[[GroupId, Entry], None]
+InstallSnapshot = Callable[[GroupId, Snapshot], None]
+RoleChange = Callable[[GroupId, Role, "str | None", int], None]
+
+
+class PersistFailed(RuntimeError):
+    """Storage reported a batch lost; the system must be rebuilt from disk."""
+
+
+@dataclass(slots=True)
+class SystemCounters:
+    """Monotonic counters for metrics (and for tests: idle costs nothing)."""
+    ticks: int = 0                  # tick() calls
+    group_ticks: int = 0            # RaftNode.tick() calls, over all groups
+    persist_calls: int = 0
+    persist_items: int = 0
+    frames_sent: int = 0
+    messages_sent: int = 0
+    messages_received: int = 0
+    messages_dropped: int = 0       # unknown group, misaddressed, or to a down peer
+    readies: int = 0
+    quiesced: int = 0               # a group fell quiet
+    woken: int = 0                  # a quiet group woke
+
+    def as_dict(self) -> dict[str, int]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+class RaftSystem:
+    def __init__(self, node_name: str, rng: random.Random, persist: Persist, send: Send, apply: Apply, *,
+                 install_snapshot: InstallSnapshot | None = None, on_role_change: RoleChange | None = None,
+                 request_turn: Callable[[], None] | None = None, quiesce_after_ticks: int = 2,
+                 frame_max_messages: int = 65536, **raft_options) -> None:
+        assert quiesce_after_ticks >= 1
+        assert frame_max_messages >= 1
+        self.node_name = node_name
+        # One generator for all groups: deterministic given the order of inputs.
+        self.rng = rng
+        self.persist = persist
+        self.send = send
+        self.apply = apply
+        self.install_snapshot = install_snapshot
+        self.on_role_change = on_role_change
+        self.request_turn = request_turn
+        self.quiesce_after_ticks = quiesce_after_ticks
+        self.frame_max_messages = frame_max_messages
+        self.raft_options = raft_options
+        self.groups: dict[GroupId, Group] = {}
+        # dicts used as ordered sets, so that every run visits groups in one order
+        self.active: dict[GroupId, Group] = {}       # ticked
+        self.touched: dict[GroupId, Group] = {}      # may have a Ready
+        self.members_on: dict[str, dict[GroupId, Group]] = {}
+        self.down_nodes: set[str] = set()
+        self.waiting: dict[int, list[tuple[Group, Ready]]] = {}   # persist token -> Readies
+        self.durable_tokens: list[int] = []
+        self.outbox: dict[str, list[list]] = {}
+        self.turn_requested = False
+        self.failed = False
+        self.counters = SystemCounters()
+
+    # --- groups ------------------------------------------------------------------------------
+
+    def add_group(self, group_id: GroupId, members: Iterable[str], recovered: RecoveredState | None = None,
+                  **raft_options) -> None:
+        """Host a group whose voters are `members` (node names, this node
+        among them), fresh or rebuilt from what storage recovered."""
+        assert group_id not in self.groups, f"group {group_id!r} already hosted"
+        options = {**self.raft_options, **raft_options}
+        raft = RaftNode(self.node_name, sorted(members), self.rng, storage=recovered, **options)
+        group = Group(group_id, raft)
+        self.groups[group_id] = group
+        self.index_members(group)
+        self.active[group_id] = group
+        self.touch(group)   # a recovered group re-applies its committed entries
+
+    def remove_group(self, group_id: GroupId) -> None:
+        """Stop hosting the group; a Ready of it still in storage is dropped
+        when its batch completes."""
+        group = self.groups.pop(group_id, None)
+        if group is None:
+            return
+        self.active.pop(group_id, None)
+        self.touched.pop(group_id, None)
+        for member in group.members:
+            self.members_on.get(member, {}).pop(group_id, None)
+
+    def index_members(self, group: Group) -> None:
+        """Keep `members_on` (node -> groups with a voter there) current."""
+        voters = group.raft.voters
+        if voters == group.members:
+            return
+        for member in group.members:
+            self.members_on.get(member, {}).pop(group.group_id, None)
+        for member in voters:
+            if member != self.node_name:
+                self.members_on.setdefault(member, {})[group.group_id] = group
+        group.members = voters
+
+    def __contains__(self, group_id: GroupId) -> bool:
+        return group_id in self.groups
+
+    # --- inputs ---------------------------------------------------------------------------------
+
+    def propose(self, group_id: GroupId, data: bytes) -> int | None:
+        """The index `data` will have, or None (not the leader, or no such group)."""
+        group = self.groups.get(group_id)
+        if group is None:
+            return None
+        index = group.raft.propose(data)
+        if index is not None:
+            self.on_work(group)
+        return index
+
+    def propose_conf_change(self, group_id: GroupId, op: ConfigChangeOp | str, node_id: str) -> int | None:
+        group = self.groups.get(group_id)
+        if group is None:
+            return None
+        index = group.raft.propose_conf_change(op, node_id)
+        if index is not None:
+            self.on_work(group)
+        return index
+
+    def transfer_leadership(self, group_id: GroupId, to: str) -> bool:
+        group = self.groups.get(group_id)
+        if group is None or not group.raft.transfer_leadership(to):
+            return False
+        self.on_work(group)
+        return True
+
+    def compact(self, group_id: GroupId, index: int, snapshot_data: bytes) -> Snapshot:
+        """Raft §7: the state machine persisted a snapshot at `index`; drop
+        the log before it. Returns the snapshot the log now starts with."""
+        raft = self.groups[group_id].raft
+        raft.compact(index, snapshot_data)
+        return raft.log.snapshot
+
+    def step(self, from_node: str, frame: list) -> None:
+        """A frame from a peer node: messages for many groups. Items for
+        groups not hosted here, or not addressed from `from_node` to this
+        node, are dropped and counted; a malformed item raises (the
+        transport should then drop the connection)."""
+        for item in frame:
+            self.counters.messages_received += 1
+            group = self.groups.get(item[0])
+            if group is None:
+                # Not (or no longer) hosted here; Raft retries whatever matters.
+                self.counters.messages_dropped += 1
+                continue
+            message = from_wire(item[1])
+            if message.to != self.node_name or message.sender != from_node:
+                self.counters.messages_dropped += 1
+                continue
+            self.on_message(group, message, quiesce=len(item) > 2 and item[2] == QUIESCE)
+
+    def on_message(self, group: Group, message: Message, quiesce: bool) -> None:
+        raft = group.raft
+        role, term = raft.role, raft.term
+        raft.step(message)
+        if quiesce and isinstance(message, Heartbeat):
+            if follower_may_quiesce(raft, message):
+                self.quiesce(group)
+            else:
+                self.wake(group)
+        elif not (group.quiescent and isinstance(message, HeartbeatResponse) and raft.role == role
+                  and raft.term == term and not raft.has_ready()):
+            # The only message a quiet group takes without waking: a
+            # follower's answer to the leader's quiesce heartbeat.
+            self.wake(group)
+        self.touch(group)
+
+    def tick(self) -> None:
+        """One timer tick for every awake group; quiet groups are not visited."""
+        self.counters.ticks += 1
+        for group in list(self.active.values()):
+            if self.leader_is_idle(group):
+                self.quiesce_leader(group)
+                continue
+            group.raft.tick()
+            self.counters.group_ticks += 1
+            self.touch(group)
+
+    def peer_down(self, node: str) -> None:
+        """The failure detector lost `node`: wake the groups with a member
+        there, so that those it led elect a new leader."""
+        self.down_nodes.add(node)
+        self.wake_members_on(node)
+
+    def peer_up(self, node: str) -> None:
+        """`node` is reachable again: wake its groups, so that their leaders
+        bring it up to date (then they fall quiet again)."""
+        self.down_nodes.discard(node)
+        self.wake_members_on(node)
+
+    def on_persisted(self, token: int, ok: bool = True) -> None:
+        """Storage made the batch `token` durable (or lost it). May be called
+        from inside `persist`; the work happens in `process_ready`."""
+        if not ok:
+            self.failed = True
+        self.durable_tokens.append(token)
+        self.request()
+
+    # --- quiescence (see raft/group.py) --------------------------------------------------------------
+
+    def leader_is_idle(self, group: Group) -> bool:
+        if group.raft.role != Role.LEADER or not leader_may_quiesce(group.raft, self.down_nodes):
+            group.quiet_ticks = 0
+            return False
+        group.quiet_ticks += 1
+        return group.quiet_ticks >= self.quiesce_after_ticks
+
+    def quiesce_leader(self, group: Group) -> None:
+        for heartbeat in quiesce_heartbeats(group.raft, self.down_nodes):
+            self.queue(heartbeat.to, [group.group_id, to_wire(heartbeat), QUIESCE])
+        self.quiesce(group)
+
+    def quiesce(self, group: Group) -> None:
+        if not group.quiescent:
+            self.counters.quiesced += 1
+        group.quiescent = True
+        group.quiet_ticks = 0
+        self.active.pop(group.group_id, None)
+
+    def wake(self, group: Group) -> None:
+        if group.quiescent:
+            self.counters.woken += 1
+            group.quiescent = False
+            group.quiet_ticks = 0
+            self.active[group.group_id] = group
+
+    def on_work(self, group: Group) -> None:
+        """New work for the group (a proposal): awake, and not idle."""
+        self.wake(group)
+        group.quiet_ticks = 0
+        self.touch(group)
+
+    def wake_members_on(self, node: str) -> None:
+        for group in list(self.members_on.get(node, {}).values()):
+            self.wake(group)
+
+    # --- the turn: persist, send, apply, advance ------------------------------------------------------
+
+    def touch(self, group: Group) -> None:
+        if group.raft.has_ready():
+            self.touched[group.group_id] = group
+            self.request()
+
+    def request(self) -> None:
+        if not self.turn_requested and self.request_turn is not None:
+            self.turn_requested = True
+            self.request_turn()
+
+    def needs_turn(self) -> bool:
+        return bool(self.touched or self.durable_tokens or self.outbox)
+
+    def process_ready(self) -> None:
+        """One event-loop turn's Ready processing for all groups (see above)."""
+        if self.failed:
+            raise PersistFailed(f"{self.node_name}: a storage batch failed; rebuild the Raft system from disk")
+        self.turn_requested = False
+        self.complete_durable()
+        touched, self.touched = self.touched, {}
+        items: list[PersistItem] = []
+        batch: list[tuple[Group, Ready]] = []
+        for group_id, group in touched.items():
+            if self.groups.get(group_id) is not group or group.raft.outstanding is not None:
+                continue   # removed, or touched again after its Ready was taken: retaken on advance
+            ready = group.raft.ready()
+            if ready is None:
+                continue
+            self.counters.readies += 1
+            item = persist_item(group_id, ready)
+            if item is None:
+                self.complete(group, ready)
+            else:
+                items.append(item)
+                batch.append((group, ready))
+        if items:
+            self.counters.persist_calls += 1
+            self.counters.persist_items += len(items)
+            token = self.persist(items)
+            self.waiting.setdefault(token, []).extend(batch)
+            self.complete_durable()   # synchronous storage acknowledged inside persist()
+        if self.failed:
+            raise PersistFailed(f"{self.node_name}: a storage batch failed; rebuild the Raft system from disk")
+        self.flush()
+
+    def complete_durable(self) -> None:
+        while self.durable_tokens and not self.failed:
+            token = self.durable_tokens.pop(0)
+            for group, ready in self.waiting.pop(token, ()):
+                self.complete(group, ready)
+
+    def complete(self, group: Group, ready: Ready) -> None:
+        """`ready` is durable: send its messages, apply, advance (etcd-raft order)."""
+        if self.groups.get(group.group_id) is not group:
+            return
+        group_id, raft = group.group_id, group.raft
+        for message in ready.messages:
+            self.queue(message.to, [group_id, to_wire(message)])
+        if ready.snapshot is not None:
+            assert self.install_snapshot is not None, "a snapshot arrived but no install_snapshot callback was given"
+            self.install_snapshot(group_id, ready.snapshot)
+        for entry in ready.committed_entries:
+            self.apply(group_id, entry)
+        raft.advance(ready)
+        if ready.soft_state is not None and self.on_role_change is not None:
+            self.on_role_change(group_id, Role(ready.soft_state.role), ready.soft_state.leader_id, raft.term)
+        self.index_members(group)
+        self.touch(group)   # advance may have committed (leader) or left work behind
+
+    def queue(self, peer: str, item: list) -> None:
+        self.outbox.setdefault(peer, []).append(item)
+        self.request()
+
+    def flush(self) -> None:
+        """One frame per peer node with everything queued for it this turn."""
+        outbox, self.outbox = self.outbox, {}
+        for peer, items in outbox.items():
+            if peer in self.down_nodes:
+                self.counters.messages_dropped += len(items)
+                continue
+            for start in range(0, len(items), self.frame_max_messages):
+                frame = items[start:start + self.frame_max_messages]
+                self.counters.frames_sent += 1
+                self.counters.messages_sent += len(frame)
+                self.send(peer, frame)
+
+    # --- metrics ------------------------------------------------------------------------------------
+
+    def group_metrics(self, group_id: GroupId) -> GroupMetrics:
+        return self.groups[group_id].metrics()
+
+    def all_group_metrics(self) -> Iterator[GroupMetrics]:
+        for group in self.groups.values():
+            yield group.metrics()
+
+    def role(self, group_id: GroupId) -> Role:
+        return self.groups[group_id].raft.role
+
+    def leader_id(self, group_id: GroupId) -> str | None:
+        return self.groups[group_id].raft.leader_id
+
+    def is_quiescent(self, group_id: GroupId) -> bool:
+        return self.groups[group_id].quiescent
+
+    @property
+    def group_count(self) -> int:
+        return len(self.groups)
+
+    @property
+    def active_count(self) -> int:
+        return len(self.active)
