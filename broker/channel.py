@@ -102,12 +102,13 @@ class Channel:
             return
         self._route_and_enqueue(exchange, routing_key, mandatory, properties, body)
 
-    def _route_and_enqueue(self, exchange, routing_key: str, mandatory: bool, properties: bytes, body: bytes) -> None:
+    def _route_and_enqueue(self, exchange, routing_key: str, mandatory: bool, properties: bytes, body: bytes) -> int:
+        """Route and enqueue one message; returns the WAL batch that makes it durable (0: none)."""
         seq = self.confirms.next_publish() if self.confirms is not None else 0
         if exchange.name == "" and routing_key.startswith(REPLY_TO_PREFIX):
             delivered = self.broker.deliver_reply(routing_key, properties, body)
             self._after_route(seq, delivered, True, mandatory, exchange.name, routing_key, properties, body)
-            return
+            return 0
         queues = self.vhost.route(exchange, routing_key, properties)
         accepted = True
         batch = 0
@@ -122,8 +123,9 @@ class Channel:
                     batch = taken
         if batch and seq and accepted:
             self._confirm_when_durable(seq, batch)
-            return
+            return batch
         self._after_route(seq, bool(queues), accepted, mandatory, exchange.name, routing_key, properties, body)
+        return batch
 
     def _confirm_when_durable(self, seq: int, batch: int) -> None:
         """Confirm once WAL batch ``batch`` (which holds this publish) is on disk."""
@@ -427,16 +429,18 @@ class Channel:
         if self.tx is None:
             raise ChannelError(PRECONDITION_FAILED, "channel is not transactional", 90, 20)
         pending, self.tx = self.tx, []
+        batch = 0
         for entry in pending:
             if entry[0] == "ack":
                 continue
             exchange, routing_key, mandatory, properties, body = entry
-            self._route_and_enqueue(exchange, routing_key, mandatory, properties, body)
+            batch = max(batch, self._route_and_enqueue(exchange, routing_key, mandatory, properties, body))
         acked = [e for e in pending if e[0] == "ack"]
         for _, delivery_tag, multiple in acked:
             if delivery_tag in self.unacked or (multiple and delivery_tag == 0):
                 self._settle(self._take_unacked(delivery_tag, multiple, 90, 20), fifo.Settle)
-        self.send(spec.Tx.CommitOk())
+        # commit-ok once the transaction's persistent messages are on disk (AMQP 0-9-1 §1.9.2)
+        self._reply_when_durable(batch, spec.Tx.CommitOk())
 
     def on_tx_rollback(self, method: spec.Tx.Rollback) -> None:
         if self.tx is None:
@@ -455,14 +459,17 @@ class Channel:
     def _reply_when_journaled(self, before: int, reply: Any | None) -> None:
         if reply is None:  # nowait
             return
-        durability = self.broker.durability
-        batch = durability.last_meta_batch
-        if batch == before:
+        batch = self.broker.durability.last_meta_batch
+        self._reply_when_durable(0 if batch == before else batch, reply)
+
+    def _reply_when_durable(self, batch: int, reply: Any) -> None:
+        """Send ``reply`` now (batch 0) or once WAL batch ``batch`` is on disk."""
+        if not batch:
             self.send(reply)
             return
-        durability.committer.when_durable(batch, partial(self._send_journaled_reply, reply))
+        self.broker.durability.committer.when_durable(batch, partial(self._send_durable_reply, reply))
 
-    def _send_journaled_reply(self, reply: Any, ok: bool) -> None:
+    def _send_durable_reply(self, reply: Any, ok: bool) -> None:
         if self.closed:
             return
         if not ok:

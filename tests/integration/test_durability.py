@@ -546,3 +546,18 @@ def test_torn_tail_after_a_crash_is_cut_off_and_logged(tmp_path):
         assert "wal.torn_tail_cut" not in server.log(), server.log()
         with connect(server) as connection:
             assert message_count(connection, "q") == 0
+
+
+def test_committed_transaction_survives_kill_9(tmp_path):
+    """tx.commit-ok comes only once the transaction's persistent messages are on disk."""
+    with running(tmp_path) as server:
+        with connect(server) as connection:
+            channel = connection.channel()
+            channel.queue_declare("q", durable=True)
+            channel.tx_select()
+            for body in numbered(20):
+                channel.basic_publish("", "q", body, PERSISTENT)
+            channel.tx_commit()
+        restart(server, "sigkill")
+        with connect(server) as connection:
+            assert drain(connection.channel(), "q") == numbered(20), "committed messages lost by kill -9"
