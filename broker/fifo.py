@@ -226,6 +226,21 @@ def _on_enqueue(meta: Meta, command: Enqueue, state: FifoState, effects: list) -
     return ACCEPTED
 
 
+def restore(state: FifoState, messages: list[tuple[int, Any, int]]) -> None:
+    """Recovery: put (msg_id, payload, size) back as ready, in id order, in bulk.
+
+    The same state as applying ``Enqueue`` at each id with no consumers and no
+    length limit (callers with limits replay through ``apply`` instead).
+    """
+    assert state.limits.max_length is None and state.limits.max_length_bytes is None
+    assert not state.consumers, "restore before any consumer attaches"
+    for msg_id, payload, size in messages:
+        state.messages[msg_id] = (payload, size)
+        state.ready_bytes += size
+        state.message_bytes += size
+    state.ready.extend(msg_id for msg_id, _, _ in messages)
+
+
 def _would_overflow(state: FifoState, size: int) -> bool:
     limits = state.limits
     if limits.max_length is not None and state.ready_count + 1 > limits.max_length:

@@ -111,9 +111,13 @@ class Queue:
 
     def restore(self, live: list[tuple[int, Any, int]], last_index: int) -> None:
         """Recovery: re-enqueue the live messages under their original ids."""
-        now = self._clock_ms()
-        for msg_id, payload, size in live:
-            fifo.apply(fifo.Meta(msg_id, now), fifo.Enqueue(payload, size), self.state)
+        limits = self.state.limits
+        if limits.max_length is None and limits.max_length_bytes is None:
+            fifo.restore(self.state, live)
+        else:  # a length limit may drop some on the way back: replay each enqueue
+            now = self._clock_ms()
+            for msg_id, payload, size in live:
+                fifo.apply(fifo.Meta(msg_id, now), fifo.Enqueue(payload, size), self.state)
         self.index = max(self.index, last_index)
         if self.state.removed:  # a length limit dropped some on the way back
             self._log_removals()

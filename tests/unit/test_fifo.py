@@ -606,3 +606,16 @@ def test_random_command_logs_keep_the_invariants(data, limits):
     index = steps + 1
     fold(state, ledger, index, Checkout(("drain", "all"), prefetch=0))
     assert state.ready_count == 0, f"{state.ready_count} messages still ready after an unlimited consumer joined"
+
+
+def test_bulk_restore_equals_replaying_enqueues():
+    from broker.fifo import FifoState, Meta, Enqueue, apply, restore
+    items = [(3, ("e", "k", b"\x00\x00", b"a"), 1), (7, ("e", "k", b"\x00\x00", b"bb"), 2), (9, "stored", 5)]
+    replayed = FifoState()
+    for msg_id, payload, size in items:
+        apply(Meta(msg_id, 0), Enqueue(payload, size), replayed)
+    restored = FifoState()
+    restore(restored, items)
+    assert restored.messages == replayed.messages, "restored messages differ from replayed ones"
+    assert list(restored.ready) == list(replayed.ready), "restored order differs"
+    assert (restored.ready_bytes, restored.message_bytes) == (replayed.ready_bytes, replayed.message_bytes)
