@@ -25,6 +25,7 @@ from __future__ import annotations
 import struct
 import zlib
 from dataclasses import dataclass
+from typing import NamedTuple
 
 FILE_MAGIC = b"WRNWAL"
 FORMAT_VERSION = 2
@@ -36,14 +37,17 @@ RECORD_MARKER_BYTES = struct.pack(">I", RECORD_MARKER)
 _prefix = struct.Struct(">IIII")  # marker, length, header_crc, body_crc
 _marker_length = struct.Struct(">II")
 _entry_head = struct.Struct(">QQQ")  # log_id, term, index
+_prefix_unpack = _prefix.unpack_from
+_entry_head_unpack = _entry_head.unpack_from
+_crc32 = zlib.crc32
 PREFIX_SIZE = _prefix.size
 ENTRY_HEAD_SIZE = _entry_head.size
 # A record's payload may not exceed this; a larger length field is corruption.
 RECORD_PAYLOAD_MAX_BYTES = 1024 * 1024 * 1024
 
 
-@dataclass(frozen=True, slots=True)
-class Record:
+class Record(NamedTuple):
+    # a named tuple: recovery makes one per record, and it is cheap to build
     log_id: int
     term: int
     index: int
@@ -94,8 +98,9 @@ def scan(data: bytes, path: str = "<wal>") -> ScanResult:
     offsets: list[int] = []
     offset = FILE_HEADER_SIZE
     end = len(data)
+    view = memoryview(data)
     while offset < end:
-        record, next_offset, problem = decode_at(data, offset)
+        record, next_offset, problem = _decode(data, view, offset)
         if record is None:
             if _any_valid_record_after(data, next_offset):
                 raise CorruptLog(path, offset, problem)
@@ -108,24 +113,29 @@ def scan(data: bytes, path: str = "<wal>") -> ScanResult:
 
 def decode_at(data: bytes, offset: int) -> tuple[Record | None, int, str]:
     """(record, offset after it, "") or (None, where to look for later records, problem)."""
-    if len(data) - offset < PREFIX_SIZE:
-        return None, len(data), "partial record header"
-    marker, length, header_crc, body_crc = _prefix.unpack_from(data, offset)
+    return _decode(data, memoryview(data), offset)
+
+
+def _decode(data: bytes, view: memoryview, offset: int) -> tuple[Record | None, int, str]:
+    # checksums are computed over views: only the payload is copied out
+    end = len(data)
+    if end - offset < PREFIX_SIZE:
+        return None, end, "partial record header"
+    marker, length, header_crc, body_crc = _prefix_unpack(data, offset)
     if marker != RECORD_MARKER:
         return None, offset + 1, "record marker missing"
-    if zlib.crc32(data[offset:offset + 8]) != header_crc:
+    if _crc32(view[offset:offset + 8]) != header_crc:
         return None, offset + 1, "record header checksum mismatch"
     if length < ENTRY_HEAD_SIZE or length > RECORD_PAYLOAD_MAX_BYTES + ENTRY_HEAD_SIZE:
         return None, offset + 1, f"impossible record length {length}"
     body_start = offset + PREFIX_SIZE
     body_end = body_start + length
-    if body_end > len(data):
-        return None, len(data), "partial record"
-    body = data[body_start:body_end]
-    if zlib.crc32(body) != body_crc:
+    if body_end > end:
+        return None, end, "partial record"
+    if _crc32(view[body_start:body_end]) != body_crc:
         return None, body_end, "checksum mismatch"
-    log_id, term, index = _entry_head.unpack_from(body, 0)
-    return Record(log_id, term, index, body[ENTRY_HEAD_SIZE:]), body_end, ""
+    log_id, term, index = _entry_head_unpack(data, body_start)
+    return Record(log_id, term, index, data[body_start + ENTRY_HEAD_SIZE:body_end]), body_end, ""
 
 
 def _any_valid_record_after(data: bytes, start: int) -> bool:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from storage import records
 from storage.files import RealFiles
@@ -43,9 +43,9 @@ class TornTail:
     reason: str
 
 
-@dataclass(frozen=True, slots=True)
-class Location:
-    """Where one record lies on disk, so its payload can be read back later."""
+class Location(NamedTuple):
+    """Where one record lies on disk, so its payload can be read back later.
+    (A named tuple: one is kept per stored message, and made per recovered record.)"""
 
     path: Path
     offset: int
@@ -335,5 +335,6 @@ class LogStore:
 
 
 def _visit_all(result: records.ScanResult, path: Path, visit: RecordVisitor) -> None:
+    overhead = records.PREFIX_SIZE + records.ENTRY_HEAD_SIZE
     for record, offset in zip(result.records, result.offsets):
-        visit(record, Location(path, offset, records.PREFIX_SIZE + records.ENTRY_HEAD_SIZE + len(record.payload)))
+        visit(record, Location(path, offset, overhead + len(record.payload)))
