@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import secrets
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -38,6 +39,7 @@ class Broker:
         self.connections: set["AMQPConnection"] = set()
         self.counters = Counters()
         self._reply_channels: dict[str, "Channel"] = {}
+        self.started_monotonic = time.monotonic()
         self.memory_alarm = False
         self.disk_alarm = False
 

@@ -1,16 +1,13 @@
 """Prometheus metrics, read from broker state at scrape time.
 
 A custom collector reads counters and queue sizes when Prometheus scrapes,
-so the hot path only bumps plain integers. The endpoint is served on the
+so the hot path only bumps plain integers. ``broker.http`` serves it on the
 broker's own event loop (no thread reads state the loop is changing).
 """
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Iterator
 
-import asyncio
-
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
@@ -81,33 +78,3 @@ def _gauge(name: str, help_text: str, value: float) -> GaugeMetricFamily:
     gauge = GaugeMetricFamily(name, help_text)
     gauge.add_metric([], value)
     return gauge
-
-
-# A scrape request is one line plus headers; anything longer is not Prometheus.
-REQUEST_MAX_BYTES = 16384
-
-
-async def start_metrics_server(broker: "Broker", host: str, port: int) -> asyncio.Server:
-    registry = CollectorRegistry()
-    registry.register(BrokerCollector(broker))
-
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=10)
-            request_line = head.split(b"\r\n", 1)[0].split()
-            if len(request_line) >= 2 and request_line[0] == b"GET" and request_line[1].split(b"?")[0] in (
-                    b"/metrics", b"/"):
-                body = generate_latest(registry)
-                status, content_type = b"200 OK", CONTENT_TYPE_LATEST.encode()
-            else:
-                body, status, content_type = b"not found\n", b"404 Not Found", b"text/plain"
-            writer.write(b"HTTP/1.1 " + status + b"\r\nContent-Type: " + content_type +
-                         b"\r\nContent-Length: " + str(len(body)).encode() +
-                         b"\r\nConnection: close\r\n\r\n" + body)
-            await writer.drain()
-        except (asyncio.TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, OSError):
-            pass
-        finally:
-            writer.close()
-
-    return await asyncio.start_server(handle, host, port, limit=REQUEST_MAX_BYTES)

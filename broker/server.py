@@ -17,7 +17,7 @@ import uvloop
 from broker.broker import VERSION, Broker
 from broker.connection import AMQPConnection
 from broker.logs import configure_logging
-from broker.metrics import start_metrics_server
+from broker.http import start_http_server
 from config import ConfigError, Settings, load_settings
 from storage.records import CorruptLog
 
@@ -89,7 +89,7 @@ async def serve(settings: Settings) -> int:
         reuse_address=True, backlog=LISTEN_BACKLOG)
     metrics_server = None
     if settings.metrics_port:
-        metrics_server = await start_metrics_server(broker, settings.metrics_host, settings.metrics_port)
+        metrics_server = await start_http_server(broker, settings.metrics_host, settings.metrics_port)
     alarm_task = asyncio.create_task(_check_alarms_forever(broker))
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
