@@ -346,6 +346,8 @@ class AMQPConnection(asyncio.Protocol):
     def _on_heartbeat_tick(self) -> None:
         if self.closed:
             return
+        if self.blocked or self.writes_paused:
+            self._last_received = time.monotonic()  # we stopped reading, not the peer
         silent_for = time.monotonic() - self._last_received
         if silent_for > 2 * self.heartbeat_seconds:
             log.warning("connection.heartbeat_timeout", peer=self.peer, user=self.user_name,
