@@ -4,8 +4,8 @@ Theory of operation. A `RaftNode` does no I/O and reads no clock: time is
 `tick()` calls, randomness is the `random.Random` it is handed, and the
 network and disk belong to the caller. The caller feeds inputs -- `tick()`,
 `step(message)`, `propose(data)`, `propose_conf_change(op, node_id)`,
-`transfer_leadership(to)`, `compact(index, data)` -- and then drains
-effects with `ready()`, and for each Ready, in this order:
+`transfer_leadership(to)`, `compact(index, data)`, `forget_leader()` --
+and then drains effects with `ready()`, and for each Ready, in this order:
 
 1. persists `snapshot` (replacing its whole log), drops stored entries from
    `truncate_from`, appends `entries`, and persists `hard_state`;
@@ -23,6 +23,12 @@ thesis: single-server membership changes (§4.1: a configuration takes effect
 when its entry is appended, one change at a time), leadership transfer
 (§3.10), check-quorum and the leader lease (§6.2, §4.2.3), pre-vote (§9.6).
 The replication pacing (progress states, pipelining) lives in replication.py.
+
+Reading the node. `status()` is a frozen snapshot of what a host may look at
+(term, role, leader, log bounds, per-voter match on a leader);
+`is_idle(unreachable)` is the leader's "nothing left to do" test used for
+quiescence (raft/group.py). Hosts use these rather than the attributes behind
+them (`log`, `progress`, `outstanding`, ...), which are the core's own.
 """
 from __future__ import annotations
 
@@ -40,6 +46,39 @@ from raft import replication
 
 if TYPE_CHECKING:
     import random
+    from collections.abc import Collection
+
+
+@dataclass(frozen=True, slots=True)
+class Status:
+    """A read-only view of one node at one moment (`RaftNode.status()`)."""
+    node_id: str
+    term: int
+    voted_for: str | None
+    role: Role
+    leader_id: str | None
+    voters: tuple[str, ...]
+    commit_index: int
+    last_applied: int
+    last_index: int           # of the log (the snapshot's index when it holds no entries)
+    last_term: int
+    snapshot_index: int
+    log_entries: int          # entries held in memory, after the snapshot
+    ready_outstanding: bool   # a Ready was taken and not advanced yet
+    lead_transferee: str | None
+    # on a leader: (voter, match_index) for every voter, sorted; empty otherwise
+    match_indexes: tuple[tuple[str, int], ...]
+
+    @property
+    def quorum(self) -> int:
+        return len(self.voters) // 2 + 1
+
+    def match_index(self, voter: str) -> int | None:
+        """What the leader knows `voter` holds; None when not a leader or not a voter."""
+        for name, match in self.match_indexes:
+            if name == voter:
+                return match
+        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +174,45 @@ class RaftNode:
     def quorum(self) -> int:
         return len(self.voters) // 2 + 1
 
+    def status(self) -> Status:
+        """What a host may read about this node (metrics, quiescence, tests)."""
+        log = self.log
+        match = tuple(sorted((voter, progress.match_index) for voter, progress in self.progress.items()
+                             if voter in self.voters)) if self.role == Role.LEADER else ()
+        return Status(self.node_id, self.term, self.voted_for, self.role, self.leader_id, self.voters,
+                      log.commit_index, log.applied_index, log.last_index(), log.last_term(),
+                      log.snapshot_index, len(log.entries), self.outstanding is not None,
+                      self.lead_transferee, match)
+
+    def awaiting_advance(self) -> bool:
+        """Whether a Ready was taken and not advanced yet (`ready()` must wait)."""
+        return self.outstanding is not None
+
+    def is_idle(self, unreachable: Collection[str] = ()) -> bool:
+        """A leader with nothing left to do: it leads its own configuration,
+        has no Ready outstanding or pending and no leadership transfer;
+        everything in its log is committed (an entry of its own term last)
+        and applied; and every voter outside `unreachable` has acknowledged
+        the whole log -- at least a quorum of them. Cheaper than `status()`:
+        a host may ask it of every awake group on every tick."""
+        if self.role != Role.LEADER or self.outstanding is not None or self.lead_transferee is not None:
+            return False
+        if self.node_id not in self.voters or self.has_ready():
+            return False
+        log = self.log
+        last_index = log.last_index()
+        if log.commit_index != last_index or log.applied_index != last_index or log.last_term() != self.term:
+            return False
+        caught_up = 0
+        for voter in self.voters:
+            if voter in unreachable:
+                continue
+            progress = self.progress.get(voter)
+            if progress is None or progress.match_index != last_index:
+                return False
+            caught_up += 1
+        return caught_up >= self.quorum()
+
     # --- inputs ----------------------------------------------------------------------
 
     def tick(self) -> None:
@@ -210,14 +288,38 @@ class RaftNode:
             replication.send_appends(self, to)
         return True
 
-    def compact(self, index: int, snapshot_data: bytes) -> None:
+    def compact(self, index: int, snapshot_data: bytes) -> Snapshot:
         """Raft §7: the application captured everything up to `index` (which it
-        has applied) in `snapshot_data` and persisted it; drop that prefix."""
+        has applied) in `snapshot_data` and persisted it; drop that prefix.
+        Returns the snapshot the log now starts with (an earlier one when
+        `index` is not beyond it)."""
         assert index <= self.log.applied_index, f"compact({index}) beyond last_applied {self.log.applied_index}"
-        if index <= self.log.snapshot_index:
-            return
-        _, voters = self.log.config_at(index)
-        self.log.compact(Snapshot(index, self.log.term(index), voters, snapshot_data))
+        if index > self.log.snapshot_index:
+            _, voters = self.log.config_at(index)
+            self.log.compact(Snapshot(index, self.log.term(index), voters, snapshot_data))
+        return self.log.snapshot
+
+    def forget_leader(self) -> bool:
+        """A follower stops believing in its leader (etcd-raft's ForgetLeader),
+        in the same term: told by the host's failure detector that the
+        leader's node is gone. With no leader, the lease (§4.2.3, §9.6) no
+        longer makes it ignore vote requests, so another node can be elected
+        within a pre-vote and a vote round trip instead of after the lease
+        and an election timeout. Its own
+        election timer runs on unchanged, and a message from the leader in
+        this term makes it follow again.
+
+        Safety does not depend on it: votes stay one per term and durable
+        (§5.2); the lease only protects a live leader from disruption. It
+        would break a lease-based read (the leader's lease assumes followers
+        keep ignoring votes), so if lease reads are ever added, this must be
+        refused while they are on (etcd-raft refuses it under
+        ReadOnlyLeaseBased). Returns whether it forgot anything: leaders,
+        (pre-)candidates and followers without a leader are left as they are."""
+        if self.role != Role.FOLLOWER or self.leader_id is None:
+            return False
+        self.leader_id = None
+        return True
 
     def campaign(self, transfer: bool = False) -> None:
         """Start an election (§5.2), behind a pre-vote round (§9.6) unless

@@ -38,15 +38,22 @@ the group has no Ready outstanding), so it promises nothing new. What timers
 do buy is liveness and the lease, and both are affected:
 
 * Liveness comes from the failure detector instead of election timeouts:
-  when a node holding a member goes down, its groups wake on the other nodes
-  and elect within about two election timeouts (a woken follower's frozen
-  lease expires after `election_ticks` ticks, its randomized timeout fires
-  within `2 * election_ticks`). A follower woken alone (an asymmetric
-  report) campaigns with a pre-vote, which wakes the leader and the other
+  when a node holding a member goes down, its groups wake on the other
+  nodes. Those it led forget that leader (`RaftNode.forget_leader`, so the
+  lease below no longer blocks votes) and one survivor, the same one by
+  every survivor's reckoning, campaigns at once: a new leader about one
+  pre-vote and one vote round trip later (`RaftSystem.elect_without`). If
+  that campaign fails (the survivors' detectors disagree, or the campaigner's
+  log is behind the other survivors'), the election timers still elect
+  within about two election timeouts (a woken follower's frozen lease
+  expires after `election_ticks` ticks, its randomized timeout fires within
+  `2 * election_ticks`). A follower woken alone (an asymmetric report)
+  campaigns with a pre-vote, which wakes the leader and the other
   followers; the leader resumes heartbeats and the pre-vote changes no term.
 * The lease (thesis §4.2.3, §6.2). A quiet follower's election timer is
   frozen inside its lease, so it ignores vote requests until it is woken and
-  `election_ticks` ticks pass: this only delays elections, never allows two
+  `election_ticks` ticks pass, or until it forgets its leader on that
+  leader's `peer_down`: this only delays elections, never allows two
   leaders (votes are persisted, one per term, §5.2). A quiet leader runs no
   check-quorum, so it may be deposed without knowing it; it is then a stale
   leader as under any partition: its proposals wake it, reach no quorum, and
@@ -108,9 +115,10 @@ class Group:
         self.quiet_ticks = 0
 
     def metrics(self) -> GroupMetrics:
-        raft = self.raft
-        return GroupMetrics(self.group_id, raft.term, raft.commit_index, raft.last_applied, raft.role.value,
-                            raft.leader_id, len(raft.voters), len(raft.log.entries), self.quiescent)
+        status = self.raft.status()
+        return GroupMetrics(self.group_id, status.term, status.commit_index, status.last_applied,
+                            status.role.value, status.leader_id, len(status.voters), status.log_entries,
+                            self.quiescent)
 
 
 def persist_item(group_id: GroupId, ready: Ready) -> PersistItem | None:
@@ -124,24 +132,7 @@ def persist_item(group_id: GroupId, ready: Ready) -> PersistItem | None:
 def leader_may_quiesce(raft: RaftNode, down_nodes: set[str] | frozenset[str]) -> bool:
     """Whether a leader has nothing left to do (see the module docstring).
     Voters on down nodes are left out; the rest must be a caught-up quorum."""
-    if raft.role != Role.LEADER or raft.outstanding is not None or raft.lead_transferee is not None:
-        return False
-    if raft.node_id not in raft.voters or raft.has_ready():
-        return False
-    last_index = raft.log.last_index()
-    if raft.commit_index != last_index or raft.last_applied != last_index:
-        return False
-    if raft.log.term(last_index) != raft.term:
-        return False
-    caught_up = 0
-    for voter in raft.voters:
-        if voter in down_nodes:
-            continue
-        progress = raft.progress.get(voter)
-        if progress is None or progress.match_index != last_index:
-            return False
-        caught_up += 1
-    return caught_up >= raft.quorum()
+    return raft.is_idle(down_nodes)
 
 
 def quiesce_heartbeats(raft: RaftNode, down_nodes: set[str] | frozenset[str]) -> list[Heartbeat]:
@@ -155,5 +146,6 @@ def quiesce_heartbeats(raft: RaftNode, down_nodes: set[str] | frozenset[str]) ->
 def follower_may_quiesce(raft: RaftNode, heartbeat: Heartbeat) -> bool:
     """After stepping a quiesce heartbeat: the follower follows its sender in
     its term and holds, and has committed, exactly the leader's log."""
-    return (raft.role == Role.FOLLOWER and raft.term == heartbeat.term and raft.leader_id == heartbeat.sender
-            and raft.commit_index == heartbeat.commit_index and raft.log.last_index() == heartbeat.commit_index)
+    status = raft.status()
+    return (status.role == Role.FOLLOWER and status.term == heartbeat.term and status.leader_id == heartbeat.sender
+            and status.commit_index == heartbeat.commit_index and status.last_index == heartbeat.commit_index)

@@ -55,6 +55,7 @@ class Scenario:
     conf_change_rate: float = 0.0
     transfer_rate: float = 0.0
     compact_rate: float = 0.0
+    forget_rate: float = 0.0        # per step and follower: forget_leader(), as on a peer_down
     ready_rate: float = 0.7         # chance to process a node's Ready right after an input
     election_ticks: int = 10
     pre_vote: bool = True
@@ -72,6 +73,10 @@ SCENARIOS = {
     "snapshots": Scenario("snapshots", compact_rate=0.1, crash_rate=0.02, drop_rate=0.08),
     "transfer": Scenario("transfer", node_count=5, transfer_rate=0.03, partition_rate=0.02),
     # Crash-restart storms with plain elections: split votes, lost votes.
+    # Followers forget their leader at random (a failure detector's false
+    # alarms) and half the time campaign at once: the lease stops protecting
+    # the leader, never safety.
+    "forget": Scenario("forget", node_count=5, forget_rate=0.03, partition_rate=0.02),
     "chaos": Scenario("chaos", node_count=5, crash_rate=0.1, restart_rate=0.5, pre_vote=False,
                       check_quorum=False, max_delay_ticks=5, election_ticks=6, ready_rate=0.4),
 }
@@ -349,6 +354,15 @@ class Simulation:
                 to = rng.choice(sorted(raft.voters))
                 if raft.transfer_leadership(to):
                     self.log(f"{node.node_id} transfers leadership to {to}")
+        if scenario.forget_rate:
+            for node in self.nodes.values():
+                raft = node.raft
+                if raft is not None and rng.random() < scenario.forget_rate and raft.forget_leader():
+                    self.log(f"{node.node_id} forgets its leader")
+                    if rng.random() < 0.5:
+                        raft.campaign()
+                        self.log(f"{node.node_id} campaigns at once")
+                    self.after_input(node)
         for node in self.nodes.values():
             raft = node.raft
             if raft is not None and rng.random() < scenario.compact_rate:

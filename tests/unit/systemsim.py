@@ -341,8 +341,8 @@ class SystemCluster:
         if host.system is None:
             return False
         applied = host.applied[group_id]
-        raft = host.system.groups[group_id].raft
-        if len(applied) <= raft.log.snapshot_index or len(applied) != raft.last_applied:
+        status = host.system.groups[group_id].raft.status()
+        if len(applied) <= status.snapshot_index or len(applied) != status.last_applied:
             return False
         snapshot = host.system.compact(group_id, len(applied), encode_applied(applied))
         host.disk.groups[group_id].compact(snapshot)   # the snapshot is written, then the log cut
@@ -418,7 +418,7 @@ class SystemCluster:
             leader = self.leader(group_id)
             if leader is None:
                 return False
-            last = leader.system.groups[group_id].raft.log.last_index()
+            last = leader.system.groups[group_id].raft.status().last_index
             for host in hosts or self.live_hosts():
                 if group_id in host.applied and len(host.applied[group_id]) != last:
                     return False

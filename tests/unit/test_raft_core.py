@@ -172,6 +172,102 @@ def test_followers_ignore_vote_requests_while_they_hear_from_a_leader():
     assert c["b"].term == 1              # a pre-vote changes nothing
 
 
+def test_a_follower_that_forgot_its_leader_grants_votes_inside_the_lease():
+    """etcd-raft's ForgetLeader: the host's failure detector lost a's node.
+    b forgets a (same term) and no longer ignores vote requests, so c is
+    elected at once, without waiting out the lease or an election timeout."""
+    c = Cluster(["a", "b", "c"])
+    elect(c, "a")
+    c.isolate("a")
+    assert c["b"].forget_leader() is True
+    assert (c["b"].role, c["b"].term, c["b"].leader_id, c["b"].voted_for) == (Role.FOLLOWER, 1, None, "a")
+    assert c.take() == []                       # nothing to say: only the soft state changed
+    assert c.readies["b"][-1].soft_state.leader_id is None and c.readies["b"][-1].hard_state is None
+    c["c"].campaign()                           # c still follows a: its own lease never stops it
+    assert c.stabilize() == [
+        "c->a PreVote term=2 last=1@1  (dropped)",
+        "c->b PreVote term=2 last=1@1",
+        "b->c PreVoteResponse term=2 granted",  # inside the lease: granted, not ignored
+        "c->a Vote term=2 last=1@1  (dropped)",
+        "c->b Vote term=2 last=1@1",
+        "b->c VoteResponse term=2 granted",
+        "c->a AppendEntries term=2 prev=1@1 commit=1 [2@2:noop]  (dropped)",
+        "c->b AppendEntries term=2 prev=1@1 commit=1 [2@2:noop]",
+        "b->c AppendEntriesResponse term=2 match=2",
+        "c->b AppendEntries term=2 prev=2@2 commit=2 []",   # a is probed, and waits for an answer
+        "b->c AppendEntriesResponse term=2 match=2",
+    ]
+    assert (c["c"].role, c["c"].term, c["b"].leader_id) == (Role.LEADER, 2, "c")
+
+
+def test_a_follower_that_forgot_its_leader_follows_it_again_on_its_next_message():
+    c = Cluster(["a", "b", "c"])
+    elect(c, "a")
+    assert c["b"].forget_leader() is True
+    assert c["b"].forget_leader() is False      # nothing left to forget
+    c.tick("a")
+    c.stabilize()                                # a's heartbeat
+    assert (c["b"].leader_id, c["b"].term) == ("a", 1)
+    c["b"].step(RequestVote(2, "c", "b", last_log_index=1, last_log_term=1, pre_vote=True))
+    assert c.take() == []                        # back inside the lease
+
+
+def test_forget_leader_leaves_leaders_and_candidates_as_they_are():
+    c = Cluster(["a", "b", "c"])
+    elect(c, "a")
+    before = c["a"].status()
+    assert c["a"].forget_leader() is False and c["a"].status() == before
+    assert (c["a"].role, c["a"].leader_id) == (Role.LEADER, "a")
+    c.isolate("b")
+    c["b"].campaign()                            # pre-candidate: it has no leader to forget
+    before = c["b"].status()
+    assert before.role == Role.PRE_CANDIDATE and c["b"].forget_leader() is False and c["b"].status() == before
+    c = Cluster(["a", "b", "c"], pre_vote=False)
+    c["b"].campaign()
+    assert c["b"].role == Role.CANDIDATE and c["b"].forget_leader() is False and c["b"].role == Role.CANDIDATE
+    assert Cluster(["a", "b"])["a"].forget_leader() is False   # a fresh follower knows no leader
+
+
+def test_status_is_a_read_only_view_of_the_node():
+    c = Cluster(["a", "b", "c"])
+    elect(c, "a")
+    c.isolate("c")
+    c["a"].propose(b"x")
+    c.stabilize()
+    status = c["a"].status()
+    assert (status.node_id, status.term, status.voted_for, status.role, status.leader_id, status.voters) == (
+        "a", 1, "a", Role.LEADER, "a", ("a", "b", "c"))
+    assert (status.commit_index, status.last_applied, status.last_index, status.last_term) == (2, 2, 2, 1)
+    assert (status.snapshot_index, status.log_entries, status.ready_outstanding, status.quorum) == (0, 2, False, 2)
+    assert status.match_indexes == (("a", 2), ("b", 2), ("c", 1))   # c took the no-op only
+    assert (status.match_index("b"), status.match_index("c"), status.match_index("z")) == (2, 1, None)
+    with pytest.raises(AttributeError):
+        status.term = 5
+    follower = c["b"].status()
+    assert (follower.role, follower.leader_id, follower.match_indexes, follower.match_index("a")) == (
+        Role.FOLLOWER, "a", (), None)
+    c["a"].propose(b"y")
+    ready = c["a"].ready()
+    assert c["a"].status().ready_outstanding and c["a"].awaiting_advance()
+    c["a"].advance(ready)
+    assert not c["a"].awaiting_advance()
+
+
+def test_a_leader_is_idle_once_everything_is_committed_applied_and_acknowledged():
+    c = Cluster(["a", "b", "c"])
+    elect(c, "a")
+    assert c["a"].is_idle() and not c["b"].is_idle()
+    c.isolate("c")
+    c["a"].propose(b"x")
+    assert not c["a"].is_idle()                  # not even persisted yet
+    c.stabilize()
+    assert not c["a"].is_idle()                  # c has not acknowledged it
+    assert c["a"].is_idle(unreachable={"c"})     # ... but c's node is down: a quorum holds it all
+    assert not c["a"].is_idle(unreachable={"b", "c"})   # no quorum left to hold it
+    c["a"].transfer_leadership("b")
+    assert not c["a"].is_idle(unreachable={"c"})
+
+
 def test_a_pre_candidate_counts_only_pre_votes_for_the_term_it_asks_about():
     c = Cluster(["a", "b", "c"], pre_vote=True)
     c.restore("a", HardState(4, None, 0), [], ["a", "b", "c"])
@@ -586,7 +682,7 @@ def test_config_change_round_trip():
 
 
 # The asyncio shells of raft/ (the node-to-node transport) are not pure cores.
-RAFT_SHELLS = {"transport.py"}
+RAFT_SHELLS = {"transport.py", "runtime.py"}
 RAFT_MODULES = sorted(p for p in (REPO / "raft").glob("*.py") if p.name not in RAFT_SHELLS)
 FORBIDDEN = {"asyncio", "socket", "time", "os", "random", "selectors", "threading", "subprocess"}
 

@@ -28,6 +28,7 @@ EXPECTED = {
     "snapshots": {"compacts", "installs", "crash", "restart"},
     "transfer": {"transfers", "leader", "partition"},
     "chaos": {"crash", "restart", "leader", "truncates"},
+    "forget": {"forgets", "campaigns", "crash", "restart", "partition", "leader"},
 }
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from raft.group import QUIESCE
-from raft.messages import AppendEntries, Entry, EntryKind, HardState, Heartbeat, Role, to_wire
+from raft.messages import AppendEntries, Entry, EntryKind, HardState, Heartbeat, Role, from_wire, to_wire
 from raft.system import PersistFailed, RaftSystem
 from tests.unit.systemsim import HarnessFailure, SystemCluster, run_chaos
 
@@ -79,7 +79,7 @@ def runtime_imports(path: Path) -> set[str]:
     return found
 
 
-@pytest.mark.parametrize("module", ["raft/system.py", "raft/group.py"])
+@pytest.mark.parametrize("module", ["raft/system.py", "raft/group.py", "raft/raft_storage.py"])
 def test_the_system_does_no_io_and_reads_no_clock(module):
     forbidden = {"asyncio", "socket", "time", "os", "random", "selectors", "threading", "subprocess"}
     imported = runtime_imports(REPO / module)
@@ -165,20 +165,27 @@ def test_a_node_down_leaves_the_groups_quiet_without_it():
 
 # --- failure detection per node pair ---------------------------------------------------------------
 
-@pytest.mark.parametrize("seed", SEEDS)
-def test_losing_the_node_of_the_leaders_elects_new_ones_within_bounded_ticks(seed):
-    cluster = SystemCluster(seed)
-    group_ids = list(range(1, 101))
-    cluster.add_groups(group_ids)
-    settle(cluster, group_ids)
+# Re-election after the node that leads the most groups is lost, over 60 seeds
+# (100 groups, 3 nodes; ticks from the crash until every orphan has a leader):
+#   before forget_leader (woken followers waited out the lease, then their
+#   randomized timeouts; split votes cost more rounds):
+#       median 15.3 ticks, p90 23.7, p99 38, max 70.7
+#   with it (one survivor per group campaigns at once, the other grants):
+#       median 3.0 ticks, p90 4.0, p99 5.3, max 6.0
+# A tick is 3 turns here: the pre-vote and the vote round trips, each with
+# an fsync, take a few turns.
+REELECTION_BOUND_TICKS = 2 * ELECTION_TICKS
+
+
+def crash_the_leaders_node(cluster: SystemCluster, group_ids, bound_ticks: int = REELECTION_BOUND_TICKS):
+    """Crash the node that leads the most groups; run until each of them has
+    a new leader (failing after `bound_ticks`). Returns the lost node, the
+    orphaned groups with the term they were led in, and the ticks each
+    re-election took."""
     led = leaders_by_node(cluster, group_ids)
     lost = max(led, key=lambda name: len(led[name]))
-    orphans = led[lost]
-    cluster.crash(lost)   # peer_down(lost) on both survivors wakes the quiet groups
-    # Woken followers campaign when their randomized timeout fires, within
-    # [T, 2T) ticks; split votes between the two survivors cost more rounds.
-    # Over 60 seeds: median 15 ticks, p99 39, max 67.
-    bound_ticks = 8 * ELECTION_TICKS
+    orphans = {g: cluster.leader(g).system.group_metrics(g).term for g in led[lost]}
+    cluster.crash(lost)   # peer_down(lost) on both survivors: wake, forget the leader, one campaigns
     crashed_at = cluster.now
     elected_at: dict = {}
     for _ in range(bound_ticks * cluster.turns_per_tick):
@@ -189,11 +196,22 @@ def test_losing_the_node_of_the_leaders_elects_new_ones_within_bounded_ticks(see
         if len(elected_at) == len(orphans):
             break
     assert len(elected_at) == len(orphans), (
-        f"seed={seed}: {len(orphans) - len(elected_at)} of {len(orphans)} groups {lost} led have no leader "
-        f"after {bound_ticks} ticks")
-    taken = sorted((turn - crashed_at) / cluster.turns_per_tick for turn in elected_at.values())
-    median = taken[len(taken) // 2]
-    assert median <= 2 * ELECTION_TICKS, f"seed={seed}: median election took {median} ticks"
+        f"seed={cluster.seed}: {len(orphans) - len(elected_at)} of {len(orphans)} groups {lost} led have no "
+        f"leader after {bound_ticks} ticks")
+    taken = {g: (turn - crashed_at) / cluster.turns_per_tick for g, turn in elected_at.items()}
+    return lost, orphans, taken
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_losing_the_node_of_the_leaders_elects_new_ones_within_bounded_ticks(seed):
+    cluster = SystemCluster(seed)
+    group_ids = list(range(1, 101))
+    cluster.add_groups(group_ids)
+    settle(cluster, group_ids)
+    lost, _, taken = crash_the_leaders_node(cluster, group_ids)
+    median = sorted(taken.values())[len(taken) // 2]
+    # one round of shared batches elects them all: 3 to 6 ticks over 60 seeds
+    assert median <= ELECTION_TICKS, f"seed={seed}: median re-election took {median} ticks"
     assert all(cluster.leader(g).name != lost for g in group_ids)
     propose_all(cluster, group_ids, 3, "after")
     cluster.run_until(lambda: cluster.caught_up(group_ids), ticks(cluster, 30), "the survivors commit")
@@ -206,6 +224,67 @@ def test_losing_the_node_of_the_leaders_elects_new_ones_within_bounded_ticks(see
     for group_id in group_ids:
         assert cluster.applied_data(cluster.hosts[lost], group_id)[-3:] == [
             f"after-{group_id}-{n}".encode() for n in range(3)]
+
+
+REELECTION_SEEDS = SEEDS if "WARREN_SYSTEM_SEED" in os.environ else range(1, 61)
+
+
+def test_every_orphaned_group_is_re_elected_in_one_election_within_two_election_timeouts():
+    """Over 60 seeds: after the leaders' node is lost, each of its groups has
+    a new leader within 2 election timeouts, elected in the very next term
+    (exactly one survivor campaigned: no split vote, no second round), and
+    the new leaders are spread over both survivors."""
+    worst = 0.0
+    for seed in REELECTION_SEEDS:
+        cluster = SystemCluster(seed)
+        group_ids = list(range(1, 31))
+        cluster.add_groups(group_ids)
+        settle(cluster, group_ids)
+        _, orphans, taken = crash_the_leaders_node(cluster, group_ids)
+        worst = max(worst, *taken.values())
+        new_leaders = {g: cluster.leader(g) for g in orphans}
+        for group_id, term in orphans.items():
+            new_term = new_leaders[group_id].system.group_metrics(group_id).term
+            assert new_term == term + 1, f"seed={seed} group {group_id}: term {term} -> {new_term}"
+        if len(orphans) >= 4:
+            assert len({host.name for host in new_leaders.values()}) == 2, f"seed={seed}: all on one survivor"
+        # and the survivors go on: they commit, and fall quiet again without the lost node
+        propose_all(cluster, group_ids, 1, "after")
+        settle(cluster, group_ids)
+        assert_same_sequences(cluster, group_ids)
+    assert worst <= REELECTION_BOUND_TICKS
+
+
+def test_peer_down_of_the_leaders_node_forgets_it_and_one_survivor_campaigns_at_once():
+    r = Recorder()
+    system = r.system
+    for group_id in (1, 2):
+        system.add_group(group_id, ["a", "b", "c"])
+    system.add_group(3, ["a", "b"])          # without b, no quorum is left
+    system.add_group(4, ["a", "b", "c"])     # led from c
+    frame = heartbeat_frame(1, 1, 0) + heartbeat_frame(2, 1, 0) + heartbeat_frame(3, 1, 0)
+    system.step("b", frame)
+    system.step("c", [[4, to_wire(Heartbeat(1, "c", "a", 0))]])
+    system.process_ready()
+    system.on_persisted(1)
+    system.process_ready()
+    r.frames.clear()
+    assert [system.leader_id(g) for g in (1, 2, 3, 4)] == ["b", "b", "b", "c"]
+    system.peer_down("b")
+    # Every survivor names the same campaigner per group: the group id picks
+    # one of the live voters ["a", "c"] (group 1: c, group 2: a).
+    assert [system.leader_id(g) for g in (1, 2, 3, 4)] == [None, None, None, "c"]
+    assert [system.role(g) for g in (1, 2, 3, 4)] == [
+        Role.FOLLOWER, Role.PRE_CANDIDATE, Role.FOLLOWER, Role.FOLLOWER]
+    assert [system.group_metrics(g).term for g in (1, 2, 3, 4)] == [1, 1, 1, 1]   # forgetting keeps the term
+    system.process_ready()
+    assert r.persisted[1:] == []             # a pre-vote and a forgotten leader need no fsync
+    assert [(peer, [item[0] for item in frame]) for peer, frame in r.frames] == [("c", [2])]
+    assert str(from_wire(r.frames[0][1][0][1])).startswith("RequestVote(term=2, sender='a', to='c'")
+    r.frames.clear()
+    system.peer_down("b")                    # reported again: nothing more to do
+    system.process_ready()
+    assert r.frames == [] and system.role(2) == Role.PRE_CANDIDATE
 
 
 @pytest.mark.parametrize("seed", SEEDS)

@@ -1,0 +1,290 @@
+"""How Raft groups live in the node's one WAL: the record format, what a
+rollover re-writes, and rebuilding each group's `RecoveredState` at start.
+
+Theory of operation (after rabbitmq/ra's LOG.md). Every group hosted on the
+node writes to the node's WAL (`storage.wal`, through `storage.group_commit`)
+under a log id of its own. What a `PersistItem` asks to make durable becomes
+records of the format in `storage.records` -- (log_id, term, index, payload)
+-- appended in the item's order: snapshot, entries, hard state.
+
+Log ids. A group's log id is `RAFT_LOG_ID_BASE + n` (2**40 + n), n = 1, 2, ...
+in the order this node first hosted its groups. Log ids are node-local (one
+group has different log ids on different nodes); the GROUP record maps a log
+id back to the group id. The broker's own logs keep the range below 2**40:
+0 is the metadata log and 1, 2, ... the durable queues' logs
+(broker/durability.py). A removed group's log id is never reused while any
+of its records can still be on disk.
+
+Records. Two families, told apart by the index (and checked by the kind):
+
+* entry records: index = the entry's index (>= 1), term = the entry's term,
+  payload msgpack `[entry_kind, data]` with `entry_kind` an `EntryKind`
+  (0 NORMAL, 1 CONFIG, 2 NOOP);
+* control records: index = 0 (no entry has index 0), payload msgpack
+  `[control_kind, ...]` with `control_kind` >= 16:
+    GROUP      16  `[16, group_id, [member, ...]]` term 0: this log is that
+                   group's (its members as first hosted)
+    HARD_STATE 17  `[17, term, voted_for | nil, commit_index]` term = term
+    SNAPSHOT   18  `[18, index, term, [voter, ...], data]` term = snapshot's
+    REMOVED    19  `[19]` term 0: the group left this node; its log is dead
+
+Replay (`RecoveryScan.visit`, records in file order: segments, then WAL
+files, which is the order they were written):
+
+* an entry at index i replaces the entry at i and drops every entry after
+  it: a later write at an index replaces the tail, as in ra. That is how a
+  follower's truncation of a conflicting suffix (Raft §5.3) reaches the disk:
+  a Ready's `truncate_from` is always the index of its first entry;
+* HARD_STATE: the latest wins. GROUP: the latest wins. REMOVED: forget it;
+* SNAPSHOT: entries at or below its index are dropped; if the entry at its
+  index was present with another term, all entries after it go too (Raft §7,
+  InstallSnapshot receiver rule 6: keep the entries that follow a matching
+  last included entry).
+
+At the end each group's entries must run without a hole from the snapshot's
+index + 1 (else `RaftLogCorrupt`), and its commit index is capped at its last
+index: commit_index is volatile state in Raft (Figure 2), persisted only so
+that a restart re-applies no less, and a rollover can make a hard state
+durable ahead of the entries it counts (below).
+
+Rollover. Control records have index 0, below every cursor, so the WAL never
+copies them into segments; instead `GroupStorage.rollover_records()` writes
+each live group's GROUP, SNAPSHOT and HARD_STATE again at the start of the new
+WAL file, and a group's cursor is its snapshot's index + 1 (every entry after
+the snapshot is still needed). What is written again is the state last
+handed to the committer, which may be ahead of what is durable: persisting a
+term, a vote or a snapshot (committed state) earlier than promised is safe,
+and a commit index ahead of the entries is capped at recovery. Snapshots are
+re-written at every rollover; they belong in files of their own once groups
+compact (as in ra) -- nothing compacts yet.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import msgpack
+
+from raft.core import RecoveredState
+from raft.group import GroupId, PersistItem
+from raft.messages import Entry, EntryKind, HardState, Snapshot
+from storage import records
+
+if TYPE_CHECKING:
+    from storage.wal import Location
+
+RAFT_LOG_ID_BASE = 1 << 40
+CONTROL_INDEX = 0
+
+GROUP = 16
+HARD_STATE = 17
+SNAPSHOT = 18
+REMOVED = 19
+CONTROL_KINDS = frozenset({GROUP, HARD_STATE, SNAPSHOT, REMOVED})
+ENTRY_KINDS = frozenset(int(kind) for kind in EntryKind)
+
+
+class RaftLogCorrupt(Exception):
+    """What recovery read does not make a Raft log (a hole, an orphan)."""
+
+
+def is_raft_log_id(log_id: int) -> bool:
+    return log_id >= RAFT_LOG_ID_BASE
+
+
+def log_id_of(group_number: int) -> int:
+    assert group_number >= 1
+    return RAFT_LOG_ID_BASE + group_number
+
+
+def _pack(value: list) -> bytes:
+    return msgpack.packb(value, use_bin_type=True)
+
+
+def _unpack(payload: bytes) -> list:
+    value = msgpack.unpackb(payload, raw=False)
+    assert isinstance(value, list) and value, "a Raft record's payload is a non-empty list"
+    return value
+
+
+# --- encoding ----------------------------------------------------------------------------------
+
+def entry_record(log_id: int, entry: Entry) -> bytes:
+    assert entry.index >= 1
+    return records.encode(log_id, entry.term, entry.index, _pack([int(entry.kind), entry.data]))
+
+
+def group_record(log_id: int, group_id: GroupId, members: tuple[str, ...]) -> bytes:
+    return records.encode(log_id, 0, CONTROL_INDEX, _pack([GROUP, group_id, list(members)]))
+
+
+def hard_state_record(log_id: int, hard_state: HardState) -> bytes:
+    payload = _pack([HARD_STATE, hard_state.term, hard_state.voted_for, hard_state.commit_index])
+    return records.encode(log_id, hard_state.term, CONTROL_INDEX, payload)
+
+
+def snapshot_record(log_id: int, snapshot: Snapshot) -> bytes:
+    payload = _pack([SNAPSHOT, snapshot.index, snapshot.term, list(snapshot.voters), snapshot.data])
+    return records.encode(log_id, snapshot.term, CONTROL_INDEX, payload)
+
+
+def removed_record(log_id: int) -> bytes:
+    return records.encode(log_id, 0, CONTROL_INDEX, _pack([REMOVED]))
+
+
+@dataclass(slots=True)
+class GroupStorage:
+    """One hosted group's log id and the control state last handed to the
+    committer (what a rollover writes again)."""
+    log_id: int
+    group_id: GroupId
+    members: tuple[str, ...]
+    hard_state: HardState = field(default_factory=HardState)
+    snapshot: Snapshot | None = None
+
+    def records_for(self, item: PersistItem) -> list[bytes]:
+        """The records for one group's Ready, in the order the core asks."""
+        assert item.group_id == self.group_id
+        # A truncation always comes with the entries that replace the tail:
+        # replay relies on "a write at an index replaces the tail".
+        assert item.truncate_from is None or (item.entries and item.entries[0].index == item.truncate_from), \
+            f"group {self.group_id!r}: truncate_from {item.truncate_from} without entries from there"
+        encoded: list[bytes] = []
+        if item.snapshot is not None:
+            self.snapshot = item.snapshot
+            encoded.append(snapshot_record(self.log_id, item.snapshot))
+        for entry in item.entries:
+            encoded.append(entry_record(self.log_id, entry))
+        if item.hard_state is not None:
+            self.hard_state = item.hard_state
+            encoded.append(hard_state_record(self.log_id, item.hard_state))
+        return encoded
+
+    def cursor(self) -> int:
+        """The WAL release cursor: entries below it are not needed any more."""
+        return (self.snapshot.index if self.snapshot is not None else 0) + 1
+
+    def rollover_records(self) -> list[bytes]:
+        encoded = [group_record(self.log_id, self.group_id, self.members)]
+        if self.snapshot is not None:
+            encoded.append(snapshot_record(self.log_id, self.snapshot))
+        if self.hard_state != HardState():
+            encoded.append(hard_state_record(self.log_id, self.hard_state))
+        return encoded
+
+
+# --- recovery ----------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class RecoveredGroup:
+    log_id: int
+    group_id: GroupId
+    members: tuple[str, ...]
+    state: RecoveredState
+
+    def storage(self) -> GroupStorage:
+        return GroupStorage(self.log_id, self.group_id, self.members, self.state.hard_state, self.state.snapshot)
+
+
+class LogScan:
+    """One log id's records as replay meets them (see the module docstring)."""
+
+    __slots__ = ("entries", "group_id", "hard_state", "last_index", "log_id", "members", "removed", "snapshot")
+
+    def __init__(self, log_id: int) -> None:
+        self.log_id = log_id
+        self.group_id: GroupId | None = None
+        self.members: tuple[str, ...] = ()
+        self.removed = False
+        self.hard_state = HardState()
+        self.snapshot: Snapshot | None = None
+        self.entries: dict[int, Entry] = {}
+        self.last_index = 0   # highest index in `entries`, 0 when empty
+
+    def on_entry(self, record: records.Record, fields: list) -> None:
+        kind, data = fields
+        assert kind in ENTRY_KINDS, f"log {record.log_id}: unknown entry kind {kind}"
+        index = record.index
+        for later in range(index, self.last_index + 1):   # the write replaces the tail
+            self.entries.pop(later, None)
+        self.entries[index] = Entry(record.term, index, EntryKind(kind), bytes(data))
+        self.last_index = index
+
+    def on_control(self, fields: list) -> None:
+        match fields[0]:
+            case 16:   # GROUP
+                _, group_id, members = fields
+                self.group_id = group_id
+                self.members = tuple(members)
+            case 17:   # HARD_STATE
+                _, term, voted_for, commit_index = fields
+                self.hard_state = HardState(term, voted_for, commit_index)
+            case 18:   # SNAPSHOT
+                _, index, term, voters, data = fields
+                self.on_snapshot(Snapshot(index, term, tuple(voters), bytes(data)))
+            case 19:   # REMOVED
+                self.removed = True
+            case kind:
+                raise AssertionError(f"log {self.log_id}: unknown control record kind {kind}")
+
+    def on_snapshot(self, snapshot: Snapshot) -> None:
+        at_index = self.entries.get(snapshot.index)
+        if at_index is not None and at_index.term != snapshot.term:
+            self.entries.clear()
+        else:
+            for index in [i for i in self.entries if i <= snapshot.index]:
+                del self.entries[index]
+        self.last_index = max(self.entries, default=0)
+        self.snapshot = snapshot
+
+    def finish(self) -> RecoveredGroup:
+        if self.group_id is None:
+            raise RaftLogCorrupt(f"log {self.log_id}: records but no GROUP record")
+        first = (self.snapshot.index if self.snapshot is not None else 0) + 1
+        entries = []
+        index = first
+        while index in self.entries:
+            entries.append(self.entries[index])
+            index += 1
+        beyond = sum(1 for i in self.entries if i >= first)
+        if beyond != len(entries):
+            raise RaftLogCorrupt(f"group {self.group_id!r} (log {self.log_id}): hole in the log at index {index}")
+        last_index = entries[-1].index if entries else first - 1
+        hard_state = self.hard_state
+        if hard_state.commit_index > last_index:
+            hard_state = HardState(hard_state.term, hard_state.voted_for, last_index)
+        return RecoveredGroup(self.log_id, self.group_id, self.members,
+                              RecoveredState(hard_state, self.snapshot, entries))
+
+
+class RecoveryScan:
+    """The visitor for `LogStore.recover`, for records in the Raft range."""
+
+    def __init__(self) -> None:
+        self.logs: dict[int, LogScan] = {}
+        self.records = 0
+
+    def visit(self, record: records.Record, location: Location | None = None) -> None:
+        assert is_raft_log_id(record.log_id), f"log {record.log_id} is not a Raft group's"
+        self.records += 1
+        scan = self.logs.get(record.log_id)
+        if scan is None:
+            scan = self.logs[record.log_id] = LogScan(record.log_id)
+        fields = _unpack(record.payload)
+        if record.index == CONTROL_INDEX:
+            assert fields[0] in CONTROL_KINDS, f"log {record.log_id}: control record of kind {fields[0]}"
+            scan.on_control(fields)
+        else:
+            scan.on_entry(record, fields)
+
+    def next_group_number(self) -> int:
+        """Above every log id seen, removed groups' included."""
+        return max((log_id - RAFT_LOG_ID_BASE for log_id in self.logs), default=0) + 1
+
+    def groups(self) -> Iterator[RecoveredGroup]:
+        """Every group still hosted, in log id order (the order first hosted)."""
+        for log_id in sorted(self.logs):
+            scan = self.logs[log_id]
+            if not scan.removed:
+                yield scan.finish()

@@ -1,0 +1,319 @@
+"""The cluster runtime: the asyncio shell that runs one node's `RaftSystem`
+over the node's WAL and the cluster transport.
+
+Theory of operation (after rabbitmq/ra: one WAL and one loop for all groups,
+failure detection per node). The pure `raft.system.RaftSystem` decides; this
+shell performs, once per event-loop turn, what it decided, in etcd-raft's
+order:
+
+* **persist**: `persist(items)` turns every group's Ready into WAL records
+  (raft/raft_storage.py documents the format and the log ids) and appends
+  them to the node's `GroupCommitter`; they all go into one batch, one
+  fdatasync, shared with whatever else the node writes that turn. The token
+  is the number of the batch the last record went into; when that batch is
+  durable the committer calls back and the shell reports
+  `on_persisted(token, ok)` and asks for a turn;
+* **send**: `send(peer, frame)` hands the system's one frame per peer to the
+  `ClusterTransport` (fire and forget: Raft resends what matters, §5.1);
+* **apply**: committed entries go to the `apply(group_id, entry)` given.
+
+Inputs reach the system from three places: frames from the transport
+(`step`), its per-node failure detector (`peer_up` / `peer_down`), and ONE
+timer for all groups, every `tick_seconds` (`tick`; quiet groups cost
+nothing). Any of them may leave work; the system then calls `request_turn`,
+which schedules one `process_ready` with `loop.call_soon`, at most once per
+turn.
+
+Timing. With the defaults (50 ms ticks, `election_ticks=10`,
+`heartbeat_ticks=2`) a leader heartbeats every 100 ms and a follower's
+election timeout is 0.5-1 s. A lost node is noticed by the transport at once
+when its connection closes, else after `PEER_SILENT_HEARTBEATS_MAX`
+(3) silent transport heartbeats (`cluster_heartbeat_seconds`, 1 s by
+default: keep it well under a second where failover must take ~2 s). Then
+`RaftSystem.peer_down` has one survivor per group campaign at once, so new
+leaders follow about one round trip later; should that campaigner not win,
+the election timers elect within about two election timeouts
+(raft/group.py). Everything here shares one event loop with the transport's
+failure detector: work that holds the loop for more than a few hundred ms
+(a caller proposing thousands of entries without yielding) makes peers look
+silent.
+
+Start and restart. The node's WAL recovery calls `recover_visit` for every
+record whose log id is in the Raft range (`is_raft_log_id`); `start()` then
+hosts every group recovered (not removed), rebuilt from its snapshot, hard
+state and entries, and re-applies its committed entries. Groups added later
+with `add_group` are written a GROUP record first, so they come back too.
+
+Failure. A lost WAL batch (`ok=False`), or an exception out of
+`process_ready` (a bug, or the `apply` given raising), leaves the system's
+memory ahead of or out of step with the disk: the runtime logs it, stops
+ticking and processing (`failed` is set) and must be rebuilt from storage
+(stop it, recover a new one), as etcd-raft and ra crash and recover.
+
+The runtime does not own the storage: the caller builds the `LogStore` and
+`GroupCommitter`, recovers the store, and drains and closes it after `stop()`.
+Its committer's `prepare_rollover` must include `prepare_rollover()` of this
+runtime (the groups' cursors and the control records to write again).
+"""
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+
+from raft.group import GroupId, GroupMetrics, PersistItem
+from raft.messages import Entry, Role, Snapshot
+from raft.raft_storage import (
+    GroupStorage,
+    RecoveryScan,
+    group_record,
+    is_raft_log_id,
+    log_id_of,
+    removed_record,
+)
+from raft.system import PersistFailed, RaftSystem
+from raft.transport import ClusterTransport, TransportLimits
+from storage import records
+from storage.group_commit import GroupCommitter
+from storage.wal import Location
+
+log = structlog.get_logger("warren.cluster")
+
+TICK_SECONDS = 0.05
+ELECTION_TICKS = 10
+HEARTBEAT_TICKS = 2
+
+Apply = Callable[[GroupId, Entry], None]
+
+
+class RaftRuntime:
+    def __init__(self, settings: Any, committer: GroupCommitter, apply: Apply, rng: random.Random | None = None,
+                 *, tick_seconds: float = TICK_SECONDS, transport_limits: TransportLimits | None = None,
+                 install_snapshot: Callable[[GroupId, Snapshot], None] | None = None,
+                 on_role_change: Callable[[GroupId, Role, str | None, int], None] | None = None,
+                 **raft_options: Any) -> None:
+        assert tick_seconds > 0
+        self.settings = settings
+        self.node_name: str = settings.node_name
+        self.committer = committer
+        self.apply = apply
+        self.rng = rng or random.Random()
+        self.tick_seconds = tick_seconds
+        self.transport_limits = transport_limits
+        self.install_snapshot = install_snapshot
+        self.on_role_change = on_role_change
+        self.raft_options = {"election_ticks": ELECTION_TICKS, "heartbeat_ticks": HEARTBEAT_TICKS, **raft_options}
+        self.scan: RecoveryScan | None = RecoveryScan()
+        self.groups: dict[GroupId, GroupStorage] = {}
+        self.next_group_number = 1
+        self.system: RaftSystem | None = None
+        self.transport: ClusterTransport | None = None
+        self.failed: BaseException | None = None
+        self.stopped = False
+        self.frames_dropped = 0       # frames the transport refused (peer not linked, queue full)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._tick_handle: asyncio.TimerHandle | None = None
+        self._turn_handle: asyncio.Handle | None = None
+        self._awaited_batches: set[int] = set()
+
+    # --- recovery and lifecycle ---------------------------------------------------------------
+
+    def recover_visit(self, record: records.Record, location: Location | None = None) -> None:
+        """For `LogStore.recover`: every record whose log id `is_raft_log_id`,
+        in file order, before `start()`."""
+        assert self.scan is not None, "recover_visit after start()"
+        self.scan.visit(record, location)
+
+    async def start(self) -> None:
+        """Host the recovered groups, link to the peers, start ticking."""
+        assert self.system is None, "a runtime starts once; build a new one to restart"
+        self._loop = asyncio.get_running_loop()
+        self.system = RaftSystem(
+            self.node_name, self.rng, self.persist, self.send, self.apply,
+            install_snapshot=self.install_snapshot, on_role_change=self.on_role_change,
+            request_turn=self.request_turn, **self.raft_options)
+        scan, self.scan = self.scan, None
+        self.next_group_number = scan.next_group_number()
+        for recovered in scan.groups():
+            self.groups[recovered.group_id] = recovered.storage()
+            self.system.add_group(recovered.group_id, recovered.members, recovered=recovered.state)
+        self.transport = ClusterTransport(
+            self.settings, self.on_frame, random.Random(self.rng.random()), limits=self.transport_limits,
+            on_peer_up=self.on_peer_up, on_peer_down=self.on_peer_down)
+        # Until the transport links a peer, the failure detector's answer is "down".
+        for peer in sorted(self.transport.peers):
+            self.system.peer_down(peer)
+        await self.transport.start()
+        self._tick_handle = self._loop.call_later(self.tick_seconds, self.on_tick)
+        log.info("raft.started", node=self.node_name, groups=len(self.groups), wal_records=scan.records)
+
+    async def stop(self) -> None:
+        """Stop ticking and processing, close the links. The caller then
+        drains and closes the storage."""
+        self.stopped = True
+        if self._tick_handle is not None:
+            self._tick_handle.cancel()
+            self._tick_handle = None
+        if self._turn_handle is not None:
+            self._turn_handle.cancel()
+            self._turn_handle = None
+        if self.transport is not None:
+            await self.transport.stop()
+        log.info("raft.stopped", node=self.node_name)
+
+    # --- the API ------------------------------------------------------------------------------
+
+    def add_group(self, group_id: GroupId, members: list[str]) -> bool:
+        """Host a new group here (this node among `members`); False if it is
+        hosted already (e.g. it was recovered)."""
+        self.check_running()
+        if group_id in self.groups:
+            return False
+        assert self.node_name in members, f"{self.node_name} is not among the members {members}"
+        storage = GroupStorage(log_id_of(self.next_group_number), group_id, tuple(sorted(members)))
+        self.next_group_number += 1
+        self.groups[group_id] = storage
+        # Before any entry of the group: batches are durable in order.
+        self.committer.append(group_record(storage.log_id, group_id, storage.members))
+        self.system.add_group(group_id, members)
+        return True
+
+    def remove_group(self, group_id: GroupId) -> bool:
+        """Stop hosting the group; its log is dead from here on."""
+        self.check_running()
+        storage = self.groups.pop(group_id, None)
+        if storage is None:
+            return False
+        self.system.remove_group(group_id)
+        self.committer.append(removed_record(storage.log_id))
+        return True
+
+    def propose(self, group_id: GroupId, data: bytes) -> int | None:
+        """The index `data` will have if it commits, or None: not the leader
+        (ask `leader_of`), no such group, or the runtime is not running."""
+        if self.system is None or self.stopped or self.failed is not None:
+            return None
+        return self.system.propose(group_id, data)
+
+    def leader_of(self, group_id: GroupId) -> str | None:
+        """The leader this node knows of, None if none or not hosted here."""
+        if self.system is None or group_id not in self.groups:
+            return None
+        return self.system.group_metrics(group_id).leader_id
+
+    def group_metrics(self, group_id: GroupId) -> GroupMetrics:
+        assert self.system is not None
+        return self.system.group_metrics(group_id)
+
+    def metrics(self) -> dict[str, Any]:
+        """Node-wide numbers: groups hosted and led, and the system's counters."""
+        assert self.system is not None
+        groups = list(self.system.all_group_metrics())
+        return {
+            "node": self.node_name,
+            "groups": len(groups),
+            "groups_led": sum(1 for group in groups if group.role == Role.LEADER.value),
+            "groups_without_leader": sum(1 for group in groups if group.leader_id is None),
+            "groups_quiescent": sum(1 for group in groups if group.quiescent),
+            "peers_connected": len(self.transport.connected_peers()) if self.transport else 0,
+            "frames_dropped": self.frames_dropped,
+            "failed": self.failed is not None,
+            **self.system.counters.as_dict(),
+        }
+
+    def prepare_rollover(self) -> tuple[dict[int, int], bytes]:
+        """For the committer's `prepare_rollover`: every hosted group's cursor,
+        and its control records to start the new WAL file with."""
+        cursors: dict[int, int] = {}
+        encoded: list[bytes] = []
+        for storage in self.groups.values():
+            cursors[storage.log_id] = storage.cursor()
+            encoded.extend(storage.rollover_records())
+        return cursors, b"".join(encoded)
+
+    # --- what the system calls ----------------------------------------------------------------------
+
+    def persist(self, items: list[PersistItem]) -> int:
+        batch = 0
+        for item in items:
+            storage = self.groups[item.group_id]   # process_ready only persists hosted groups
+            for encoded in storage.records_for(item):
+                batch = self.committer.append(encoded)
+        assert batch > 0, "persist with nothing to write"
+        if batch not in self._awaited_batches:
+            # Several turns may share one batch (appended while the previous one syncs): one callback.
+            self._awaited_batches.add(batch)
+            self.committer.when_durable(batch, lambda ok, token=batch: self.on_durable(token, ok))
+        return batch
+
+    def on_durable(self, token: int, ok: bool) -> None:
+        self._awaited_batches.discard(token)
+        if self.stopped or self.system is None:
+            return
+        if not ok:
+            log.error("raft.persist_failed", node=self.node_name, batch=token)
+        self.system.on_persisted(token, ok)
+        self.request_turn()
+
+    def send(self, peer: str, frame: list) -> None:
+        if self.transport is None or not self.transport.send(peer, frame):
+            self.frames_dropped += 1
+
+    def request_turn(self) -> None:
+        if self._turn_handle is None and not self.stopped and self.failed is None and self._loop is not None:
+            self._turn_handle = self._loop.call_soon(self.on_turn)
+
+    # --- event handlers -------------------------------------------------------------------------------
+
+    def on_turn(self) -> None:
+        self._turn_handle = None
+        if self.stopped or self.failed is not None:
+            return
+        try:
+            self.system.process_ready()
+        except PersistFailed as error:
+            self.fail(error)
+        except Exception as error:  # a bug, or apply raising: memory and disk may disagree now
+            log.exception("raft.process_ready_failed", node=self.node_name)
+            self.fail(error)
+
+    def on_tick(self) -> None:
+        self._tick_handle = None
+        if self.stopped or self.failed is not None:
+            return
+        self.system.tick()
+        self._tick_handle = self._loop.call_later(self.tick_seconds, self.on_tick)
+
+    def on_frame(self, peer: str, frame: Any) -> None:
+        if self.stopped or self.failed is not None or self.system is None:
+            return
+        if not isinstance(frame, list):
+            raise TypeError(f"a Raft frame from {peer} is a {type(frame).__name__}, not a list")
+        self.system.step(peer, frame)
+
+    def on_peer_up(self, peer: str) -> None:
+        if not self.stopped and self.system is not None:
+            self.system.peer_up(peer)
+
+    def on_peer_down(self, peer: str) -> None:
+        if not self.stopped and self.system is not None:
+            self.system.peer_down(peer)
+
+    # --- helpers ----------------------------------------------------------------------------------------
+
+    def fail(self, error: BaseException) -> None:
+        log.error("raft.failed", node=self.node_name, error=str(error))
+        self.failed = error
+        if self._tick_handle is not None:
+            self._tick_handle.cancel()
+            self._tick_handle = None
+
+    def check_running(self) -> None:
+        assert self.system is not None, "start() the runtime first"
+        assert not self.stopped, "the runtime is stopped"
+
+
+__all__ = ["ELECTION_TICKS", "HEARTBEAT_TICKS", "TICK_SECONDS", "RaftRuntime", "is_raft_log_id"]
