@@ -189,7 +189,8 @@ class Channel:
                 self._set_suspended(qos=True)
         self._send_delivery(consumer, queue, msg_id, payload, redelivered)
 
-    def _send_delivery(self, consumer: Consumer, queue: Queue, msg_id: int, payload: Any, redelivered: bool) -> None:
+    def _send_delivery(self, consumer: Consumer, queue: Queue | None, msg_id: int, payload: Any,
+                       redelivered: bool) -> None:
         tag = self.next_delivery_tag
         self.next_delivery_tag = tag + 1
         if not consumer.no_ack:
@@ -203,14 +204,8 @@ class Channel:
     def deliver_reply(self, properties: bytes, body: bytes, routing_key: str) -> None:
         """Direct reply-to: a message straight to this channel's reply consumer."""
         consumer = self.consumers.get(self._reply_consumer_tag())
-        if consumer is None:
-            return
-        tag = self.next_delivery_tag
-        self.next_delivery_tag = tag + 1
-        self.broker.counters.delivered += 1
-        self.connection.write(codec.encode_deliver(
-            self.number, consumer.tag_bytes, tag, False, codec.shortstr("") + codec.shortstr(routing_key),
-            properties, body, self.connection.frame_max))
+        if consumer is not None:  # a no-ack consumer: nothing is recorded as unacked
+            self._send_delivery(consumer, None, 0, ("", routing_key, properties, body), False)
 
     def _reply_consumer_tag(self) -> str | None:
         for consumer in self.consumers.values():
