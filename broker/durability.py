@@ -126,8 +126,12 @@ class Durability:
     def log_enqueue(self, queue: Queue, msg_id: int, payload: tuple) -> int:
         encoded = records.encode(queue.log_id, 0, msg_id, _pack([ENQUEUE, *payload]))
         batch = self.committer.append(encoded)
-        self._to_store.setdefault(batch, []).append(
-            (queue, msg_id, self.committer.last_offset_in_batch, len(encoded)))
+        waiting = self._to_store.get(batch)
+        if waiting is None:
+            waiting = self._to_store[batch] = []
+            # a failed batch is never "written": forget its messages (they stay in memory)
+            self.committer.when_durable(batch, lambda ok: ok or self._to_store.pop(batch, None))
+        waiting.append((queue, msg_id, self.committer.last_offset_in_batch, len(encoded)))
         return batch
 
     def log_removals(self, log_id: int, index: int, removed: list) -> None:
