@@ -76,7 +76,7 @@ class Broker:
 
     @property
     def queued_message_bytes(self) -> int:
-        return sum(q.state.message_bytes for v in self.vhosts.values() for q in v.queues.values())
+        return sum(q.bytes_in_memory for v in self.vhosts.values() for q in v.queues.values())
 
     def check_alarms(self) -> None:
         """Raise or clear the memory alarm; called periodically by the server."""

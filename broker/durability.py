@@ -135,7 +135,7 @@ class Durability:
         return batch
 
     def log_removals(self, log_id: int, index: int, removed: list) -> None:
-        persistent = [msg_id for msg_id, payload in removed
+        persistent = [msg_id for msg_id, payload, _ in removed
                       if type(payload) is Location or codec.is_persistent(payload[2])]
         if persistent:
             self.committer.append(records.encode(log_id, 0, index, _pack([REMOVE, persistent])))

@@ -163,7 +163,7 @@ class FifoState:
     ready_bytes: int = 0
     # bytes of every message held, ready or checked out (the node's memory alarm reads it)
     message_bytes: int = 0
-    # A durable queue's shell drains this after each command: (msg_id, payload) of
+    # A durable queue's shell drains this after each command: (msg_id, payload, size) of
     # every message gone for good, so it can log their removal.
     track_removals: bool = False
     removed: list = field(default_factory=list)
@@ -265,7 +265,7 @@ def _forget(state: FifoState, msg_id: int) -> Any:
     payload, size = state.messages.pop(msg_id)
     state.message_bytes -= size
     if state.track_removals:
-        state.removed.append((msg_id, payload))
+        state.removed.append((msg_id, payload, size))
     if state.delivery_counts:
         state.delivery_counts.pop(msg_id, None)
     return payload

@@ -62,6 +62,8 @@ class Queue:
         # Set for a durable queue by the durability layer: its log in the node's WAL.
         self.log_id: int | None = None
         self.journal: Any = None
+        # bytes of queued bodies that live only on disk (not in memory)
+        self.stored_bytes = 0
 
     # -- applying commands ------------------------------------------------
     def apply(self, command: Any) -> Any:
@@ -74,6 +76,7 @@ class Queue:
         return reply
 
     def _log_removals(self) -> None:
+        self.stored_bytes -= sum(size for _, payload, size in self.state.removed if type(payload) is not tuple)
         self.index += 1
         self.journal.log_removals(self.log_id, self.index, self.state.removed)
         self.state.removed.clear()
@@ -99,6 +102,7 @@ class Queue:
         entry = self.state.messages.get(msg_id)
         if entry is not None and type(entry[0]) is tuple:
             self.state.messages[msg_id] = (location, entry[1])
+            self.stored_bytes += entry[1]
 
     def relocate_body(self, msg_id: int, location: Any) -> None:
         entry = self.state.messages.get(msg_id)
@@ -111,6 +115,7 @@ class Queue:
 
     def restore(self, live: list[tuple[int, Any, int]], last_index: int) -> None:
         """Recovery: re-enqueue the live messages under their original ids."""
+        self.stored_bytes += sum(size for _, payload, size in live if type(payload) is not tuple)
         limits = self.state.limits
         if limits.max_length is None and limits.max_length_bytes is None:
             fifo.restore(self.state, live)
@@ -166,6 +171,11 @@ class Queue:
     @property
     def consumer_count(self) -> int:
         return len(self.consumers)
+
+    @property
+    def bytes_in_memory(self) -> int:
+        """Bytes of queued bodies held in memory (those stored on disk excluded)."""
+        return self.state.message_bytes - self.stored_bytes
 
     @property
     def message_count(self) -> int:

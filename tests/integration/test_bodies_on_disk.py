@@ -28,10 +28,16 @@ def test_backlog_bodies_are_read_back_from_disk(tmp_path):
     # A fixed mmap threshold: glibc then returns freed large buffers to the OS at once,
     # so RSS shows what the broker holds rather than what the allocator keeps around.
     # A small WAL keeps the transient memory of a rollover (which reads one WAL file) small.
+    # The memory alarm counts bodies in memory only: a backlog on disk far over the
+    # watermark must not block the publisher (pika raises if blocked for 10 s).
     server = make_server(tmp_path, MALLOC_MMAP_THRESHOLD_="65536",
-                         WARREN_WAL_MAX_SIZE_BYTES=str(8 * 1024 * 1024)).start()
+                         WARREN_WAL_MAX_SIZE_BYTES=str(8 * 1024 * 1024),
+                         WARREN_MEMORY_HIGH_WATERMARK_BYTES=str(MESSAGES * BODY_BYTES // 4),
+                         WARREN_ALARM_CHECK_INTERVAL_SECONDS="0.05").start()
     try:
-        connection = pika.BlockingConnection(pika.URLParameters(server.url))
+        parameters = pika.URLParameters(server.url)
+        parameters.blocked_connection_timeout = 10
+        connection = pika.BlockingConnection(parameters)
         channel = connection.channel()
         channel.queue_declare("backlog", durable=True)
         channel.confirm_delivery()
