@@ -6,6 +6,8 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import structlog
+
 from broker.durability import Durability
 from broker.vhost import VirtualHost
 from config import Settings
@@ -15,6 +17,7 @@ if TYPE_CHECKING:
     from broker.connection import AMQPConnection
 
 VERSION = "0.1.0"
+log = structlog.get_logger("warren.broker")
 
 
 @dataclass(slots=True)
@@ -42,6 +45,8 @@ class Broker:
         self.started_monotonic = time.monotonic()
         self.memory_alarm = False
         self.disk_alarm = False
+        # cluster peers whose authenticated link is up (node-pair failure detection)
+        self.peers_up: set[str] = set()
 
     def connection_opened(self, connection: "AMQPConnection") -> None:
         self.connections.add(connection)
@@ -100,6 +105,14 @@ class Broker:
         if self.memory_alarm:
             return "low on memory"
         return None
+
+    def peer_up(self, name: str) -> None:
+        self.peers_up.add(name)
+        log.info("cluster.peer_up", peer=name, running=sorted(self.peers_up | {self.settings.node_name}))
+
+    def peer_down(self, name: str) -> None:
+        self.peers_up.discard(name)
+        log.warning("cluster.peer_down", peer=name, running=sorted(self.peers_up | {self.settings.node_name}))
 
     def shutdown_connections(self) -> None:
         for connection in list(self.connections):

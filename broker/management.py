@@ -21,7 +21,7 @@ def overview(broker: "Broker") -> dict[str, Any]:
         "version": broker.version,
         "uptime_seconds": round(time.monotonic() - broker.started_monotonic, 3),
         "cluster_nodes": [n.name for n in settings.cluster_nodes] or [settings.node_name],
-        "running_nodes": [settings.node_name],
+        "running_nodes": sorted(broker.peers_up | {settings.node_name}),
         "listeners": {"amqp": f"{settings.amqp_host}:{settings.amqp_port}",
                       "metrics": f"{settings.metrics_host}:{settings.metrics_port}"},
         "alarms": [a for a, on in (("memory", broker.memory_alarm), ("disk", broker.disk_alarm)) if on],

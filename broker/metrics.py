@@ -25,6 +25,8 @@ class BrokerCollector(Collector):
         yield _gauge("warren_connections", "Open AMQP connections", len(broker.connections))
         yield _gauge("warren_channels", "Open AMQP channels", broker.channel_count)
         yield _gauge("warren_queues", "Declared queues", sum(len(v.queues) for v in broker.vhosts.values()))
+        yield _gauge("warren_cluster_peers_up", "Other cluster nodes with an authenticated link",
+                     len(broker.peers_up))
         for name, help_text, value in (
             ("warren_messages_published", "Messages published by clients", counters.published),
             ("warren_messages_delivered", "Messages delivered to consumers and basic.get", counters.delivered),

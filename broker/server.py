@@ -19,6 +19,7 @@ from broker.connection import AMQPConnection
 from broker.logs import configure_logging
 from broker.http import start_http_server
 from config import ConfigError, Settings, load_settings
+from raft.transport import ClusterTransport
 from storage.records import CorruptLog
 
 log = structlog.get_logger("warren.server")
@@ -45,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         settings = load_settings(args.config)
+        _check_cluster_config(settings)
     except ConfigError as error:
         print(f"warren-server: {error}", file=sys.stderr)
         return 2
@@ -66,6 +68,18 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
+def _check_cluster_config(settings: Settings) -> None:
+    names = [node.name for node in settings.cluster_nodes]
+    if not names:
+        return
+    if len(set(names)) != len(names):
+        raise ConfigError(f"invalid configuration: cluster_nodes: a node name appears twice ({names})")
+    if settings.node_name not in names:
+        raise ConfigError(f"invalid configuration: cluster_nodes: must list this node ({settings.node_name})")
+    if len(names) > 1 and (settings.cluster_secret is None or not settings.cluster_secret.get_secret_value()):
+        raise ConfigError("invalid configuration: cluster_secret: required when cluster_nodes lists other nodes")
+
+
 def _assertions_enabled() -> bool:
     try:
         assert False  # noqa: B011 (this is the check that asserts are on)
@@ -80,6 +94,22 @@ async def _check_alarms_forever(broker: Broker) -> None:
         broker.check_alarms()
 
 
+async def _start_cluster_links(broker: Broker) -> ClusterTransport | None:
+    """Links to the other nodes of ``cluster_nodes``, authenticated with the shared
+    secret; for now they carry node-pair failure detection (cluster_status)."""
+    settings = broker.settings
+    if not any(node.name != settings.node_name for node in settings.cluster_nodes):
+        return None  # a cluster of one
+    transport = ClusterTransport(settings, on_frame=_ignore_frame,
+                                 on_peer_up=broker.peer_up, on_peer_down=broker.peer_down)
+    await transport.start()
+    return transport
+
+
+def _ignore_frame(peer: str, frame: object) -> None:
+    """No frames are exchanged yet: replication arrives with quorum queues."""
+
+
 async def serve(settings: Settings) -> int:
     loop = asyncio.get_running_loop()
     broker = Broker(settings)
@@ -87,6 +117,7 @@ async def serve(settings: Settings) -> int:
     server = await loop.create_server(
         lambda: AMQPConnection(broker), settings.amqp_host, settings.amqp_port,
         reuse_address=True, backlog=LISTEN_BACKLOG)
+    cluster = await _start_cluster_links(broker)
     metrics_server = None
     if settings.metrics_port:
         metrics_server = await start_http_server(broker, settings.metrics_host, settings.metrics_port)
@@ -104,6 +135,8 @@ async def serve(settings: Settings) -> int:
     deadline = loop.time() + SHUTDOWN_GRACE_SECONDS
     while broker.connections and loop.time() < deadline:
         await asyncio.sleep(0.05)
+    if cluster is not None:
+        await cluster.stop()
     await broker.durability.close()
     if metrics_server is not None:
         metrics_server.close()
