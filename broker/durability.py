@@ -31,7 +31,7 @@ from config import Settings
 from protocol import codec
 from storage import records
 from storage.group_commit import BatchWritten, GroupCommitter
-from storage.wal import Location, LogStore
+from storage.wal import Location, LogStore, Relocation
 
 if TYPE_CHECKING:
     from broker.broker import Broker
@@ -166,12 +166,13 @@ class Durability:
         for queue, msg_id, offset, length in self._to_store.pop(written.batch, ()):
             queue.store_body(msg_id, Location(written.path, written.start_offset + offset, length))
 
-    def _on_relocated(self, moved: dict[tuple[int, int], Location]) -> None:
+    def _on_relocated(self, moved: list[Relocation]) -> None:
         """A rollover copied entries into segments: point stored bodies at the copies."""
-        for (log_id, index), location in moved.items():
-            queue = self.queues_by_log.get(log_id)
+        for relocation in moved:
+            queue = self.queues_by_log.get(relocation.log_id)
             if queue is not None:
-                queue.relocate_body(index, location)
+                for index, location in relocation.locations():
+                    queue.relocate_body(index, location)
 
     def load(self, location: Location) -> tuple:
         """A stored message body back from disk, as the payload tuple."""

@@ -18,7 +18,7 @@ from typing import Callable
 
 import structlog
 
-from storage.wal import Location, LogStore
+from storage.wal import LogStore, Relocation
 
 log = structlog.get_logger("warren.storage")
 
@@ -42,7 +42,7 @@ class BatchWritten:
 class GroupCommitter:
     def __init__(self, store: LogStore, prepare_rollover: Callable[[], tuple[dict[int, int], bytes]],
                  on_batch_written: Callable[[BatchWritten], None] | None = None,
-                 on_relocated: Callable[[dict[tuple[int, int], Location]], None] | None = None):
+                 on_relocated: Callable[[list[Relocation]], None] | None = None):
         self.store = store
         self._prepare_rollover = prepare_rollover
         self._on_batch_written = on_batch_written

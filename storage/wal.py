@@ -16,6 +16,7 @@ the newest WAL file is cut off (and reported), damage anywhere else raises
 """
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, NamedTuple
@@ -50,6 +51,40 @@ class Location(NamedTuple):
     path: Path
     offset: int
     length: int
+
+
+@dataclass(slots=True)
+class Relocation:
+    """Entries of one log copied by a rollover into one segment file, as parallel
+    arrays (a rollover may move millions of entries: no object per entry)."""
+
+    log_id: int
+    path: Path
+    indexes: array
+    offsets: array
+    lengths: array
+
+    def locations(self):
+        """(index, Location) of each entry."""
+        path = self.path
+        for index, offset, length in zip(self.indexes, self.offsets, self.lengths):
+            yield index, Location(path, offset, length)
+
+
+class _Picked:
+    """Records of one log picked from a WAL file: index, offset, length."""
+
+    __slots__ = ("indexes", "offsets", "lengths")
+
+    def __init__(self) -> None:
+        self.indexes = array("q")
+        self.offsets = array("q")
+        self.lengths = array("q")
+
+    def add(self, index: int, offset: int, length: int) -> None:
+        self.indexes.append(index)
+        self.offsets.append(offset)
+        self.lengths.append(length)
 
 
 # Called for every record recovered, segments first, then WAL files, in file order.
@@ -193,13 +228,13 @@ class LogStore:
         return self.wal_size_bytes >= self.wal_max_size_bytes
 
     # -- rollover ---------------------------------------------------------
-    def rollover(self, cursors: dict[int, int], first_batch: bytes = b"") -> dict[tuple[int, int], Location]:
+    def rollover(self, cursors: dict[int, int], first_batch: bytes = b"") -> list[Relocation]:
         """All steps of a rollover at once (for callers that read nothing meanwhile)."""
         moved = self.start_rollover(cursors, first_batch)
         self.finish_rollover(cursors)
         return moved
 
-    def start_rollover(self, cursors: dict[int, int], first_batch: bytes = b"") -> dict[tuple[int, int], Location]:
+    def start_rollover(self, cursors: dict[int, int], first_batch: bytes = b"") -> list[Relocation]:
         self.switch_wal(first_batch)
         return self.move_to_segments(cursors)
 
@@ -213,16 +248,16 @@ class LogStore:
         if first_batch:
             self.write_batch(first_batch)
 
-    def move_to_segments(self, cursors: dict[int, int]) -> dict[tuple[int, int], Location]:
+    def move_to_segments(self, cursors: dict[int, int]) -> list[Relocation]:
         """Copy what is still needed from the old WAL files into segments. Returns
-        where each copied entry now lies, keyed by (log_id, index). The old files
+        where the copied entries now lie. The old files
         stay readable until ``finish_rollover``, so readers can switch first.
         Touches only old WAL files and segments, never the current WAL file.
 
         ``cursors`` maps every live log to its release cursor: entries below it
         are not needed any more. A log missing from ``cursors`` was deleted.
         """
-        moved: dict[tuple[int, int], Location] = {}
+        moved: list[Relocation] = []
         for path in list(self._old_wals):
             self._move_to_segments(path, cursors, moved)
         return moved
@@ -239,26 +274,28 @@ class LogStore:
         self._count_segments()
         self.rollovers += 1
 
-    def _move_to_segments(self, wal_path: Path, cursors: dict[int, int],
-                          moved: dict[tuple[int, int], Location]) -> None:
+    def _move_to_segments(self, wal_path: Path, cursors: dict[int, int], moved: list[Relocation]) -> None:
         data = self.files.read_bytes(wal_path)
         result = records.scan(data, str(wal_path))
-        view = memoryview(data)
-        by_log: dict[int, list[tuple[int, memoryview]]] = {}
+        # per log: where its needed records lie in this WAL file (arrays: a few bytes each)
+        by_log: dict[int, _Picked] = {}
+        overhead = records.PREFIX_SIZE + records.ENTRY_HEAD_SIZE
         for record, offset in zip(result.records, result.offsets):
             cursor = cursors.get(record.log_id)
             if cursor is None or record.index < cursor:
                 continue
-            length = records.PREFIX_SIZE + records.ENTRY_HEAD_SIZE + len(record.payload)
-            # the record's bytes as they are in the WAL: segments use the same format
-            by_log.setdefault(record.log_id, []).append((record.index, view[offset:offset + length]))
+            picked = by_log.get(record.log_id)
+            if picked is None:
+                picked = by_log[record.log_id] = _Picked()
+            picked.add(record.index, offset, overhead + len(record.payload))
         del result
-        for log_id, entries in by_log.items():
-            self._append_segment(log_id, entries, moved)
+        view = memoryview(data)
+        for log_id, picked in by_log.items():
+            self._append_segment(log_id, view, picked, moved)
 
-    def _append_segment(self, log_id: int, entries: list[tuple[int, bytes | memoryview]],
-                        moved: dict[tuple[int, int], Location]) -> None:
-        """Append (index, encoded record) pairs, in index order, to the log's segments.
+    def _append_segment(self, log_id: int, data: memoryview, picked: "_Picked", moved: list[Relocation]) -> None:
+        """Copy the picked records (in index order) from ``data`` to the log's segments,
+        their bytes unchanged (segments use the WAL's record format).
 
         A segment is recorded in ``self.segments`` only once its bytes are synced;
         a failed write is cut off again (or the new file removed) before the error
@@ -269,23 +306,27 @@ class LogStore:
             self.files.makedirs(log_dir)
             self.files.sync_directory(self.segments_dir)
         files = self.segments.setdefault(log_id, [])
+        indexes, offsets, lengths = picked.indexes, picked.offsets, picked.lengths
         start = 0
-        while start < len(entries):
+        while start < len(indexes):
             current = files[-1] if files else None
             new_file = current is None or current.entries >= self.segment_max_entries
             if new_file:
                 number = int(current.path.stem) + 1 if current is not None else 1
-                current = SegmentFile(log_dir / f"{number:08d}.seg", entries[start][0], entries[start][0], 0)
-            chunk = entries[start:start + self.segment_max_entries - current.entries]
-            offset = self._write_segment(current, new_file, b"".join(e[1] for e in chunk))
-            for index, encoded in chunk:
-                moved[(log_id, index)] = Location(current.path, offset, len(encoded))
-                offset += len(encoded)
+                current = SegmentFile(log_dir / f"{number:08d}.seg", indexes[start], indexes[start], 0)
+            stop = min(len(indexes), start + self.segment_max_entries - current.entries)
+            chunk = b"".join(data[offsets[i]:offsets[i] + lengths[i]] for i in range(start, stop))
+            offset = self._write_segment(current, new_file, chunk)
+            new_offsets = array("q")
+            for i in range(start, stop):
+                new_offsets.append(offset)
+                offset += lengths[i]
+            moved.append(Relocation(log_id, current.path, indexes[start:stop], new_offsets, lengths[start:stop]))
             if new_file:
                 files.append(current)
-            current.entries += len(chunk)
-            current.last_index = chunk[-1][0]
-            start += len(chunk)
+            current.entries += stop - start
+            current.last_index = indexes[stop - 1]
+            start = stop
         self.files.sync_directory(log_dir)
 
     def _write_segment(self, segment: SegmentFile, new_file: bool, data: bytes) -> int:
