@@ -83,6 +83,13 @@ class Broker:
     def queued_message_bytes(self) -> int:
         return sum(q.bytes_in_memory for v in self.vhosts.values() for q in v.queues.values())
 
+    def tick_queues(self) -> None:
+        """Expire messages past their TTL and queues past x-expires (periodic)."""
+        for vhost in self.vhosts.values():
+            for queue in list(vhost.queues.values()):
+                if queue.state.expiries or queue.expires_ms is not None:
+                    queue.tick()
+
     def check_alarms(self) -> None:
         """Raise or clear the memory alarm; called periodically by the server."""
         memory = self.queued_message_bytes > self.settings.memory_high_watermark_bytes

@@ -32,6 +32,7 @@ from protocol.constants import (
     NOT_FOUND,
     NOT_IMPLEMENTED,
     PRECONDITION_FAILED,
+    PROP_EXPIRATION,
     PROP_REPLY_TO,
     PROP_USER_ID,
 )
@@ -94,15 +95,17 @@ class Channel:
             raise ChannelError(ACCESS_REFUSED, f"cannot publish to internal exchange '{exchange_name}' in vhost "
                                f"'{self.vhost.name}'", 60, 40)
         flags = (properties[0] << 8) | properties[1] if len(properties) >= 2 else 0
-        if flags & (PROP_REPLY_TO | PROP_USER_ID):
-            properties = self._check_special_properties(properties, flags)
+        ttl_ms = None
+        if flags & (PROP_REPLY_TO | PROP_USER_ID | PROP_EXPIRATION):
+            properties, ttl_ms = self._check_special_properties(properties, flags)
         self.broker.counters.published += 1
         if self.tx is not None:
-            self.tx.append((exchange, routing_key, mandatory, properties, body))
+            self.tx.append((exchange, routing_key, mandatory, properties, body, ttl_ms))
             return
-        self._route_and_enqueue(exchange, routing_key, mandatory, properties, body)
+        self._route_and_enqueue(exchange, routing_key, mandatory, properties, body, ttl_ms)
 
-    def _route_and_enqueue(self, exchange, routing_key: str, mandatory: bool, properties: bytes, body: bytes) -> int:
+    def _route_and_enqueue(self, exchange, routing_key: str, mandatory: bool, properties: bytes, body: bytes,
+                           ttl_ms: int | None = None) -> int:
         """Route and enqueue one message; returns the WAL batch that makes it durable (0: none)."""
         seq = self.confirms.next_publish() if self.confirms is not None else 0
         if exchange.name == "" and routing_key.startswith(REPLY_TO_PREFIX):
@@ -116,7 +119,7 @@ class Channel:
             payload = (exchange.name, routing_key, properties, body)
             size = len(body)
             for queue in queues:
-                taken = queue.enqueue(payload, size)
+                taken = queue.enqueue(payload, size, ttl_ms)
                 if taken is None:
                     accepted = False
                 elif taken > batch:
@@ -155,8 +158,11 @@ class Channel:
             self.confirms.settle(seq, accepted)
             self.connection.want_flush(self)
 
-    def _check_special_properties(self, properties: bytes, flags: int) -> bytes:
+    def _check_special_properties(self, properties: bytes, flags: int) -> tuple[bytes, int | None]:
+        """user_id must be the login, a direct reply-to gets its channel's address,
+        expiration is the per-message TTL in ms; returns (properties, ttl_ms)."""
         decoded = codec.decode_properties(properties)
+        ttl_ms = _parse_expiration(decoded.expiration) if flags & PROP_EXPIRATION else None
         if flags & PROP_USER_ID and decoded.user_id != self.connection.user_name:
             raise ChannelError(PRECONDITION_FAILED, f"user_id property set to '{decoded.user_id}' but "
                                f"authenticated user was '{self.connection.user_name}'", 60, 40)
@@ -164,8 +170,8 @@ class Channel:
             if self.reply_to_token is None:
                 raise ChannelError(PRECONDITION_FAILED, "fast reply consumer does not exist", 60, 40)
             decoded.reply_to = REPLY_TO_PREFIX + self.reply_to_token
-            return codec.encode_properties(decoded)
-        return properties
+            return codec.encode_properties(decoded), ttl_ms
+        return properties, ttl_ms
 
     def flush_confirms(self) -> None:
         """Called once per turn by the connection: coalesced basic.ack/nack."""
@@ -380,6 +386,7 @@ class Channel:
     def on_basic_get(self, method: spec.Basic.Get) -> None:
         queue = self._queue_for(method.queue, 60, 70)
         self.queues_used[id(queue)] = queue
+        queue.touch()
         reply = queue.apply(fifo.Dequeue((self.owner, None), method.no_ack))
         if reply is None:
             self.send(spec.Basic.GetEmpty())
@@ -428,8 +435,7 @@ class Channel:
         for entry in pending:
             if entry[0] == "ack":
                 continue
-            exchange, routing_key, mandatory, properties, body = entry
-            batch = max(batch, self._route_and_enqueue(exchange, routing_key, mandatory, properties, body))
+            batch = max(batch, self._route_and_enqueue(*entry))
         acked = [e for e in pending if e[0] == "ack"]
         for _, delivery_tag, multiple in acked:
             if delivery_tag in self.unacked or (multiple and delivery_tag == 0):
@@ -553,6 +559,16 @@ class Channel:
             if not queue.deleted:
                 queue.owner_down(self.owner)
         self.queues_used.clear()
+
+
+def _parse_expiration(value: Any) -> int:
+    """The expiration property: milliseconds as a decimal string (RabbitMQ's rule)."""
+    text = value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+    if not text.isdigit():
+        negative = text.startswith("-") and text[1:].isdigit()
+        reason = f"{{value_negative,{text}}}" if negative else f"{{leftover_string,{text}}}"
+        raise ChannelError(PRECONDITION_FAILED, f"invalid expiration '{text}': {reason}", 60, 40)
+    return int(text)
 
 
 def _ids(method: Any) -> tuple[int, int]:

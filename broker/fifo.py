@@ -41,6 +41,7 @@ class Meta:
 class Enqueue:
     payload: Any
     size: int
+    ttl_ms: int | None = None  # per-message TTL (the expiration property)
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +90,11 @@ class Purge:
 @dataclass(frozen=True, slots=True)
 class Down:
     owner: Hashable
+
+
+@dataclass(frozen=True, slots=True)
+class Tick:
+    """Time passes: expire messages at the head whose TTL ran out."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +157,7 @@ class QueueLimits:
     max_length: int | None = None
     max_length_bytes: int | None = None
     overflow: str = DROP_HEAD
+    message_ttl_ms: int | None = None  # x-message-ttl
 
 
 @dataclass(slots=True)
@@ -167,6 +174,9 @@ class FifoState:
     # every message gone for good, so it can log their removal.
     track_removals: bool = False
     removed: list = field(default_factory=list)
+    # msg_id -> time (ms) after which it expires; only messages with a TTL
+    expiries: dict[int, int] = field(default_factory=dict)
+    now_ms: int = 0  # the time of the command being applied
     consumers: dict[Hashable, ConsumerState] = field(default_factory=dict)
     service: dict[int, deque] = field(default_factory=dict)
     priorities: list[int] = field(default_factory=list)
@@ -182,6 +192,7 @@ class FifoState:
 
 def apply(meta: Meta, command: Any, state: FifoState) -> tuple[Any, list]:
     effects: list = []
+    state.now_ms = meta.time_ms
     match command:
         case Enqueue():
             reply = _on_enqueue(meta, command, state, effects)
@@ -196,13 +207,16 @@ def apply(meta: Meta, command: Any, state: FifoState) -> tuple[Any, list]:
         case Discard():
             reply = _on_discard(command, state, effects)
         case Dequeue():
-            reply = _on_dequeue(command, state)
+            reply = _on_dequeue(command, state, effects)
         case Purge():
             reply = _on_purge(state)
         case Down():
             reply = _on_down(command, state, effects)
         case Suspend():
             reply = _on_suspend(command, state, effects)
+        case Tick():
+            _expire_heads(state, effects)
+            reply = ACCEPTED
         case _:
             raise AssertionError(f"unknown fifo command {command!r}")
     return reply, effects
@@ -216,6 +230,9 @@ def _on_enqueue(meta: Meta, command: Enqueue, state: FifoState, effects: list) -
         return REJECTED
     msg_id = meta.index
     state.messages[msg_id] = (command.payload, command.size)
+    ttl = _ttl(limits.message_ttl_ms, command.ttl_ms)
+    if ttl is not None:
+        state.expiries[msg_id] = meta.time_ms + ttl
     state.ready.append(msg_id)
     state.ready_bytes += command.size
     state.message_bytes += command.size
@@ -260,10 +277,36 @@ def _drop_head_over_limit(state: FifoState, effects: list) -> None:
         effects.append(DeadLetter("maxlen", tuple(dropped)))
 
 
+def _ttl(queue_ttl: int | None, message_ttl: int | None) -> int | None:
+    """The shorter of the queue's and the message's TTL (RabbitMQ's rule)."""
+    if queue_ttl is None:
+        return message_ttl
+    return queue_ttl if message_ttl is None else min(queue_ttl, message_ttl)
+
+
+def _expire_heads(state: FifoState, effects: list) -> None:
+    """Dead-letter expired messages at the head (as RabbitMQ: only the head expires)."""
+    expiries = state.expiries
+    if not expiries:
+        return
+    expired = []
+    while state.ready or state.returns:
+        head = state.returns[0] if state.returns else state.ready[0]
+        expiry = expiries.get(head)
+        # TTL 0 still allows a delivery at the moment of enqueue: expire strictly after
+        if expiry is None or expiry >= state.now_ms:
+            break
+        expired.append(_forget(state, _take_next(state)))
+    if expired:
+        effects.append(DeadLetter("expired", tuple(expired)))
+
+
 def _forget(state: FifoState, msg_id: int) -> Any:
     """Remove a message for good; returns its payload."""
     payload, size = state.messages.pop(msg_id)
     state.message_bytes -= size
+    if state.expiries:
+        state.expiries.pop(msg_id, None)
     if state.track_removals:
         state.removed.append((msg_id, payload, size))
     if state.delivery_counts:
@@ -282,6 +325,10 @@ def _service(state: FifoState, effects: list) -> None:
     messages = state.messages
     counts = state.delivery_counts
     while state.ready or state.returns:
+        if state.expiries:
+            _expire_heads(state, effects)
+            if not (state.ready or state.returns):
+                return
         consumer_id = _next_in_service(state)
         if consumer_id is None:
             return
@@ -419,7 +466,8 @@ def _on_discard(command: Discard, state: FifoState, effects: list) -> int:
     return len(msg_ids)
 
 
-def _on_dequeue(command: Dequeue, state: FifoState) -> Dequeued | None:
+def _on_dequeue(command: Dequeue, state: FifoState, effects: list) -> Dequeued | None:
+    _expire_heads(state, effects)
     if not state.ready_count:
         return None
     msg_id = _take_next(state)

@@ -53,7 +53,10 @@ class Queue:
             max_length=arguments.get("x-max-length"),
             max_length_bytes=arguments.get("x-max-length-bytes"),
             overflow=arguments.get("x-overflow", fifo.DROP_HEAD),
+            message_ttl_ms=arguments.get("x-message-ttl"),
         ))
+        self.expires_ms: int | None = arguments.get("x-expires")
+        self.last_used_ms = clock_ms()
         # consumer id (owner, consumer_tag) -> the channel that consumes
         self.consumers: dict[Hashable, ConsumerSink] = {}
         self.exclusive_consumer: Hashable | None = None
@@ -81,11 +84,11 @@ class Queue:
         self.journal.log_removals(self.log_id, self.index, self.state.removed)
         self.state.removed.clear()
 
-    def enqueue(self, payload: Any, size: int) -> int | None:
+    def enqueue(self, payload: Any, size: int, ttl_ms: int | None = None) -> int | None:
         """Apply one enqueue. None: refused; 0: taken; N > 0: taken, durable once
         WAL batch N is on disk (a persistent message in a durable queue)."""
         msg_id = self.index + 1
-        if self.apply(fifo.Enqueue(payload, size)) is not fifo.ACCEPTED:
+        if self.apply(fifo.Enqueue(payload, size, ttl_ms)) is not fifo.ACCEPTED:
             return None
         if self.log_id is None or not codec.is_persistent(payload[2]):
             return 0
@@ -119,6 +122,9 @@ class Queue:
         limits = self.state.limits
         if limits.max_length is None and limits.max_length_bytes is None:
             fifo.restore(self.state, live)
+            if limits.message_ttl_ms is not None:  # TTLs start over at a restart
+                expiry = self._clock_ms() + limits.message_ttl_ms
+                self.state.expiries.update((msg_id, expiry) for msg_id, _, _ in live)
         else:  # a length limit may drop some on the way back: replay each enqueue
             now = self._clock_ms()
             for msg_id, payload, size in live:
@@ -144,6 +150,7 @@ class Queue:
     # -- consumers --------------------------------------------------------
     def add_consumer(self, consumer_id: Hashable, sink: ConsumerSink, prefetch: int,
                      priority: int, no_ack: bool, exclusive: bool, active: bool = True) -> None:
+        self.touch()
         self.consumers[consumer_id] = sink
         self.had_consumers = True
         if exclusive:
@@ -152,6 +159,7 @@ class Queue:
 
     def remove_consumer(self, consumer_id: Hashable) -> None:
         """basic.cancel: no more deliveries; what it holds stays unacked."""
+        self.touch()
         self.apply(fifo.Cancel(consumer_id))
         self._forget_consumer(consumer_id)
 
@@ -167,6 +175,19 @@ class Queue:
         self.apply(fifo.Down(owner))
         for consumer_id in [c for c in self.consumers if c[0] == owner]:
             self._forget_consumer(consumer_id)
+
+    # -- time: message TTL and x-expires -------------------------------------
+    def touch(self) -> None:
+        """The queue was used (declare, consume, cancel, get): x-expires starts over."""
+        self.last_used_ms = self._clock_ms()
+
+    def tick(self) -> None:
+        """Called periodically: expire messages, delete the queue if unused too long."""
+        if self.state.expiries:
+            self.apply(fifo.Tick())
+        if (self.expires_ms is not None and not self.consumers and not self.deleted
+                and self._clock_ms() - self.last_used_ms >= self.expires_ms):
+            self.vhost.delete_queue_now(self)
 
     @property
     def consumer_count(self) -> int:

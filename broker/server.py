@@ -88,10 +88,12 @@ def _assertions_enabled() -> bool:
     return False
 
 
-async def _check_alarms_forever(broker: Broker) -> None:
+async def _housekeeping_forever(broker: Broker) -> None:
+    """Resource alarms, message TTL and x-expires, on one timer."""
     while True:
         await asyncio.sleep(broker.settings.alarm_check_interval_seconds)
         broker.check_alarms()
+        broker.tick_queues()
 
 
 async def _start_cluster_links(broker: Broker) -> ClusterTransport | None:
@@ -121,7 +123,7 @@ async def serve(settings: Settings) -> int:
     metrics_server = None
     if settings.metrics_port:
         metrics_server = await start_http_server(broker, settings.metrics_host, settings.metrics_port)
-    alarm_task = asyncio.create_task(_check_alarms_forever(broker))
+    alarm_task = asyncio.create_task(_housekeeping_forever(broker))
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)

@@ -165,6 +165,7 @@ class VirtualHost:
                     f"inequivalent arg 'durable' for queue '{name}' in vhost '{self.name}': "
                     f"received '{_erl(method.durable)}' but current is '{_erl(existing.durable)}'", 50, 10)
             queue_arguments.check_equivalent(existing.arguments, arguments, name, self.name)
+            existing.touch()
             return existing
         self._check_queue_type_properties(method, arguments, name)
         queue = Queue(self, name, method.durable, owner if method.exclusive else None,

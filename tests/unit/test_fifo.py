@@ -619,3 +619,28 @@ def test_bulk_restore_equals_replaying_enqueues():
     assert restored.messages == replayed.messages, "restored messages differ from replayed ones"
     assert list(restored.ready) == list(replayed.ready), "restored order differs"
     assert (restored.ready_bytes, restored.message_bytes) == (replayed.ready_bytes, replayed.message_bytes)
+
+
+def test_message_ttl_expires_heads_on_tick_and_dead_letters_them():
+    from broker.fifo import (ACCEPTED, DeadLetter, Dequeue, Enqueue, FifoState, Meta, QueueLimits, Tick,
+                             apply)
+    state = FifoState(limits=QueueLimits(message_ttl_ms=100))
+    apply(Meta(1, 1_000), Enqueue("a", 1), state)
+    apply(Meta(2, 1_050), Enqueue("b", 1, ttl_ms=500), state)   # queue TTL (100) is shorter
+    apply(Meta(3, 1_060), Enqueue("c", 1, ttl_ms=10), state)    # message TTL (10) is shorter
+    reply, effects = apply(Meta(4, 1_100), Tick(), state)
+    assert reply is ACCEPTED and effects == [], "nothing has expired strictly before 1100 yet"
+    _, effects = apply(Meta(5, 1_101), Tick(), state)
+    assert effects == [DeadLetter("expired", ("a",))], f"only the head expires: {effects}"
+    _, effects = apply(Meta(6, 1_200), Tick(), state)
+    assert effects == [DeadLetter("expired", ("b", "c"))], effects
+    assert state.ready_count == 0 and state.message_bytes == 0 and not state.expiries
+
+
+def test_dequeue_skips_expired_heads():
+    from broker.fifo import DeadLetter, Dequeue, Enqueue, FifoState, Meta, apply
+    state = FifoState()
+    apply(Meta(1, 0), Enqueue("old", 1, ttl_ms=5), state)
+    apply(Meta(2, 0), Enqueue("fresh", 1), state)
+    reply, effects = apply(Meta(3, 10), Dequeue(("owner", None), True), state)
+    assert reply.payload == "fresh" and effects == [DeadLetter("expired", ("old",))], (reply, effects)
