@@ -158,6 +158,8 @@ class QueueLimits:
     max_length_bytes: int | None = None
     overflow: str = DROP_HEAD
     message_ttl_ms: int | None = None  # x-message-ttl
+    # x-single-active-consumer: only the oldest live consumer gets messages
+    single_active_consumer: bool = False
 
 
 @dataclass(slots=True)
@@ -203,7 +205,7 @@ def apply(meta: Meta, command: Any, state: FifoState) -> tuple[Any, list]:
         case Checkout():
             reply = _on_checkout(command, state, effects)
         case Cancel():
-            reply = _on_cancel(command, state)
+            reply = _on_cancel(command, state, effects)
         case Discard():
             reply = _on_discard(command, state, effects)
         case Dequeue():
@@ -360,6 +362,8 @@ def _next_in_service(state: FifoState) -> Hashable | None:
 def _enter_service(state: FifoState, consumer_id: Hashable, consumer: ConsumerState) -> None:
     if consumer.in_service or consumer.cancelled or consumer.suspended or not consumer.has_credit():
         return
+    if state.limits.single_active_consumer and consumer_id != _active_consumer(state):
+        return  # waits until the consumers registered before it are gone
     consumer.in_service = True
     consumer.ticket += 1
     waiting = state.service.get(consumer.priority)
@@ -367,6 +371,24 @@ def _enter_service(state: FifoState, consumer_id: Hashable, consumer: ConsumerSt
         waiting = state.service[consumer.priority] = deque()
         state.priorities = sorted(state.service, reverse=True)
     waiting.append((consumer_id, consumer, consumer.ticket))
+
+
+def _active_consumer(state: FifoState) -> Hashable | None:
+    """Single active consumer: the oldest consumer not cancelled."""
+    for consumer_id, consumer in state.consumers.items():
+        if not consumer.cancelled:
+            return consumer_id
+    return None
+
+
+def _activate_next(state: FifoState, effects: list) -> None:
+    """Single active consumer: the active one left; the next in line takes over."""
+    if not state.limits.single_active_consumer:
+        return
+    consumer_id = _active_consumer(state)
+    if consumer_id is not None:
+        _enter_service(state, consumer_id, state.consumers[consumer_id])
+        _service(state, effects)
 
 
 def _leave_service(state: FifoState, consumer: ConsumerState) -> None:
@@ -388,7 +410,7 @@ def _on_checkout(command: Checkout, state: FifoState, effects: list) -> str:
     return ACCEPTED
 
 
-def _on_cancel(command: Cancel, state: FifoState) -> str:
+def _on_cancel(command: Cancel, state: FifoState, effects: list) -> str:
     consumer = state.consumers.get(command.consumer)
     if consumer is None:
         return REJECTED
@@ -396,6 +418,7 @@ def _on_cancel(command: Cancel, state: FifoState) -> str:
     _leave_service(state, consumer)
     if not consumer.checked_out:
         _remove_consumer(state, command.consumer)
+    _activate_next(state, effects)
     return ACCEPTED
 
 
@@ -507,6 +530,7 @@ def _on_down(command: Down, state: FifoState, effects: list) -> int:
         _remove_consumer(state, consumer_id)
     if returned:
         _service(state, effects)
+    _activate_next(state, effects)
     return returned
 
 

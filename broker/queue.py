@@ -54,6 +54,7 @@ class Queue:
             max_length_bytes=arguments.get("x-max-length-bytes"),
             overflow=arguments.get("x-overflow", fifo.DROP_HEAD),
             message_ttl_ms=arguments.get("x-message-ttl"),
+            single_active_consumer=arguments.get("x-single-active-consumer") is True,
         ))
         self.expires_ms: int | None = arguments.get("x-expires")
         self.last_used_ms = clock_ms()

@@ -644,3 +644,24 @@ def test_dequeue_skips_expired_heads():
     apply(Meta(2, 0), Enqueue("fresh", 1), state)
     reply, effects = apply(Meta(3, 10), Dequeue(("owner", None), True), state)
     assert reply.payload == "fresh" and effects == [DeadLetter("expired", ("old",))], (reply, effects)
+
+
+def test_single_active_consumer_hands_over_in_registration_order():
+    from broker.fifo import Cancel, Checkout, Deliver, Down, Enqueue, FifoState, Meta, QueueLimits, Settle, apply
+    state = FifoState(limits=QueueLimits(single_active_consumer=True))
+    first, second, third = ("ch1", "a"), ("ch2", "b"), ("ch3", "c")
+    for index, consumer in enumerate((first, second, third), start=1):
+        apply(Meta(index, 0), Checkout(consumer, prefetch=10), state)
+    delivered = []
+    for index in range(4, 7):
+        _, effects = apply(Meta(index, 0), Enqueue(f"m{index}", 1), state)
+        delivered += [e.consumer for e in effects if isinstance(e, Deliver)]
+    assert delivered == [first] * 3, f"only the oldest consumer is active: {delivered}"
+    _, effects = apply(Meta(7, 0), Cancel(first), state)  # still holds three unacked
+    assert [e for e in effects if isinstance(e, Deliver)] == []
+    _, effects = apply(Meta(8, 0), Enqueue("m8", 1), state)
+    assert [e.consumer for e in effects if isinstance(e, Deliver)] == [second]
+    _, effects = apply(Meta(9, 0), Down("ch2"), state)  # its message goes back, to the next in line
+    assert [e.consumer for e in effects if isinstance(e, Deliver)] == [third], effects
+    apply(Meta(10, 0), Settle(first, (4, 5, 6)), state)
+    assert state.consumers[third].checked_out and first not in state.consumers
