@@ -33,6 +33,7 @@ from protocol.constants import (
     NOT_IMPLEMENTED,
     PRECONDITION_FAILED,
     PROP_EXPIRATION,
+    PROP_PRIORITY,
     PROP_REPLY_TO,
     PROP_USER_ID,
 )
@@ -96,16 +97,17 @@ class Channel:
                                f"'{self.vhost.name}'", 60, 40)
         flags = (properties[0] << 8) | properties[1] if len(properties) >= 2 else 0
         ttl_ms = None
-        if flags & (PROP_REPLY_TO | PROP_USER_ID | PROP_EXPIRATION):
-            properties, ttl_ms = self._check_special_properties(properties, flags)
+        priority = 0
+        if flags & (PROP_REPLY_TO | PROP_USER_ID | PROP_EXPIRATION | PROP_PRIORITY):
+            properties, ttl_ms, priority = self._check_special_properties(properties, flags)
         self.broker.counters.published += 1
         if self.tx is not None:
-            self.tx.append((exchange, routing_key, mandatory, properties, body, ttl_ms))
+            self.tx.append((exchange, routing_key, mandatory, properties, body, ttl_ms, priority))
             return
-        self._route_and_enqueue(exchange, routing_key, mandatory, properties, body, ttl_ms)
+        self._route_and_enqueue(exchange, routing_key, mandatory, properties, body, ttl_ms, priority)
 
     def _route_and_enqueue(self, exchange, routing_key: str, mandatory: bool, properties: bytes, body: bytes,
-                           ttl_ms: int | None = None) -> int:
+                           ttl_ms: int | None = None, priority: int = 0) -> int:
         """Route and enqueue one message; returns the WAL batch that makes it durable (0: none)."""
         seq = self.confirms.next_publish() if self.confirms is not None else 0
         if exchange.name == "" and routing_key.startswith(REPLY_TO_PREFIX):
@@ -119,7 +121,7 @@ class Channel:
             payload = (exchange.name, routing_key, properties, body)
             size = len(body)
             for queue in queues:
-                taken = queue.enqueue(payload, size, ttl_ms)
+                taken = queue.enqueue(payload, size, ttl_ms, priority)
                 if taken is None:
                     accepted = False
                 elif taken > batch:
@@ -158,11 +160,13 @@ class Channel:
             self.confirms.settle(seq, accepted)
             self.connection.want_flush(self)
 
-    def _check_special_properties(self, properties: bytes, flags: int) -> tuple[bytes, int | None]:
+    def _check_special_properties(self, properties: bytes, flags: int) -> tuple[bytes, int | None, int]:
         """user_id must be the login, a direct reply-to gets its channel's address,
-        expiration is the per-message TTL in ms; returns (properties, ttl_ms)."""
+        expiration is the per-message TTL in ms, priority orders priority queues;
+        returns (properties, ttl_ms, priority)."""
         decoded = codec.decode_properties(properties)
         ttl_ms = _parse_expiration(decoded.expiration) if flags & PROP_EXPIRATION else None
+        priority = decoded.priority or 0
         if flags & PROP_USER_ID and decoded.user_id != self.connection.user_name:
             raise ChannelError(PRECONDITION_FAILED, f"user_id property set to '{decoded.user_id}' but "
                                f"authenticated user was '{self.connection.user_name}'", 60, 40)
@@ -170,8 +174,8 @@ class Channel:
             if self.reply_to_token is None:
                 raise ChannelError(PRECONDITION_FAILED, "fast reply consumer does not exist", 60, 40)
             decoded.reply_to = REPLY_TO_PREFIX + self.reply_to_token
-            return codec.encode_properties(decoded), ttl_ms
-        return properties, ttl_ms
+            return codec.encode_properties(decoded), ttl_ms, priority
+        return properties, ttl_ms, priority
 
     def flush_confirms(self) -> None:
         """Called once per turn by the connection: coalesced basic.ack/nack."""

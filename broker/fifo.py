@@ -11,7 +11,8 @@ The state keeps, per message, the opaque payload and its size; payloads are
 handed back in ``Deliver`` effects. Messages wait in ``ready`` (a FIFO) or, when
 returned by a consumer, in ``returns`` (a heap by id, served first, so a
 requeued message goes back to its original place in line as far as that is
-possible). A consumer is ``(owner, consumer_tag)``; the owner is the channel
+possible). In a priority queue (x-max-priority) every waiting message is in
+``returns``, keyed by priority first. A consumer is ``(owner, consumer_tag)``; the owner is the channel
 that made it, so ``Down(owner)`` can return everything a closed channel held.
 
 Consumers are served by priority (highest first), round-robin within a
@@ -42,6 +43,7 @@ class Enqueue:
     payload: Any
     size: int
     ttl_ms: int | None = None  # per-message TTL (the expiration property)
+    priority: int = 0  # the priority property (used by queues with x-max-priority)
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,6 +162,8 @@ class QueueLimits:
     message_ttl_ms: int | None = None  # x-message-ttl
     # x-single-active-consumer: only the oldest live consumer gets messages
     single_active_consumer: bool = False
+    # x-max-priority: messages wait in the ``returns`` heap keyed by priority, then id
+    max_priority: int | None = None
 
 
 @dataclass(slots=True)
@@ -178,6 +182,8 @@ class FifoState:
     removed: list = field(default_factory=list)
     # msg_id -> time (ms) after which it expires; only messages with a TTL
     expiries: dict[int, int] = field(default_factory=dict)
+    # msg_id -> priority, for messages above 0 in a priority queue
+    message_priorities: dict[int, int] = field(default_factory=dict)
     now_ms: int = 0  # the time of the command being applied
     consumers: dict[Hashable, ConsumerState] = field(default_factory=dict)
     service: dict[int, deque] = field(default_factory=dict)
@@ -235,7 +241,13 @@ def _on_enqueue(meta: Meta, command: Enqueue, state: FifoState, effects: list) -
     ttl = _ttl(limits.message_ttl_ms, command.ttl_ms)
     if ttl is not None:
         state.expiries[msg_id] = meta.time_ms + ttl
-    state.ready.append(msg_id)
+    if limits.max_priority is None:
+        state.ready.append(msg_id)
+    else:
+        priority = min(command.priority, limits.max_priority)
+        if priority:
+            state.message_priorities[msg_id] = priority
+        heapq.heappush(state.returns, _heap_key(state, msg_id))
     state.ready_bytes += command.size
     state.message_bytes += command.size
     if limits.max_length is not None or limits.max_length_bytes is not None:
@@ -245,7 +257,7 @@ def _on_enqueue(meta: Meta, command: Enqueue, state: FifoState, effects: list) -
     return ACCEPTED
 
 
-def restore(state: FifoState, messages: list[tuple[int, Any, int]]) -> None:
+def restore(state: FifoState, messages: list[tuple[int, Any, int]], priorities: dict[int, int] | None = None) -> None:
     """Recovery: put (msg_id, payload, size) back as ready, in id order, in bulk.
 
     The same state as applying ``Enqueue`` at each id with no consumers and no
@@ -257,7 +269,15 @@ def restore(state: FifoState, messages: list[tuple[int, Any, int]]) -> None:
         state.messages[msg_id] = (payload, size)
         state.ready_bytes += size
         state.message_bytes += size
-    state.ready.extend(msg_id for msg_id, _, _ in messages)
+    max_priority = state.limits.max_priority
+    if max_priority is None:
+        state.ready.extend(msg_id for msg_id, _, _ in messages)
+        return
+    for msg_id, priority in (priorities or {}).items():
+        if msg_id in state.messages and priority:
+            state.message_priorities[msg_id] = min(priority, max_priority)
+    state.returns.extend(_heap_key(state, msg_id) for msg_id, _, _ in messages)
+    heapq.heapify(state.returns)
 
 
 def _would_overflow(state: FifoState, size: int) -> bool:
@@ -279,6 +299,20 @@ def _drop_head_over_limit(state: FifoState, effects: list) -> None:
         effects.append(DeadLetter("maxlen", tuple(dropped)))
 
 
+# Keys of the ``returns`` heap: the message id in the low bits; in a priority queue
+# the priority, inverted so that the highest comes first, above them.
+MSG_ID_BITS = 48
+MSG_ID_MASK = (1 << MSG_ID_BITS) - 1
+
+
+def _heap_key(state: FifoState, msg_id: int) -> int:
+    assert msg_id <= MSG_ID_MASK, "message id beyond the heap key's range"
+    max_priority = state.limits.max_priority
+    if max_priority is None:
+        return msg_id
+    return ((max_priority - state.message_priorities.get(msg_id, 0)) << MSG_ID_BITS) | msg_id
+
+
 def _ttl(queue_ttl: int | None, message_ttl: int | None) -> int | None:
     """The shorter of the queue's and the message's TTL (RabbitMQ's rule)."""
     if queue_ttl is None:
@@ -293,7 +327,7 @@ def _expire_heads(state: FifoState, effects: list) -> None:
         return
     expired = []
     while state.ready or state.returns:
-        head = state.returns[0] if state.returns else state.ready[0]
+        head = state.returns[0] & MSG_ID_MASK if state.returns else state.ready[0]
         expiry = expiries.get(head)
         # TTL 0 still allows a delivery at the moment of enqueue: expire strictly after
         if expiry is None or expiry >= state.now_ms:
@@ -309,6 +343,8 @@ def _forget(state: FifoState, msg_id: int) -> Any:
     state.message_bytes -= size
     if state.expiries:
         state.expiries.pop(msg_id, None)
+    if state.message_priorities:
+        state.message_priorities.pop(msg_id, None)
     if state.track_removals:
         state.removed.append((msg_id, payload, size))
     if state.delivery_counts:
@@ -317,7 +353,7 @@ def _forget(state: FifoState, msg_id: int) -> Any:
 
 
 def _take_next(state: FifoState) -> int:
-    msg_id = heapq.heappop(state.returns) if state.returns else state.ready.popleft()
+    msg_id = heapq.heappop(state.returns) & MSG_ID_MASK if state.returns else state.ready.popleft()
     state.ready_bytes -= state.messages[msg_id][1]
     return msg_id
 
@@ -471,7 +507,7 @@ def _requeue(state: FifoState, consumer: ConsumerState, msg_ids) -> None:
     for msg_id in msg_ids:
         del consumer.checked_out[msg_id]
         state.delivery_counts[msg_id] = state.delivery_counts.get(msg_id, 0) + 1
-        heapq.heappush(state.returns, msg_id)
+        heapq.heappush(state.returns, _heap_key(state, msg_id))
         state.ready_bytes += state.messages[msg_id][1]
 
 
@@ -512,8 +548,8 @@ def _on_purge(state: FifoState) -> int:
     count = state.ready_count
     for msg_id in state.ready:
         _forget(state, msg_id)
-    for msg_id in state.returns:
-        _forget(state, msg_id)
+    for key in state.returns:
+        _forget(state, key & MSG_ID_MASK)
     state.ready.clear()
     state.returns.clear()
     state.ready_bytes = 0

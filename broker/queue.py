@@ -55,6 +55,7 @@ class Queue:
             overflow=arguments.get("x-overflow", fifo.DROP_HEAD),
             message_ttl_ms=arguments.get("x-message-ttl"),
             single_active_consumer=arguments.get("x-single-active-consumer") is True,
+            max_priority=arguments.get("x-max-priority"),
         ))
         self.expires_ms: int | None = arguments.get("x-expires")
         self.last_used_ms = clock_ms()
@@ -85,11 +86,11 @@ class Queue:
         self.journal.log_removals(self.log_id, self.index, self.state.removed)
         self.state.removed.clear()
 
-    def enqueue(self, payload: Any, size: int, ttl_ms: int | None = None) -> int | None:
+    def enqueue(self, payload: Any, size: int, ttl_ms: int | None = None, priority: int = 0) -> int | None:
         """Apply one enqueue. None: refused; 0: taken; N > 0: taken, durable once
         WAL batch N is on disk (a persistent message in a durable queue)."""
         msg_id = self.index + 1
-        if self.apply(fifo.Enqueue(payload, size, ttl_ms)) is not fifo.ACCEPTED:
+        if self.apply(fifo.Enqueue(payload, size, ttl_ms, priority)) is not fifo.ACCEPTED:
             return None
         if self.log_id is None or not codec.is_persistent(payload[2]):
             return 0
@@ -117,19 +118,21 @@ class Queue:
         """The (exchange, routing_key, properties, body) of a payload, from disk if stored."""
         return payload if type(payload) is tuple else self.journal.load(payload)
 
-    def restore(self, live: list[tuple[int, Any, int]], last_index: int) -> None:
+    def restore(self, live: list[tuple[int, Any, int]], last_index: int,
+                priorities: dict[int, int] | None = None) -> None:
         """Recovery: re-enqueue the live messages under their original ids."""
         self.stored_bytes += sum(size for _, payload, size in live if type(payload) is not tuple)
         limits = self.state.limits
         if limits.max_length is None and limits.max_length_bytes is None:
-            fifo.restore(self.state, live)
+            fifo.restore(self.state, live, priorities)
             if limits.message_ttl_ms is not None:  # TTLs start over at a restart
                 expiry = self._clock_ms() + limits.message_ttl_ms
                 self.state.expiries.update((msg_id, expiry) for msg_id, _, _ in live)
         else:  # a length limit may drop some on the way back: replay each enqueue
             now = self._clock_ms()
             for msg_id, payload, size in live:
-                fifo.apply(fifo.Meta(msg_id, now), fifo.Enqueue(payload, size), self.state)
+                priority = (priorities or {}).get(msg_id, 0)
+                fifo.apply(fifo.Meta(msg_id, now), fifo.Enqueue(payload, size, None, priority), self.state)
         self.index = max(self.index, last_index)
         if self.state.removed:  # a length limit dropped some on the way back
             self._log_removals()

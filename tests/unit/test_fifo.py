@@ -665,3 +665,25 @@ def test_single_active_consumer_hands_over_in_registration_order():
     assert [e.consumer for e in effects if isinstance(e, Deliver)] == [third], effects
     apply(Meta(10, 0), Settle(first, (4, 5, 6)), state)
     assert state.consumers[third].checked_out and first not in state.consumers
+
+
+def test_priority_queue_serves_highest_priority_first_and_requeues_in_place():
+    from broker.fifo import (Checkout, Deliver, Enqueue, FifoState, Meta, QueueLimits, Return, apply)
+    state = FifoState(limits=QueueLimits(max_priority=5))
+    for index, priority in enumerate([0, 3, 9, 3, 1], start=1):  # 9 is capped at 5
+        apply(Meta(index, 0), Enqueue(f"p{priority}-{index}", 1, priority=priority), state)
+    _, effects = apply(Meta(10, 0), Checkout(("ch", "c"), prefetch=2), state)
+    delivered = [e.payload for e in effects if isinstance(e, Deliver)]
+    assert delivered == ["p9-3", "p3-2"], delivered
+    _, effects = apply(Meta(11, 0), Return(("ch", "c"), (2,)), state)  # back into its place
+    delivered = [(e.payload, e.redelivered) for e in effects if isinstance(e, Deliver)]
+    assert delivered == [("p3-2", True)], delivered
+    assert state.ready_count == 3
+
+
+def test_restore_into_a_priority_queue_keeps_priorities():
+    from broker.fifo import Dequeue, FifoState, QueueLimits, Meta, apply, restore
+    state = FifoState(limits=QueueLimits(max_priority=10))
+    restore(state, [(1, "low", 1), (2, "high", 1), (3, "mid", 1)], {2: 7, 3: 2})
+    order = [apply(Meta(10 + i, 0), Dequeue(("o", None), True), state)[0].payload for i in range(3)]
+    assert order == ["high", "mid", "low"], order
