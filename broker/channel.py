@@ -399,7 +399,7 @@ class Channel:
         self.next_delivery_tag = tag + 1
         if not method.no_ack:
             self.unacked[tag] = (queue, None, reply.msg_id)
-        exchange, routing_key, properties, body = queue.hydrate(reply.payload)
+        exchange, routing_key, properties, body = queue.delivery_payload(reply.payload, reply.delivery_count)
         self.broker.counters.delivered += 1
         self.connection.write(codec.encode_get_ok(
             self.number, tag, reply.redelivered, codec.shortstr(exchange) + codec.shortstr(routing_key),

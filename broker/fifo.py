@@ -114,11 +114,12 @@ class Deliver:
     msg_id: int
     payload: Any
     redelivered: bool
+    delivery_count: int = 0  # earlier deliveries (quorum queues show it as x-delivery-count)
 
 
 @dataclass(frozen=True, slots=True)
 class DeadLetter:
-    reason: str  # "rejected" | "maxlen" (RabbitMQ's x-death reasons)
+    reason: str  # "rejected" | "maxlen" | "expired" | "delivery_limit" (RabbitMQ's x-death reasons)
     payloads: tuple
 
 
@@ -133,6 +134,7 @@ class Dequeued:
     payload: Any
     redelivered: bool
     message_count: int
+    delivery_count: int = 0
 
 
 # -- state ----------------------------------------------------------------
@@ -164,6 +166,8 @@ class QueueLimits:
     single_active_consumer: bool = False
     # x-max-priority: messages wait in the ``returns`` heap keyed by priority, then id
     max_priority: int | None = None
+    # x-delivery-limit: a message returned more often than this is dead-lettered
+    delivery_limit: int | None = None
 
 
 @dataclass(slots=True)
@@ -373,12 +377,12 @@ def _service(state: FifoState, effects: list) -> None:
         consumer = state.consumers[consumer_id]
         msg_id = _take_next(state)
         payload = messages[msg_id][0]
-        redelivered = msg_id in counts
+        delivery_count = counts.get(msg_id, 0)
         if consumer.no_ack:
             _forget(state, msg_id)
         else:
             consumer.checked_out[msg_id] = None
-        effects.append(Deliver(consumer_id, msg_id, payload, redelivered))
+        effects.append(Deliver(consumer_id, msg_id, payload, delivery_count > 0, delivery_count))
         if consumer.has_credit():
             state.service[consumer.priority].append((consumer_id, consumer, consumer.ticket))
         else:
@@ -498,17 +502,24 @@ def _on_return(command: Return, state: FifoState, effects: list) -> int:
     consumer, msg_ids = _checked_out_by(state, command.consumer, command.msg_ids)
     if consumer is None:
         return 0
-    _requeue(state, consumer, msg_ids)
+    _requeue(state, consumer, msg_ids, effects)
     _after_release(state, command.consumer, consumer, effects)
     return len(msg_ids)
 
 
-def _requeue(state: FifoState, consumer: ConsumerState, msg_ids) -> None:
+def _requeue(state: FifoState, consumer: ConsumerState, msg_ids, effects: list) -> None:
+    limit = state.limits.delivery_limit
+    over_limit = []
     for msg_id in msg_ids:
         del consumer.checked_out[msg_id]
-        state.delivery_counts[msg_id] = state.delivery_counts.get(msg_id, 0) + 1
+        count = state.delivery_counts[msg_id] = state.delivery_counts.get(msg_id, 0) + 1
+        if limit is not None and count > limit:
+            over_limit.append(_forget(state, msg_id))
+            continue
         heapq.heappush(state.returns, _heap_key(state, msg_id))
         state.ready_bytes += state.messages[msg_id][1]
+    if over_limit:
+        effects.append(DeadLetter("delivery_limit", tuple(over_limit)))
 
 
 def _on_discard(command: Discard, state: FifoState, effects: list) -> int:
@@ -531,7 +542,7 @@ def _on_dequeue(command: Dequeue, state: FifoState, effects: list) -> Dequeued |
         return None
     msg_id = _take_next(state)
     payload = state.messages[msg_id][0]
-    redelivered = msg_id in state.delivery_counts
+    delivery_count = state.delivery_counts.get(msg_id, 0)
     if command.no_ack:
         _forget(state, msg_id)
     else:
@@ -541,7 +552,7 @@ def _on_dequeue(command: Dequeue, state: FifoState, effects: list) -> Dequeued |
             consumer = ConsumerState(prefetch=0, priority=0, no_ack=False, cancelled=True)
             state.consumers[command.consumer] = consumer
         consumer.checked_out[msg_id] = None
-    return Dequeued(msg_id, payload, redelivered, state.ready_count)
+    return Dequeued(msg_id, payload, delivery_count > 0, state.ready_count, delivery_count)
 
 
 def _on_purge(state: FifoState) -> int:
@@ -562,7 +573,7 @@ def _on_down(command: Down, state: FifoState, effects: list) -> int:
     for consumer_id in [c for c in state.consumers if c[0] == command.owner]:
         consumer = state.consumers[consumer_id]
         returned += len(consumer.checked_out)
-        _requeue(state, consumer, list(consumer.checked_out))
+        _requeue(state, consumer, list(consumer.checked_out), effects)
         _remove_consumer(state, consumer_id)
     if returned:
         _service(state, effects)

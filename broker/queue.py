@@ -25,6 +25,14 @@ class ConsumerSink(Protocol):
     def on_queue_deleted(self, queue: "Queue", consumer_tag: str) -> None: ...
 
 
+def _with_delivery_count(payload: tuple, count: int) -> tuple:
+    """A quorum queue's redelivery carries x-delivery-count, as RabbitMQ's does."""
+    exchange, routing_key, properties, body = payload
+    decoded = codec.decode_properties(properties)
+    decoded.headers = {**(decoded.headers or {}), "x-delivery-count": count}
+    return exchange, routing_key, codec.encode_properties(decoded), body
+
+
 def _wall_clock_ms() -> int:
     return time.time_ns() // 1_000_000
 
@@ -56,6 +64,7 @@ class Queue:
             message_ttl_ms=arguments.get("x-message-ttl"),
             single_active_consumer=arguments.get("x-single-active-consumer") is True,
             max_priority=arguments.get("x-max-priority"),
+            delivery_limit=arguments.get("x-delivery-limit"),
         ))
         self.expires_ms: int | None = arguments.get("x-expires")
         self.last_used_ms = clock_ms()
@@ -114,6 +123,14 @@ class Queue:
         if entry is not None and type(entry[0]) is not tuple:
             self.state.messages[msg_id] = (location, entry[1])
 
+    def delivery_payload(self, payload: Any, delivery_count: int) -> tuple:
+        """The payload as delivered: from disk if stored; a quorum queue's
+        redelivery carries x-delivery-count, as RabbitMQ's does."""
+        payload = self.hydrate(payload)
+        if delivery_count and self.queue_type == "quorum":
+            payload = _with_delivery_count(payload, delivery_count)
+        return payload
+
     def hydrate(self, payload: Any) -> tuple:
         """The (exchange, routing_key, properties, body) of a payload, from disk if stored."""
         return payload if type(payload) is tuple else self.journal.load(payload)
@@ -143,8 +160,8 @@ class Queue:
                 case fifo.Deliver(consumer=consumer_id):
                     sink = self.consumers.get(consumer_id)
                     assert sink is not None, f"delivery to unknown consumer {consumer_id!r}"
-                    sink.deliver(self, consumer_id[1], effect.msg_id, self.hydrate(effect.payload),
-                                 effect.redelivered)
+                    sink.deliver(self, consumer_id[1], effect.msg_id,
+                                 self.delivery_payload(effect.payload, effect.delivery_count), effect.redelivered)
                 case fifo.DeadLetter():
                     self.vhost.dead_letter(self, effect.reason, tuple(self.hydrate(p) for p in effect.payloads),
                                            self._clock_ms())

@@ -204,7 +204,7 @@ def test_dequeue_with_ack_is_held_until_settled_and_redelivered_after_return():
     assert q.state.unacked_count == 1, "dequeued message not counted as unacked"
     assert q.apply(Return(GET1, (m1,)))[0] == 1, "return of a dequeued message ignored"
     reply, _ = q.apply(Dequeue(GET1, no_ack=False))
-    assert reply == Dequeued(m1, "m1", True, 0), f"second get should be redelivered: {reply}"
+    assert reply == Dequeued(m1, "m1", True, 0, delivery_count=1), f"second get should be redelivered: {reply}"
     assert q.apply(Settle(GET1, (m1,)))[0] == 1, "settle of a dequeued message ignored"
     assert not q.state.messages and GET1 not in q.state.consumers, "settled get left state behind"
 
@@ -687,3 +687,20 @@ def test_restore_into_a_priority_queue_keeps_priorities():
     restore(state, [(1, "low", 1), (2, "high", 1), (3, "mid", 1)], {2: 7, 3: 2})
     order = [apply(Meta(10 + i, 0), Dequeue(("o", None), True), state)[0].payload for i in range(3)]
     assert order == ["high", "mid", "low"], order
+
+
+def test_delivery_limit_dead_letters_after_too_many_returns():
+    from broker.fifo import (Checkout, DeadLetter, Deliver, Enqueue, FifoState, Meta, QueueLimits, Return,
+                             apply)
+    state = FifoState(limits=QueueLimits(delivery_limit=2))
+    consumer = ("ch", "c")
+    apply(Meta(1, 0), Enqueue("m", 1), state)
+    _, effects = apply(Meta(2, 0), Checkout(consumer, prefetch=1), state)
+    counts = [e.delivery_count for e in effects if isinstance(e, Deliver)]
+    for index in (3, 4):
+        _, effects = apply(Meta(index, 0), Return(consumer, (1,)), state)
+        counts += [e.delivery_count for e in effects if isinstance(e, Deliver)]
+    assert counts == [0, 1, 2], f"delivery counts {counts}"
+    _, effects = apply(Meta(5, 0), Return(consumer, (1,)), state)
+    assert effects == [DeadLetter("delivery_limit", ("m",))], effects
+    assert not state.messages and state.ready_count == 0
