@@ -83,6 +83,14 @@ class Broker:
     def queued_message_bytes(self) -> int:
         return sum(q.bytes_in_memory for v in self.vhosts.values() for q in v.queues.values())
 
+    def check_consumer_timeouts(self) -> None:
+        timeout_ms = self.settings.consumer_timeout_ms
+        if not timeout_ms:
+            return
+        now = time.monotonic()
+        for connection in list(self.connections):
+            connection.check_consumer_timeout(now, timeout_ms / 1000)
+
     def tick_queues(self) -> None:
         """Expire messages past their TTL and queues past x-expires (periodic)."""
         for vhost in self.vhosts.values():

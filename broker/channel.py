@@ -13,6 +13,7 @@ channel); hard ones as ``AMQPConnectionError``.
 from __future__ import annotations
 
 import secrets
+import time
 from collections import deque
 from dataclasses import dataclass
 from functools import partial
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
     from broker.connection import AMQPConnection
 
 REPLY_TO_QUEUE = "amq.rabbitmq.reply-to"
+DELIVERY_TIME_RESOLUTION_SECONDS = 0.1
 REPLY_TO_PREFIX = REPLY_TO_QUEUE + "."
 
 
@@ -78,6 +80,8 @@ class Channel:
         self.qos_blocked = False
         # deliveries a queue made past the global prefetch, sent as acks make room
         self.held: deque[tuple] = deque()
+        self.delivery_times: deque[tuple[int, float]] = deque()
+        self._last_time_mark = 0.0
         self.closed = False
 
     # -- output -----------------------------------------------------------
@@ -205,6 +209,7 @@ class Channel:
         self.next_delivery_tag = tag + 1
         if not consumer.no_ack:
             self.unacked[tag] = (queue, consumer.tag, msg_id)
+            self._note_delivery_time(tag)
         exchange, routing_key, properties, body = payload
         self.broker.counters.delivered += 1
         self.connection.write(codec.encode_deliver(
@@ -222,6 +227,27 @@ class Channel:
             if consumer.queue is None:
                 return consumer.tag
         return None
+
+    # -- consumer timeout (RabbitMQ's consumer_timeout) ----------------------
+    # Delivery times are kept coarsely, (first delivery tag, time) once per 0.1 s, so
+    # the check knows the oldest unacknowledged delivery's age to within 0.1 s.
+    def _note_delivery_time(self, tag: int) -> None:
+        now = time.monotonic()
+        if now - self._last_time_mark >= DELIVERY_TIME_RESOLUTION_SECONDS:
+            self._last_time_mark = now
+            self.delivery_times.append((tag, now))
+
+    def timed_out(self, now: float, timeout_seconds: float) -> bool:
+        """Is the oldest unacknowledged delivery older than the timeout?"""
+        if not self.unacked:
+            self.delivery_times.clear()
+            self._last_time_mark = 0.0
+            return False
+        oldest = next(iter(self.unacked))
+        times = self.delivery_times
+        while len(times) > 1 and times[1][0] <= oldest:
+            times.popleft()
+        return bool(times) and now - times[0][1] > timeout_seconds
 
     def on_ack(self, delivery_tag: int, multiple: bool) -> None:
         if self.tx is not None:
@@ -399,6 +425,7 @@ class Channel:
         self.next_delivery_tag = tag + 1
         if not method.no_ack:
             self.unacked[tag] = (queue, None, reply.msg_id)
+            self._note_delivery_time(tag)
         exchange, routing_key, properties, body = queue.delivery_payload(reply.payload, reply.delivery_count)
         self.broker.counters.delivered += 1
         self.connection.write(codec.encode_get_ok(

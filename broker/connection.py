@@ -38,6 +38,7 @@ from protocol.constants import (
     FRAME_MIN_SIZE,
     INTERNAL_ERROR,
     NOT_ALLOWED,
+    PRECONDITION_FAILED,
     PROTOCOL_HEADER,
 )
 from protocol.errors import AMQPConnectionError, AMQPError, ChannelError
@@ -370,6 +371,16 @@ class AMQPConnection(asyncio.Protocol):
             self._timer = None
 
     # -- errors and closing -----------------------------------------------
+    def check_consumer_timeout(self, now: float, timeout_seconds: float) -> None:
+        """Close channels whose oldest unacknowledged delivery is too old (RabbitMQ's rule)."""
+        for number, channel in list(self.channels.items()):
+            if channel.timed_out(now, timeout_seconds):
+                self._channel_error(number, ChannelError(
+                    PRECONDITION_FAILED, f"delivery acknowledgement on channel {number} timed out. "
+                    f"Timeout value used: {int(timeout_seconds * 1000)} ms. This timeout value can be "
+                    "configured, see consumers doc guide to learn more"))
+                self.flush()
+
     def _channel_error(self, number: int, error: ChannelError) -> None:
         log.info("channel.error", peer=self.peer, channel=number, reply_code=error.reply_code, text=error.text)
         self.broker.counters.channel_errors += 1

@@ -94,6 +94,7 @@ async def _housekeeping_forever(broker: Broker) -> None:
         await asyncio.sleep(broker.settings.alarm_check_interval_seconds)
         broker.check_alarms()
         broker.tick_queues()
+        broker.check_consumer_timeouts()
 
 
 async def _start_cluster_links(broker: Broker) -> ClusterTransport | None:

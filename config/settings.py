@@ -66,6 +66,10 @@ class Settings(BaseSettings):
     max_message_size_bytes: int = Field(128 * 1024 * 1024, ge=1, le=512 * 1024 * 1024)
     handshake_timeout_seconds: float = Field(10.0, gt=0)
 
+    # A delivery not acknowledged within this long closes its channel with 406, as
+    # RabbitMQ's consumer_timeout (default 30 min); 0 disables the check.
+    consumer_timeout_ms: int = Field(1_800_000, ge=0)
+
     # Backpressure: a connection whose unsent output exceeds this stops reading.
     connection_write_buffer_max_bytes: int = Field(4 * 1024 * 1024, ge=65536)
     # Memory alarm: when the message bytes held by all queues exceed this, publishing
