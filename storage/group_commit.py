@@ -133,7 +133,11 @@ class GroupCommitter:
         try:
             moved = await loop.run_in_executor(None, self.store.move_to_segments, cursors)
             if self._on_relocated is not None:
-                self._on_relocated(moved)  # readers switch before the old files go
+                # readers switch before the old files go; one segment's worth per loop
+                # turn, so a large move does not stall the node
+                for relocation in moved:
+                    self._on_relocated([relocation])
+                    await asyncio.sleep(0)
             await loop.run_in_executor(None, self.store.finish_rollover, cursors)
         except OSError as error:
             # The old WAL files stay listed; the next rollover moves them again.

@@ -89,11 +89,7 @@ def scan(data: bytes, path: str = "<wal>") -> ScanResult:
                 return ScanResult([], [], 0, 0, None)
             return ScanResult([], [], 0, len(data), "torn file header")
         raise CorruptLog(path, 0, "not a Warren WAL file (bad magic)")
-    if data[:len(FILE_MAGIC)] != FILE_MAGIC:
-        raise CorruptLog(path, 0, "not a Warren WAL file (bad magic)")
-    (version,) = struct.unpack_from(">H", data, len(FILE_MAGIC))
-    if version != FORMAT_VERSION:
-        raise CorruptLog(path, 0, f"unsupported WAL format version {version}")
+    _check_file_header(data, path)
     records: list[Record] = []
     offsets: list[int] = []
     offset = FILE_HEADER_SIZE
@@ -117,7 +113,44 @@ def decode_at(data: bytes, offset: int) -> tuple[Record | None, int, str]:
 
 
 def _decode(data: bytes, view: memoryview, offset: int) -> tuple[Record | None, int, str]:
-    # checksums are computed over views: only the payload is copied out
+    head, next_offset, problem = _decode_head(data, view, offset)
+    if head is None:
+        return None, next_offset, problem
+    log_id, term, index = head
+    return Record(log_id, term, index, data[offset + PREFIX_SIZE + ENTRY_HEAD_SIZE:next_offset]), next_offset, ""
+
+
+def _check_file_header(data: bytes, path: str) -> None:
+    if data[:len(FILE_MAGIC)] != FILE_MAGIC or len(data) < FILE_HEADER_SIZE:
+        raise CorruptLog(path, 0, "not a Warren WAL file (bad magic)")
+    (version,) = struct.unpack_from(">H", data, len(FILE_MAGIC))
+    if version != FORMAT_VERSION:
+        raise CorruptLog(path, 0, f"unsupported WAL format version {version}")
+
+
+def scan_heads(data: bytes, path: str = "<wal>") -> tuple[list[tuple[int, int, int, int]], int]:
+    """(log_id, index, offset, length) of every record of a file already
+    recovered, checksums verified, payloads not copied; and where they end.
+    Damage anywhere raises CorruptLog (this file's tail was cut at recovery)."""
+    if FILE_HEADER.startswith(data):
+        return [], 0  # created, but its header never reached the disk: no records
+    _check_file_header(data, path)
+    heads = []
+    offset = FILE_HEADER_SIZE
+    end = len(data)
+    view = memoryview(data)
+    while offset < end:
+        head, next_offset, problem = _decode_head(data, view, offset)
+        if head is None:
+            raise CorruptLog(path, offset, problem)
+        heads.append((head[0], head[2], offset, next_offset - offset))
+        offset = next_offset
+    return heads, offset
+
+
+def _decode_head(data: bytes, view: memoryview, offset: int) -> tuple[tuple[int, int, int] | None, int, str]:
+    """((log_id, term, index), offset after the record, "") or (None, where to look
+    for later records, problem). Checksums are computed over views: nothing is copied."""
     end = len(data)
     if end - offset < PREFIX_SIZE:
         return None, end, "partial record header"
@@ -134,8 +167,7 @@ def _decode(data: bytes, view: memoryview, offset: int) -> tuple[Record | None, 
         return None, end, "partial record"
     if _crc32(view[body_start:body_end]) != body_crc:
         return None, body_end, "checksum mismatch"
-    log_id, term, index = _entry_head_unpack(data, body_start)
-    return Record(log_id, term, index, data[body_start + ENTRY_HEAD_SIZE:body_end]), body_end, ""
+    return _entry_head_unpack(data, body_start), body_end, ""
 
 
 def _any_valid_record_after(data: bytes, start: int) -> bool:

@@ -276,19 +276,18 @@ class LogStore:
 
     def _move_to_segments(self, wal_path: Path, cursors: dict[int, int], moved: list[Relocation]) -> None:
         data = self.files.read_bytes(wal_path)
-        result = records.scan(data, str(wal_path))
+        heads, _ = records.scan_heads(data, str(wal_path))
         # per log: where its needed records lie in this WAL file (arrays: a few bytes each)
         by_log: dict[int, _Picked] = {}
-        overhead = records.PREFIX_SIZE + records.ENTRY_HEAD_SIZE
-        for record, offset in zip(result.records, result.offsets):
-            cursor = cursors.get(record.log_id)
-            if cursor is None or record.index < cursor:
+        for log_id, index, offset, length in heads:
+            cursor = cursors.get(log_id)
+            if cursor is None or index < cursor:
                 continue
-            picked = by_log.get(record.log_id)
+            picked = by_log.get(log_id)
             if picked is None:
-                picked = by_log[record.log_id] = _Picked()
-            picked.add(record.index, offset, overhead + len(record.payload))
-        del result
+                picked = by_log[log_id] = _Picked()
+            picked.add(index, offset, length)
+        del heads
         view = memoryview(data)
         for log_id, picked in by_log.items():
             self._append_segment(log_id, view, picked, moved)
