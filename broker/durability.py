@@ -29,7 +29,7 @@ from broker.queue import Queue
 from broker.vhost import NullJournal
 from config import Settings
 from protocol import codec
-from protocol.constants import PROP_PRIORITY
+from protocol.constants import PROP_EXPIRATION, PROP_PRIORITY
 from storage import records
 from storage.group_commit import BatchWritten, GroupCommitter
 from storage.wal import Location, LogStore, Relocation
@@ -267,7 +267,7 @@ class Durability:
         removed = scanned.removed
         live = [(msg_id, location, size) for msg_id, (location, size) in sorted(scanned.enqueued.items())
                 if msg_id >= cursor and msg_id not in removed]
-        queue.restore(live, scanned.last_index, scanned.priorities)
+        queue.restore(live, scanned.last_index, scanned.priorities, scanned.ttls)
         return len(queue.state.messages)
 
     async def close(self) -> None:
@@ -319,13 +319,14 @@ def _restore_binding(vhost: "VirtualHost", row: list, bound: bool) -> None:
 class _LogScan:
     """What recovery learnt about one queue's log: where each enqueue lies."""
 
-    __slots__ = ("enqueued", "removed", "last_index", "priorities")
+    __slots__ = ("enqueued", "removed", "last_index", "priorities", "ttls")
 
     def __init__(self) -> None:
         self.enqueued: dict[int, tuple[Location, int]] = {}  # msg_id -> (record, body size)
         self.removed: set[int] = set()
         self.last_index = 0
         self.priorities: dict[int, int] = {}  # msg_id -> priority property, where set
+        self.ttls: dict[int, int] = {}  # msg_id -> expiration property (ms), where set
 
 
 class _RecoveryScan:
@@ -347,7 +348,12 @@ class _RecoveryScan:
         if decoded[0] == ENQUEUE:
             scanned.enqueued[record.index] = (location, len(decoded[4]))
             properties = decoded[3]
-            if codec.property_flags(properties) & PROP_PRIORITY:
-                scanned.priorities[record.index] = codec.decode_properties(properties).priority or 0
+            flags = codec.property_flags(properties)
+            if flags & (PROP_PRIORITY | PROP_EXPIRATION):
+                header = codec.decode_properties(properties)
+                if header.priority:
+                    scanned.priorities[record.index] = header.priority
+                if header.expiration is not None and str(header.expiration).isdigit():
+                    scanned.ttls[record.index] = int(header.expiration)
         else:
             scanned.removed.update(decoded[1])

@@ -242,7 +242,7 @@ def _on_enqueue(meta: Meta, command: Enqueue, state: FifoState, effects: list) -
         return REJECTED
     msg_id = meta.index
     state.messages[msg_id] = (command.payload, command.size)
-    ttl = _ttl(limits.message_ttl_ms, command.ttl_ms)
+    ttl = effective_ttl(limits.message_ttl_ms, command.ttl_ms)
     if ttl is not None:
         state.expiries[msg_id] = meta.time_ms + ttl
     if limits.max_priority is None:
@@ -317,7 +317,7 @@ def _heap_key(state: FifoState, msg_id: int) -> int:
     return ((max_priority - state.message_priorities.get(msg_id, 0)) << MSG_ID_BITS) | msg_id
 
 
-def _ttl(queue_ttl: int | None, message_ttl: int | None) -> int | None:
+def effective_ttl(queue_ttl: int | None, message_ttl: int | None) -> int | None:
     """The shorter of the queue's and the message's TTL (RabbitMQ's rule)."""
     if queue_ttl is None:
         return message_ttl

@@ -136,20 +136,24 @@ class Queue:
         return payload if type(payload) is tuple else self.journal.load(payload)
 
     def restore(self, live: list[tuple[int, Any, int]], last_index: int,
-                priorities: dict[int, int] | None = None) -> None:
-        """Recovery: re-enqueue the live messages under their original ids."""
+                priorities: dict[int, int] | None = None, ttls: dict[int, int] | None = None) -> None:
+        """Recovery: re-enqueue the live messages under their original ids.
+        TTLs start over from now (the enqueue times are not stored)."""
         self.stored_bytes += sum(size for _, payload, size in live if type(payload) is not tuple)
         limits = self.state.limits
         if limits.max_length is None and limits.max_length_bytes is None:
             fifo.restore(self.state, live, priorities)
-            if limits.message_ttl_ms is not None:  # TTLs start over at a restart
-                expiry = self._clock_ms() + limits.message_ttl_ms
-                self.state.expiries.update((msg_id, expiry) for msg_id, _, _ in live)
+            now = self._clock_ms()
+            for msg_id, _, _ in live:
+                ttl = fifo.effective_ttl(limits.message_ttl_ms, (ttls or {}).get(msg_id))
+                if ttl is not None:
+                    self.state.expiries[msg_id] = now + ttl
         else:  # a length limit may drop some on the way back: replay each enqueue
             now = self._clock_ms()
             for msg_id, payload, size in live:
                 priority = (priorities or {}).get(msg_id, 0)
-                fifo.apply(fifo.Meta(msg_id, now), fifo.Enqueue(payload, size, None, priority), self.state)
+                ttl = (ttls or {}).get(msg_id)
+                fifo.apply(fifo.Meta(msg_id, now), fifo.Enqueue(payload, size, ttl, priority), self.state)
         self.index = max(self.index, last_index)
         if self.state.removed:  # a length limit dropped some on the way back
             self._log_removals()

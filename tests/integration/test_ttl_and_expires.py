@@ -101,3 +101,27 @@ def test_unused_queue_expires_but_not_while_consumed(fast_server, name):
     channel.basic_cancel(tag)
     wait_for(lambda: gone(name + "-used"), "the queue to expire after its consumer left")
     connection.close()
+
+
+def test_ttls_still_apply_after_a_restart(tmp_path):
+    import signal
+    server = make_server(tmp_path, WARREN_ALARM_CHECK_INTERVAL_SECONDS="0.05").start()
+    try:
+        connection = pika.BlockingConnection(pika.URLParameters(server.url))
+        channel = connection.channel()
+        channel.confirm_delivery()
+        channel.queue_declare("q-ttl", durable=True, arguments={"x-message-ttl": 3_000})
+        channel.queue_declare("m-ttl", durable=True)
+        channel.basic_publish("", "q-ttl", b"x", pika.BasicProperties(delivery_mode=2))
+        channel.basic_publish("", "m-ttl", b"y", pika.BasicProperties(delivery_mode=2, expiration="3000"))
+        connection.close()
+        server.stop(signal.SIGKILL)
+        server.start()
+        connection = pika.BlockingConnection(pika.URLParameters(server.url))
+        channel = connection.channel()
+        assert count(channel, "q-ttl") == 1 and count(channel, "m-ttl") == 1, "lost before their TTL"
+        wait_for(lambda: count(channel, "q-ttl") == 0 and count(channel, "m-ttl") == 0,
+                 "recovered messages to expire")
+        connection.close()
+    finally:
+        server.stop()
