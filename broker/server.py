@@ -115,6 +115,10 @@ def _ignore_frame(peer: str, frame: object) -> None:
 
 async def serve(settings: Settings) -> int:
     loop = asyncio.get_running_loop()
+    # Handlers first: a SIGTERM during start-up must still mean a graceful stop.
+    stop = asyncio.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
     broker = Broker(settings)
     broker.durability.recover(broker)
     server = await loop.create_server(
@@ -125,9 +129,6 @@ async def serve(settings: Settings) -> int:
     if settings.metrics_port:
         metrics_server = await start_http_server(broker, settings.metrics_host, settings.metrics_port)
     alarm_task = asyncio.create_task(_housekeeping_forever(broker))
-    stop = asyncio.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
     log.info("server.started", node=settings.node_name, amqp=f"{settings.amqp_host}:{settings.amqp_port}",
              metrics_port=settings.metrics_port, data_dir=str(settings.data_dir), version=VERSION)
     await stop.wait()
