@@ -20,7 +20,6 @@ from protocol.constants import (
     ACCESS_REFUSED,
     NOT_FOUND,
     PRECONDITION_FAILED,
-    PROP_HEADERS,
     RESOURCE_LOCKED,
 )
 from protocol.errors import ChannelError
@@ -269,7 +268,7 @@ class VirtualHost:
         while pending and len(visited) <= E2E_HOPS_MAX:
             current = pending.pop()
             if current.type == "headers" and headers is _UNDECODED:
-                headers = codec.headers_of(properties) if codec.property_flags(properties) & PROP_HEADERS else None
+                headers = codec.headers_of(properties)
             destinations = current.route(routing_key, None if headers is _UNDECODED else headers)
             if not destinations:
                 alternate = self.exchanges.get(current.alternate_exchange or "")

@@ -149,7 +149,7 @@ def property_flags(properties: bytes) -> int:
 
 
 def headers_of(properties: bytes) -> dict | None:
-    """The headers table, decoding only what precedes it."""
+    """The headers table, or None; the full decode happens only when there is one."""
     flags = property_flags(properties)
     if not flags & PROP_HEADERS:
         return None
