@@ -54,12 +54,35 @@ WAL file, and a group's cursor is its snapshot's index + 1 (every entry after
 the snapshot is still needed). What is written again is the state last
 handed to the committer, which may be ahead of what is durable: persisting a
 term, a vote or a snapshot (committed state) earlier than promised is safe,
-and a commit index ahead of the entries is capped at recovery. Snapshots are
-re-written at every rollover; they belong in files of their own once groups
-compact (as in ra) -- nothing compacts yet.
+and a commit index ahead of the entries is capped at recovery.
+
+Snapshots. A SNAPSHOT record is written in two cases, both through the
+committer: a follower's Ready that carries the leader's snapshot (Raft §7),
+and `RaftRuntime.compact` after the group's state machine captured its
+state (the core drops the entries up to it from memory at once). In both,
+the record is appended first and `GroupStorage.snapshot`, hence the cursor,
+moves after; nothing is dropped from disk until a rollover, which first
+writes the newest snapshot at the start of the new WAL file (synced by
+`LogStore.switch_wal` before `move_to_segments`) and only then leaves the
+entries below the cursor out of the segments and deletes the old WAL files
+and the segment files wholly below the cursor. One record is all or
+nothing (its checksums): a crash at any point leaves the old snapshot with
+its entries, or the new snapshot, and replay takes the last one it meets.
+A SNAPSHOT record is encoded with its data copied once
+(`snapshot_record_pieces`); the snapshot itself is held once, the same
+bytes object shared by the core (to send to lagging followers) and
+`GroupStorage`.
+
+Cost: every rollover writes every hosted group's newest snapshot again, so
+the WAL must be large compared with the sum of the snapshots (a first batch
+larger than `wal_max_size_bytes` would make every batch roll the WAL over),
+and one snapshot's record is limited to `records.RECORD_PAYLOAD_MAX_BYTES`.
+Snapshot files of their own, as in ra, would remove both limits.
 """
 from __future__ import annotations
 
+import struct
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -83,6 +106,12 @@ SNAPSHOT = 18
 REMOVED = 19
 CONTROL_KINDS = frozenset({GROUP, HARD_STATE, SNAPSHOT, REMOVED})
 ENTRY_KINDS = frozenset(int(kind) for kind in EntryKind)
+
+# storage.records' framing, for `snapshot_record_pieces` (a unit test pins the
+# two encoders to the same bytes)
+_MARKER_LENGTH = struct.Struct(">II")   # marker, body length
+_CRCS = struct.Struct(">II")            # header crc, body crc
+_RECORD_HEAD = struct.Struct(">QQQ")    # log_id, term, index
 
 
 class RaftLogCorrupt(Exception):
@@ -125,8 +154,40 @@ def hard_state_record(log_id: int, hard_state: HardState) -> bytes:
 
 
 def snapshot_record(log_id: int, snapshot: Snapshot) -> bytes:
-    payload = _pack([SNAPSHOT, snapshot.index, snapshot.term, list(snapshot.voters), snapshot.data])
-    return records.encode(log_id, snapshot.term, CONTROL_INDEX, payload)
+    """The SNAPSHOT record, its data copied once (see `snapshot_record_pieces`)."""
+    return b"".join(snapshot_record_pieces(log_id, snapshot))
+
+
+def snapshot_record_pieces(log_id: int, snapshot: Snapshot) -> tuple[bytes, bytes]:
+    """The SNAPSHOT record as (everything before the data, the data itself):
+    their concatenation is byte for byte `records.encode(log_id, term, 0,
+    msgpack [18, index, term, voters, data])`, but built without copying the
+    data (a queue's snapshot may be large): msgpack's bin header is written
+    here and the checksum runs over the pieces. Whoever joins them (into a
+    record, or straight into a rollover's first batch) makes the one copy."""
+    data = snapshot.data
+    if len(data) > 0xFFFFFFFF:
+        raise ValueError(f"a snapshot of {len(data)} bytes does not fit a msgpack bin")
+    packer = msgpack.Packer(use_bin_type=True)
+    payload_head = b"".join((
+        packer.pack_array_header(5), packer.pack(SNAPSHOT), packer.pack(snapshot.index),
+        packer.pack(snapshot.term), packer.pack(list(snapshot.voters)), _bin_header(len(data))))
+    payload_size = len(payload_head) + len(data)
+    if payload_size > records.RECORD_PAYLOAD_MAX_BYTES:
+        raise ValueError(f"record payload of {payload_size} bytes exceeds {records.RECORD_PAYLOAD_MAX_BYTES}")
+    head = _RECORD_HEAD.pack(log_id, snapshot.term, CONTROL_INDEX) + payload_head
+    marker_length = _MARKER_LENGTH.pack(records.RECORD_MARKER, len(head) + len(data))
+    body_crc = zlib.crc32(data, zlib.crc32(head))
+    prefix = marker_length + _CRCS.pack(zlib.crc32(marker_length), body_crc)
+    return prefix + head, data
+
+
+def _bin_header(size: int) -> bytes:
+    if size < 1 << 8:
+        return b"\xc4" + size.to_bytes(1, "big")
+    if size < 1 << 16:
+        return b"\xc5" + size.to_bytes(2, "big")
+    return b"\xc6" + size.to_bytes(4, "big")
 
 
 def removed_record(log_id: int) -> bytes:
@@ -166,9 +227,13 @@ class GroupStorage:
         return (self.snapshot.index if self.snapshot is not None else 0) + 1
 
     def rollover_records(self) -> list[bytes]:
+        """The group's control records for the start of a new WAL file, as
+        byte strings to write in this order: GROUP, SNAPSHOT (in two pieces,
+        see `snapshot_record_pieces`, so that joining the first batch copies
+        the snapshot's data once), HARD_STATE."""
         encoded = [group_record(self.log_id, self.group_id, self.members)]
         if self.snapshot is not None:
-            encoded.append(snapshot_record(self.log_id, self.snapshot))
+            encoded.extend(snapshot_record_pieces(self.log_id, self.snapshot))
         if self.hard_state != HardState():
             encoded.append(hard_state_record(self.log_id, self.hard_state))
         return encoded

@@ -44,6 +44,34 @@ hosts every group recovered (not removed), rebuilt from its snapshot, hard
 state and entries, and re-applies its committed entries. Groups added later
 with `add_group` are written a GROUP record first, so they come back too.
 
+Snapshots and compaction. The state machine of a group that has applied
+through `index` hands its serialized state there to `compact(group_id,
+index, data)`: the core drops the entries up to `index` from memory
+(`RaftSystem.compact`, raft/log.py) and keeps the snapshot (the same bytes
+object, never copied: it is what a lagging follower is sent), and the
+runtime appends a SNAPSHOT record to the committer in the group's log id,
+then moves the group's release cursor (`GroupStorage.cursor()`) to
+`index + 1`. From the next rollover on the WAL drops the group's entries at
+or below `index` from WAL files and segments; that rollover first writes the
+SNAPSHOT again at the start of the new WAL file (`prepare_rollover`, synced
+before any old entry is dropped), so a crash at any point leaves the old
+snapshot and its entries or the new snapshot on disk (raft/raft_storage.py).
+`compact` may be called from inside `apply` (as ra's release cursor is an
+effect of applying): the core counts a Ready's entries as applied only once
+they all are, so such a call is carried out at the end of the turn.
+A follower sent a snapshot (Raft §7 InstallSnapshot) persists it the same
+way, as the SNAPSHOT record of its Ready, and `install_snapshot(group_id,
+snapshot)` is called once that is durable, before the entries after it are
+applied.
+
+The install_snapshot contract on restart: for every recovered group whose
+log starts with a snapshot, `start()` calls `install_snapshot(group_id,
+snapshot)` with the newest durable snapshot, synchronously, after the group
+is hosted and before any entry of it is applied (applies happen in later
+loop turns); `apply` then gets the committed entries from `snapshot.index +
+1` on. A group without a snapshot gets no call and is applied from index 1.
+A runtime that recovers a snapshot must have been given `install_snapshot`.
+
 Failure. A lost WAL batch (`ok=False`), or an exception out of
 `process_ready` (a bug, or the `apply` given raising), leaves the system's
 memory ahead of or out of step with the disk: the runtime logs it, stops
@@ -73,6 +101,7 @@ from raft.raft_storage import (
     is_raft_log_id,
     log_id_of,
     removed_record,
+    snapshot_record,
 )
 from raft.system import PersistFailed, RaftSystem
 from raft.transport import ClusterTransport, TransportLimits
@@ -118,6 +147,8 @@ class RaftRuntime:
         self._tick_handle: asyncio.TimerHandle | None = None
         self._turn_handle: asyncio.Handle | None = None
         self._awaited_batches: set[int] = set()
+        # compact() calls made inside `apply`, carried out at the end of the turn: group -> (index, data)
+        self._compactions: dict[GroupId, tuple[int, bytes]] = {}
 
     # --- recovery and lifecycle ---------------------------------------------------------------
 
@@ -140,6 +171,11 @@ class RaftRuntime:
         for recovered in scan.groups():
             self.groups[recovered.group_id] = recovered.storage()
             self.system.add_group(recovered.group_id, recovered.members, recovered=recovered.state)
+            if recovered.state.snapshot is not None:
+                # Before any entry after it is applied: applies run in later turns.
+                assert self.install_snapshot is not None, \
+                    f"group {recovered.group_id!r} recovered a snapshot but no install_snapshot callback was given"
+                self.install_snapshot(recovered.group_id, recovered.state.snapshot)
         self.transport = ClusterTransport(
             self.settings, self.on_frame, random.Random(self.rng.random()), limits=self.transport_limits,
             on_peer_up=self.on_peer_up, on_peer_down=self.on_peer_down)
@@ -188,6 +224,7 @@ class RaftRuntime:
         if storage is None:
             return False
         self.system.remove_group(group_id)
+        self._compactions.pop(group_id, None)
         self.committer.append(removed_record(storage.log_id))
         return True
 
@@ -197,6 +234,48 @@ class RaftRuntime:
         if self.system is None or self.stopped or self.failed is not None:
             return None
         return self.system.propose(group_id, data)
+
+    def compact(self, group_id: GroupId, index: int, snapshot_data: bytes) -> bool:
+        """The group's state machine has applied through `index` and
+        `snapshot_data` is its state there: drop the log up to `index` (see
+        the module docstring). `snapshot_data` is kept as given (do not
+        mutate it) until a later compaction replaces it. Called from inside
+        `apply`, it is carried out at the end of the turn (a later call for
+        the group replaces it). False when there is nothing to do: the group
+        is not hosted here, the runtime is not running, or its log already
+        starts at `index` or later (e.g. a snapshot from the leader)."""
+        if self.system is None or self.stopped or self.failed is not None:
+            return False
+        storage = self.groups.get(group_id)
+        if storage is None:
+            return False
+        status = self.system.status(group_id)
+        if index <= status.snapshot_index:
+            return False
+        assert index <= status.commit_index, \
+            f"group {group_id!r}: compact({index}) beyond the commit index {status.commit_index}"
+        if index > status.last_applied:
+            self._compactions[group_id] = (index, snapshot_data)
+            self.request_turn()
+            return True
+        self._compactions.pop(group_id, None)
+        self.write_snapshot(storage, self.system.compact(group_id, index, snapshot_data))
+        return True
+
+    def campaign(self, group_id: GroupId) -> bool:
+        """This node campaigns for the group now (`RaftSystem.campaign`); False
+        if the group is not hosted here or the runtime is not running."""
+        if self.system is None or self.stopped or self.failed is not None:
+            return False
+        return self.system.campaign(group_id)
+
+    def applied_index(self, group_id: GroupId) -> int | None:
+        """The index through which the group's entries were applied (its
+        snapshot's index right after a restart); entries handed to `apply`
+        count once their turn's Ready is done. None if not hosted here."""
+        if self.system is None or group_id not in self.groups:
+            return None
+        return self.system.status(group_id).last_applied
 
     def leader_of(self, group_id: GroupId) -> str | None:
         """The leader this node knows of, None if none or not hosted here."""
@@ -274,6 +353,8 @@ class RaftRuntime:
             return
         try:
             self.system.process_ready()
+            if self._compactions:
+                self.run_deferred_compactions()
         except PersistFailed as error:
             self.fail(error)
         except Exception as error:  # a bug, or apply raising: memory and disk may disagree now
@@ -303,6 +384,29 @@ class RaftRuntime:
             self.system.peer_down(peer)
 
     # --- helpers ----------------------------------------------------------------------------------------
+
+    def write_snapshot(self, storage: GroupStorage, snapshot: Snapshot) -> None:
+        """Append the SNAPSHOT record, then move the cursor. A rollover that
+        comes first writes the snapshot again at the start of the new WAL
+        file before it drops anything below the cursor."""
+        assert storage.snapshot is None or snapshot.index > storage.snapshot.index
+        self.committer.append(snapshot_record(storage.log_id, snapshot))
+        storage.snapshot = snapshot
+
+    def run_deferred_compactions(self) -> None:
+        """The `compact` calls made inside `apply`, now that the turn's
+        Readies are advanced (the core counts their entries as applied)."""
+        for group_id, (index, data) in list(self._compactions.items()):
+            storage = self.groups.get(group_id)
+            if storage is None:
+                del self._compactions[group_id]
+                continue
+            status = self.system.status(group_id)
+            if index <= status.snapshot_index:
+                del self._compactions[group_id]
+            elif index <= status.last_applied:
+                del self._compactions[group_id]
+                self.write_snapshot(storage, self.system.compact(group_id, index, data))
 
     def fail(self, error: BaseException) -> None:
         log.error("raft.failed", node=self.node_name, error=str(error))

@@ -14,12 +14,15 @@ reads no clock; the shell hands it inputs and gives it four callables:
   leader's last heartbeat before it falls quiet); msgpack-able as is.
 * `apply(group_id, entry)`: every committed entry, in order (NORMAL, NOOP
   and CONFIG: the state machine skips what it does not use). After a
-  restart, entries after the snapshot are applied again.
+  restart, entries after the snapshot are applied again; the system does
+  not hand a recovered snapshot to `install_snapshot`: the host restores
+  the state machine from `RecoveredState.snapshot` before `add_group`
+  (raft/runtime.py does).
 * `install_snapshot(group_id, snapshot)`, `on_role_change(group_id, role,
   leader_id, term)`, `request_turn()`: optional.
 
 Inputs: `add_group`, `remove_group`, `propose`, `propose_conf_change`,
-`transfer_leadership`, `compact`, `step(from_node, frame)`, `tick()` on a
+`transfer_leadership`, `campaign`, `compact`, `step(from_node, frame)`, `tick()` on a
 timer, `peer_down(node)` / `peer_up(node)` from the transport's per-node
 failure detector, `on_persisted(token)`. Then, once per event-loop turn,
 `process_ready()`, which keeps the etcd-raft order across all groups at once
@@ -68,7 +71,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
-from raft.core import RaftNode, Ready, RecoveredState
+from raft.core import RaftNode, Ready, RecoveredState, Status
 from raft.group import (
     QUIESCE, Group, GroupId, GroupMetrics, PersistItem, follower_may_quiesce, leader_may_quiesce,
     persist_item, quiesce_heartbeats,
@@ -219,9 +222,26 @@ class RaftSystem:
         return True
 
     def compact(self, group_id: GroupId, index: int, snapshot_data: bytes) -> Snapshot:
-        """Raft §7: the state machine persisted a snapshot at `index`; drop
-        the log before it. Returns the snapshot the log now starts with."""
+        """Raft §7: the state machine captured its state at `index` (applied)
+        in `snapshot_data`; drop the log up to it. Returns the snapshot the
+        log now starts with (an earlier one when `index` is not beyond it).
+        The host must persist a new snapshot before its storage drops the
+        entries it covers (the runtime: a SNAPSHOT record, then the cursor)."""
         return self.groups[group_id].raft.compact(index, snapshot_data)
+
+    def campaign(self, group_id: GroupId) -> bool:
+        """This node campaigns for the group now (`RaftNode.campaign`, behind a
+        pre-vote): e.g. the first member of a new group, so that it need not
+        wait out an election timeout. The group wakes (its election goes on
+        on ticks). The followers of a live leader refuse it inside their lease
+        (use `transfer_leadership` to move a healthy leader). False if the
+        group is not hosted here."""
+        group = self.groups.get(group_id)
+        if group is None:
+            return False
+        group.raft.campaign()
+        self.on_work(group)
+        return True
 
     def step(self, from_node: str, frame: list) -> None:
         """A frame from a peer node: messages for many groups. Items for
@@ -455,6 +475,10 @@ class RaftSystem:
     def all_group_metrics(self) -> Iterator[GroupMetrics]:
         for group in self.groups.values():
             yield group.metrics()
+
+    def status(self, group_id: GroupId) -> Status:
+        """The group's core status (snapshot index, last applied, ...)."""
+        return self.groups[group_id].raft.status()
 
     def role(self, group_id: GroupId) -> Role:
         return self.groups[group_id].raft.role
