@@ -1,0 +1,138 @@
+"""The SNAPSHOT record and compaction on a real LogStore, crash point by crash
+point (raft/raft_storage.py): a torn snapshot record leaves the old log; a
+durable one, before, during or after the rollover that drops the entries
+below it, leaves the snapshot plus the entries after it; rollovers keep the
+snapshot (its record is written again at the start of each new WAL file).
+"""
+from __future__ import annotations
+
+import msgpack
+import pytest
+
+from raft.group import PersistItem
+from raft.messages import Entry, EntryKind, HardState, Snapshot
+from raft.raft_storage import (
+    RAFT_LOG_ID_BASE,
+    GroupStorage,
+    RecoveryScan,
+    group_record,
+    snapshot_record,
+    snapshot_record_pieces,
+)
+from storage import records
+from storage.wal import LogStore
+
+LOG_ID = RAFT_LOG_ID_BASE + 3
+MEMBERS = ("a", "b", "c")
+
+
+@pytest.mark.parametrize("size", [0, 1, 255, 256, 65535, 65536, 70000])
+def test_the_snapshot_record_is_the_record_format_and_round_trips(size):
+    data = bytes(range(256)) * (size // 256) + bytes(size % 256)
+    snapshot = Snapshot(2**35, 2**33 + 1, MEMBERS, data)
+    expected = records.encode(LOG_ID, snapshot.term, 0, msgpack.packb(
+        [18, snapshot.index, snapshot.term, list(MEMBERS), data], use_bin_type=True))
+    head, body = snapshot_record_pieces(LOG_ID, snapshot)
+    assert body is data, "the data is not copied before the pieces are joined"
+    assert head + body == snapshot_record(LOG_ID, snapshot) == expected
+    scan = RecoveryScan()
+    for record in records.scan(records.FILE_HEADER + group_record(LOG_ID, "g", MEMBERS) + expected).records:
+        scan.visit(record)
+    (group,) = scan.groups()
+    assert group.state.snapshot == snapshot and group.state.entries == []
+
+
+def entry(index: int) -> Entry:
+    return Entry(1, index, EntryKind.NORMAL, f"e{index}".encode() * 20)
+
+
+def open_store(tmp_path) -> tuple[LogStore, RecoveryScan, list]:
+    store = LogStore(tmp_path / "log", wal_max_size_bytes=1 << 30, segment_max_entries=16)
+    scan = RecoveryScan()
+    recovered = store.recover(lambda record, location: scan.visit(record, location))
+    return store, scan, recovered.torn
+
+
+def recover(tmp_path):
+    store, scan, torn = open_store(tmp_path)
+    store.close()
+    (group,) = scan.groups()
+    return group, torn
+
+
+def write_log(tmp_path, last: int) -> tuple[LogStore, GroupStorage]:
+    """A group with entries 1..last, all committed and durable."""
+    store, _, _ = open_store(tmp_path)
+    storage = GroupStorage(LOG_ID, "g", MEMBERS)
+    encoded = [group_record(LOG_ID, "g", MEMBERS)]
+    encoded += storage.records_for(PersistItem("g", HardState(1, "a", last), None, None,
+                                               tuple(entry(i) for i in range(1, last + 1))))
+    store.write_batch(b"".join(encoded))
+    return store, storage
+
+
+def compact(store: LogStore, storage: GroupStorage, index: int, data: bytes, torn: bool = False) -> None:
+    """What RaftRuntime.compact does: the record, then the cursor."""
+    record = snapshot_record(LOG_ID, Snapshot(index, 1, MEMBERS, data))
+    store.write_batch(record[:-7] if torn else record)
+    storage.snapshot = Snapshot(index, 1, MEMBERS, data)
+
+
+def rollover_batch(storage: GroupStorage) -> tuple[dict[int, int], bytes]:
+    return {LOG_ID: storage.cursor()}, b"".join(storage.rollover_records())
+
+
+def test_a_torn_snapshot_record_leaves_the_old_log(tmp_path):
+    store, storage = write_log(tmp_path, 100)
+    compact(store, storage, 60, b"state@60", torn=True)
+    store.close()
+    group, torn = recover(tmp_path)
+    assert torn, "the torn record was not cut off"
+    assert group.state.snapshot is None
+    assert [e.index for e in group.state.entries] == list(range(1, 101))
+
+
+def test_a_durable_snapshot_before_the_rollover_starts_the_log(tmp_path):
+    store, storage = write_log(tmp_path, 100)
+    compact(store, storage, 60, b"state@60")
+    store.close()
+    group, _ = recover(tmp_path)
+    assert group.state.snapshot == Snapshot(60, 1, MEMBERS, b"state@60")
+    assert [e.index for e in group.state.entries] == list(range(61, 101))
+    assert group.state.hard_state.commit_index == 100
+
+
+@pytest.mark.parametrize("crash", ["after_switch", "after_move", "none"])
+def test_a_rollover_drops_the_entries_below_the_snapshot_at_every_crash_point(tmp_path, crash):
+    store, storage = write_log(tmp_path, 100)
+    cursors, first = rollover_batch(storage)   # a first rollover: entries 1..100 into segments
+    store.rollover(cursors, first)
+    assert sum(s.entries for s in store.segments[LOG_ID]) == 100
+    compact(store, storage, 60, b"state@60")
+    cursors, first = rollover_batch(storage)
+    assert cursors == {LOG_ID: 61}
+    store.switch_wal(first)
+    if crash != "after_switch":
+        store.move_to_segments(cursors)
+        if crash != "after_move":
+            store.finish_rollover(cursors)
+            # segment files wholly below the cursor are gone: 1..48 in 16-entry files
+            assert min(s.first_index for s in store.segments[LOG_ID]) == 49
+            assert len(list((tmp_path / "log" / "wal").iterdir())) == 1
+    store.close()
+    group, _ = recover(tmp_path)
+    assert group.state.snapshot == Snapshot(60, 1, MEMBERS, b"state@60")
+    assert [e.index for e in group.state.entries] == list(range(61, 101))
+
+
+def test_rollovers_carry_the_newest_snapshot_and_a_newer_one_wins(tmp_path):
+    store, storage = write_log(tmp_path, 100)
+    compact(store, storage, 40, b"state@40")
+    for _ in range(3):
+        store.rollover(*rollover_batch(storage))
+    compact(store, storage, 90, b"state@90")
+    store.rollover(*rollover_batch(storage))
+    store.close()
+    group, _ = recover(tmp_path)
+    assert group.state.snapshot.data == b"state@90"
+    assert [e.index for e in group.state.entries] == list(range(91, 101))
