@@ -8,7 +8,9 @@ from typing import TYPE_CHECKING
 
 import structlog
 
+from broker.cluster import Cluster
 from broker.durability import Durability
+from broker.metadata import Metadata
 from broker.vhost import VirtualHost
 from config import Settings
 
@@ -39,6 +41,10 @@ class Broker:
         self.version = VERSION
         self.durability = Durability(settings)
         self.vhosts = {name: VirtualHost(name, self.durability) for name in settings.vhosts}
+        self.cluster = Cluster(self)
+        self.metadata = Metadata(self, self.cluster)
+        self.durability.raft_visit = self.cluster.runtime.recover_visit
+        self.durability.raft_rollover = self.cluster.runtime.prepare_rollover
         self.connections: set["AMQPConnection"] = set()
         self.counters = Counters()
         self._reply_channels: dict[str, "Channel"] = {}

@@ -81,6 +81,9 @@ class Channel(TopologyMethods):
         # deliveries a queue made past the global prefetch, sent as acks make room
         self.held: deque[tuple] = deque()
         self.delivery_times: deque[tuple[int, float]] = deque()
+        # enqueues to quorum queues not yet applied (commands_soft_limit)
+        self.enqueues_in_flight = 0
+        self.commands_paused = False
         self._last_time_mark = 0.0
         self.closed = False
 
@@ -121,20 +124,59 @@ class Channel(TopologyMethods):
         queues = self.vhost.route(exchange, routing_key, properties)
         accepted = True
         batch = 0
+        waiting: PendingPublish | None = None
         if queues:
             payload = (exchange.name, routing_key, properties, body)
             size = len(body)
             for queue in queues:
+                if queue.replicated:
+                    if waiting is None:
+                        waiting = PendingPublish(seq)
+                    waiting.remaining += 1
+                    self._enqueue_replicated(queue, payload, ttl_ms, priority, waiting)
+                    continue
                 taken = queue.enqueue(payload, size, ttl_ms, priority)
                 if taken is None:
                     accepted = False
                 elif taken > batch:
                     batch = taken
+        if waiting is not None:
+            # confirmed once every quorum queue applied it (and the WAL batch, if any, is durable)
+            waiting.ok = accepted
+            if batch:
+                waiting.remaining += 1
+                self.broker.durability.committer.when_durable(batch, partial(self._publish_part_done, waiting))
+            return batch
         if batch and seq and accepted:
             self._confirm_when_durable(seq, batch)
             return batch
         self._after_route(seq, bool(queues), accepted, mandatory, exchange.name, routing_key, properties, body)
         return batch
+
+    def _enqueue_replicated(self, queue: Queue, payload: tuple, ttl_ms: int | None, priority: int,
+                            waiting: "PendingPublish") -> None:
+        self.enqueues_in_flight += 1
+        if self.enqueues_in_flight > self.broker.settings.commands_soft_limit and not self.commands_paused:
+            # RabbitMQ's soft limit: stop reading this client until the queues catch up.
+            self.commands_paused = True
+            self.connection.set_channel_paused(self, True)
+        self.queues_used[id(queue)] = queue
+        queue.enqueue_from(self.owner, payload, ttl_ms, priority, partial(self._on_enqueue_applied, waiting))
+
+    def _on_enqueue_applied(self, waiting: "PendingPublish", accepted: bool) -> None:
+        self.enqueues_in_flight -= 1
+        if self.commands_paused and self.enqueues_in_flight <= self.broker.settings.commands_soft_limit // 2:
+            self.commands_paused = False
+            self.connection.set_channel_paused(self, False)
+        self._publish_part_done(waiting, accepted)
+
+    def _publish_part_done(self, waiting: "PendingPublish", ok: bool) -> None:
+        waiting.remaining -= 1
+        waiting.ok = waiting.ok and ok
+        if waiting.remaining or not waiting.seq or self.closed or self.confirms is None:
+            return
+        self.confirms.settle(waiting.seq, waiting.ok)
+        self.connection.want_flush(self)
 
     def _confirm_when_durable(self, seq: int, batch: int) -> None:
         """Confirm once WAL batch ``batch`` (which holds this publish) is on disk."""
@@ -417,13 +459,26 @@ class Channel(TopologyMethods):
         queue = self._queue_for(method.queue, 60, 70)
         self.queues_used[id(queue)] = queue
         queue.touch()
-        reply = queue.apply(fifo.Dequeue((self.owner, None), method.no_ack))
+        if queue.replicated:
+            queue.get(self.owner, method.no_ack, partial(self._on_replicated_get, queue, method.no_ack))
+            return
+        self._send_get_reply(queue, method.no_ack, queue.apply(fifo.Dequeue((self.owner, None), method.no_ack)))
+
+    def _on_replicated_get(self, queue: Queue, no_ack: bool, reply: Any) -> None:
+        if self.closed:
+            return  # what it took is returned by the channel's DOWN
+        if reply is not None:
+            msg_id, payload, redelivered, message_count, delivery_count = reply
+            reply = fifo.Dequeued(msg_id, tuple(payload), redelivered, message_count, delivery_count)
+        self._send_get_reply(queue, no_ack, reply)
+
+    def _send_get_reply(self, queue: Queue, no_ack: bool, reply: Any) -> None:
         if reply is None:
             self.send(spec.Basic.GetEmpty())
             return
         tag = self.next_delivery_tag
         self.next_delivery_tag = tag + 1
-        if not method.no_ack:
+        if not no_ack:
             self.unacked[tag] = (queue, None, reply.msg_id)
             self._note_delivery_time(tag)
         exchange, routing_key, properties, body = queue.delivery_payload(reply.payload, reply.delivery_count)
@@ -485,6 +540,11 @@ class Channel(TopologyMethods):
             raise AMQPConnectionError(NOT_IMPLEMENTED, "active=false", 20, 20)
         self.send(spec.Channel.FlowOk(active=True))
 
+    def fail(self, error: ChannelError) -> None:
+        """An asynchronous reply met an error: close the channel with it."""
+        if not self.closed:
+            self.connection._channel_error(self.number, error)
+
     # -- closing ----------------------------------------------------------
     def close(self) -> None:
         """The channel is gone: return everything it held to its queues."""
@@ -501,6 +561,20 @@ class Channel(TopologyMethods):
             if not queue.deleted:
                 queue.owner_down(self.owner)
         self.queues_used.clear()
+        if self.commands_paused:
+            self.commands_paused = False
+            self.connection.set_channel_paused(self, False)
+
+
+class PendingPublish:
+    """A confirmed publish waiting for its quorum queues (and WAL batch)."""
+
+    __slots__ = ("seq", "remaining", "ok")
+
+    def __init__(self, seq: int) -> None:
+        self.seq = seq
+        self.remaining = 0
+        self.ok = True
 
 
 def _parse_expiration(value: Any) -> int:

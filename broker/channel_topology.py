@@ -7,11 +7,12 @@ store has committed; tx.commit-ok waits the same way for its messages.
 from __future__ import annotations
 
 from functools import partial
-from typing import Any
+from typing import Any, Callable
 
 from pamqp import commands as spec
 
 from broker import fifo
+from broker.metadata import raise_if_error
 from broker.queue import Queue
 from protocol.constants import INTERNAL_ERROR, NOT_FOUND
 from protocol.errors import ChannelError
@@ -39,51 +40,106 @@ class TopologyMethods:
             return
         self.send(reply)
 
+    # -- through the metadata Raft group (broker/metadata.py) -----------------------------
+    def _replicate(self, command: list, reply: Any | None,
+                   on_applied: Callable[[Any], Any | None] | None = None) -> Callable[..., None]:
+        """A hook for the vhost: submit `command` to the metadata group; reply
+        (or close the channel with the error the apply met) once this node applied it."""
+        def submit(*_: Any) -> None:
+            self.broker.metadata.submit(command, partial(self._on_replicated, reply, on_applied))
+        return submit
+
+    def _on_replicated(self, reply: Any | None, on_applied: Callable[[Any], Any | None] | None, result: Any) -> None:
+        if self.closed:
+            return
+        try:
+            raise_if_error(result)
+            if on_applied is not None:
+                reply = on_applied(result)
+        except ChannelError as error:
+            self.fail(error)
+            return
+        if reply is not None:
+            self.send(reply)
+
     def on_exchange_declare(self, method: spec.Exchange.Declare) -> None:
         before = self.broker.durability.last_meta_batch
-        self.vhost.declare_exchange(method)
-        self._reply_when_journaled(before, None if method.nowait else spec.Exchange.DeclareOk())
+        replicate = None
+        reply = None if method.nowait else spec.Exchange.DeclareOk()
+        if self.broker.metadata.replicates_exchange(method.durable):
+            replicate = self._replicate(["xdecl", self.vhost.name, method.exchange, method.exchange_type,
+                                         method.auto_delete, method.internal, method.arguments or {}], reply)
+        if self.vhost.declare_exchange(method, replicate) is not None:
+            self._reply_when_journaled(before, reply)
 
     def on_exchange_delete(self, method: spec.Exchange.Delete) -> None:
         before = self.broker.durability.last_meta_batch
-        self.vhost.delete_exchange(method.exchange, method.if_unused)
-        self._reply_when_journaled(before, None if method.nowait else spec.Exchange.DeleteOk())
+        reply = None if method.nowait else spec.Exchange.DeleteOk()
+        replicate = None
+        if self.broker.metadata.replicates_exchange(True):
+            replicate = self._replicate(["xdel", self.vhost.name, method.exchange, method.if_unused], reply)
+        deleted = self.vhost.exchanges.get(method.exchange)
+        self.vhost.delete_exchange(method.exchange, method.if_unused, replicate)
+        if replicate is None or deleted is None or not deleted.durable:
+            self._reply_when_journaled(before, reply)
+
+    def _bind(self, bound: bool, source: str, kind: str, destination: str, routing_key: str,
+              arguments: dict | None, class_id: int, method_id: int, reply: Any | None) -> None:
+        before = self.broker.durability.last_meta_batch
+        replicate = None
+        if self.broker.metadata.replicates_binding(self.vhost, source, kind, destination):
+            replicate = self._replicate(["bind" if bound else "unbind", self.vhost.name, source, kind, destination,
+                                         routing_key, arguments or {}, class_id, method_id], reply)
+        change = self.vhost.bind if bound else self.vhost.unbind
+        change(source, (kind, destination), routing_key, arguments, self.connection.id, class_id, method_id,
+               replicate)
+        if replicate is None:
+            self._reply_when_journaled(before, reply)
 
     def on_exchange_bind(self, method: spec.Exchange.Bind) -> None:
-        before = self.broker.durability.last_meta_batch
-        self.vhost.bind(method.source, ("exchange", method.destination), method.routing_key,
-                        method.arguments, self.connection.id, 40, 30)
-        self._reply_when_journaled(before, None if method.nowait else spec.Exchange.BindOk())
+        self._bind(True, method.source, "exchange", method.destination, method.routing_key, method.arguments,
+                   40, 30, None if method.nowait else spec.Exchange.BindOk())
 
     def on_exchange_unbind(self, method: spec.Exchange.Unbind) -> None:
-        before = self.broker.durability.last_meta_batch
-        self.vhost.unbind(method.source, ("exchange", method.destination), method.routing_key,
-                          method.arguments, self.connection.id, 40, 40)
-        self._reply_when_journaled(before, None if method.nowait else spec.Exchange.UnbindOk())
+        self._bind(False, method.source, "exchange", method.destination, method.routing_key, method.arguments,
+                   40, 40, None if method.nowait else spec.Exchange.UnbindOk())
 
     def on_queue_declare(self, method: spec.Queue.Declare) -> None:
         before = self.broker.durability.last_meta_batch
-        queue = self.vhost.declare_queue(method, self.connection.id)
+        queue = self.vhost.declare_queue(method, self.connection.id, partial(self._declare_quorum_queue, method))
+        if queue is None:
+            return  # a new quorum queue: declare-ok once the metadata group made it
         self.last_queue_name = queue.name
         self._reply_when_journaled(before, None if method.nowait else spec.Queue.DeclareOk(
             queue.name, queue.message_count, queue.consumer_count))
 
+    def _declare_quorum_queue(self, method: spec.Queue.Declare, name: str, arguments: dict) -> None:
+        self.last_queue_name = name
+        members = self.broker.cluster.place_members(arguments.get("x-quorum-initial-group-size"))
+
+        def declared(_: Any) -> Any:
+            queue = self.vhost.queues.get(name)
+            if queue is None:
+                raise ChannelError(NOT_FOUND, f"no queue '{name}' in vhost '{self.vhost.name}'", 50, 10)
+            return None if method.nowait else spec.Queue.DeclareOk(name, queue.message_count, queue.consumer_count)
+        self._replicate(["qdecl", self.vhost.name, name, arguments, members, self.broker.cluster.node],
+                        None, declared)()
+
     def on_queue_bind(self, method: spec.Queue.Bind) -> None:
         name = self._queue_name(method.queue, 50, 20)
-        before = self.broker.durability.last_meta_batch
-        self.vhost.bind(method.exchange, ("queue", name), method.routing_key or "", method.arguments,
-                        self.connection.id, 50, 20)
-        self._reply_when_journaled(before, None if method.nowait else spec.Queue.BindOk())
+        self._bind(True, method.exchange, "queue", name, method.routing_key or "", method.arguments,
+                   50, 20, None if method.nowait else spec.Queue.BindOk())
 
     def on_queue_unbind(self, method: spec.Queue.Unbind) -> None:
         name = self._queue_name(method.queue, 50, 50)
-        before = self.broker.durability.last_meta_batch
-        self.vhost.unbind(method.exchange, ("queue", name), method.routing_key or "", method.arguments,
-                          self.connection.id, 50, 50)
-        self._reply_when_journaled(before, spec.Queue.UnbindOk())
+        self._bind(False, method.exchange, "queue", name, method.routing_key or "", method.arguments,
+                   50, 50, spec.Queue.UnbindOk())
 
     def on_queue_purge(self, method: spec.Queue.Purge) -> None:
         queue = self._queue_for(method.queue, 50, 30)
+        if queue.replicated:
+            queue.purge(lambda count: None if method.nowait or self.closed else self.send(spec.Queue.PurgeOk(count)))
+            return
         count = queue.apply(fifo.Purge())
         if not method.nowait:
             self.send(spec.Queue.PurgeOk(count))
@@ -91,8 +147,11 @@ class TopologyMethods:
     def on_queue_delete(self, method: spec.Queue.Delete) -> None:
         name = self._queue_name(method.queue, 50, 40)
         before = self.broker.durability.last_meta_batch
-        count = self.vhost.delete_queue(name, self.connection.id, method.if_unused, method.if_empty)
-        self._reply_when_journaled(before, None if method.nowait else spec.Queue.DeleteOk(count))
+        replicate = self._replicate(["qdel", self.vhost.name, name], None,
+                                    lambda count: None if method.nowait else spec.Queue.DeleteOk(count or 0))
+        count = self.vhost.delete_queue(name, self.connection.id, method.if_unused, method.if_empty, replicate)
+        if count is not None:
+            self._reply_when_journaled(before, None if method.nowait else spec.Queue.DeleteOk(count))
 
     def _queue_name(self, name: str, class_id: int, method_id: int) -> str:
         if name:

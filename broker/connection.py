@@ -73,6 +73,8 @@ class AMQPConnection(asyncio.Protocol):
         self.writes_paused = False
         self.has_published = False
         self.blocked = False  # by a resource alarm (connection.blocked sent)
+        # channels over commands_soft_limit: reading the socket waits for them
+        self.paused_channels: set[Channel] = set()
         self.heartbeat_seconds = 0
         self._last_received = time.monotonic()
         self._wrote_since_tick = False
@@ -145,10 +147,18 @@ class AMQPConnection(asyncio.Protocol):
     def _update_reading(self) -> None:
         if self.transport is None or self.transport.is_closing():
             return
-        if self.writes_paused or self.blocked:
+        if self.writes_paused or self.blocked or self.paused_channels:
             self.transport.pause_reading()
         else:
             self.transport.resume_reading()
+
+    def set_channel_paused(self, channel: Channel, paused: bool) -> None:
+        """A channel has too many quorum-queue commands in flight (or no longer)."""
+        if paused:
+            self.paused_channels.add(channel)
+        else:
+            self.paused_channels.discard(channel)
+        self._update_reading()
 
     def update_blocked(self) -> None:
         """Block a publishing connection while a resource alarm is on (RabbitMQ's rule)."""

@@ -18,7 +18,7 @@ Non-durable queues and transient messages are never written, as in RabbitMQ.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import msgpack
 import structlog
@@ -30,6 +30,7 @@ from broker.vhost import NullJournal
 from config import Settings
 from protocol import codec
 from protocol.constants import PROP_EXPIRATION, PROP_PRIORITY
+from raft.raft_storage import is_raft_log_id
 from storage import records
 from storage.group_commit import BatchWritten, GroupCommitter
 from storage.wal import Location, LogStore, Relocation
@@ -65,7 +66,12 @@ class Durability:
         # can leave memory once that batch is on disk
         self._to_store: dict[int, list[tuple[Queue, int, int, int]]] = {}
         self.broker: "Broker | None" = None
+        # set by the cluster: the Raft groups' part of a rollover, and their recovery visitor
+        self.raft_rollover: Callable[[], tuple[dict[int, int], bytes]] | None = None
+        self.raft_visit: Callable[[records.Record, Location], None] | None = None
         self.meta_index = 0
+        # the highest index of the metadata Raft group whose change is in this log
+        self.meta_applied_index = 0
         self.next_log_id = 1
         self.recovery_seconds = 0.0
         # the WAL batch holding the newest metadata record (topology replies wait for it)
@@ -86,6 +92,12 @@ class Durability:
             records.encode(METADATA_LOG_ID, 0, self.meta_index, _pack(entry)))
         return self.last_meta_batch
 
+    def meta_applied(self, index: int) -> None:
+        """The metadata group's entry `index` is applied here (its changes were
+        journaled just before): a restart need not apply it again."""
+        self.meta_applied_index = index
+        self._meta(["meta_applied", index])
+
     def exchange_declared(self, vhost: "VirtualHost", exchange: Exchange) -> None:
         if exchange.durable:
             self._meta(["exchange", vhost.name, *_exchange_row(exchange)])
@@ -97,10 +109,14 @@ class Durability:
     def queue_declared(self, vhost: "VirtualHost", queue: Queue) -> None:
         if not queue.durable:
             return
+        if queue.replicated:  # its messages live in its Raft group's log
+            self._meta(["queue", vhost.name, *_queue_row(queue)])
+            return
         self._attach(queue, self.next_log_id)
         self._meta(["queue", vhost.name, *_queue_row(queue)])
 
     def _attach(self, queue: Queue, log_id: int) -> None:
+        assert not is_raft_log_id(log_id), f"queue log id {log_id} is in the Raft range"
         queue.log_id = log_id
         queue.journal = self
         queue.state.track_removals = True
@@ -108,7 +124,7 @@ class Durability:
         self.next_log_id = max(self.next_log_id, log_id + 1)
 
     def queue_deleted(self, vhost: "VirtualHost", queue: Queue) -> None:
-        if queue.log_id is not None:
+        if queue.log_id is not None or queue.replicated:
             self.queues_by_log.pop(queue.log_id, None)
             self._meta(["queue_deleted", vhost.name, queue.name])
 
@@ -156,7 +172,11 @@ class Durability:
         # The cursors go into the snapshot: a segment file may keep dead entries below
         # its log's cursor next to live ones, and recovery must skip those.
         first = records.encode(METADATA_LOG_ID, 0, self.meta_index,
-                               _pack(["snapshot", snapshot, self.next_log_id, cursors]))
+                               _pack(["snapshot", snapshot, self.next_log_id, cursors, self.meta_applied_index]))
+        if self.raft_rollover is not None:
+            raft_cursors, raft_records = self.raft_rollover()
+            cursors.update(raft_cursors)
+            first += raft_records
         return cursors, first
 
     def _on_batch_written(self, written: BatchWritten) -> None:
@@ -185,7 +205,7 @@ class Durability:
     def recover(self, broker: "Broker") -> None:
         started = time.perf_counter()
         self.broker = broker
-        scan = _RecoveryScan()
+        scan = _RecoveryScan(self.raft_visit)
         recovered = self.store.recover(scan.visit)
         for torn in recovered.torn:
             log.warning("wal.torn_tail_cut", file=str(torn.path), offset=torn.offset,
@@ -216,8 +236,13 @@ class Durability:
 
     def _apply_metadata(self, broker: "Broker", entry: list) -> None:
         kind = entry[0]
+        if kind == "meta_applied":
+            self.meta_applied_index = max(self.meta_applied_index, entry[1])
+            return
         if kind == "snapshot":
-            _, snapshot, next_log_id, cursors = entry
+            _, snapshot, next_log_id, cursors, *rest = entry
+            if rest:
+                self.meta_applied_index = max(self.meta_applied_index, rest[0])
             self.next_log_id = max(self.next_log_id, next_log_id)
             self._recovered_cursors = {int(log_id): cursor for log_id, cursor in cursors.items()}
             for vhost_name, rows in snapshot.items():
@@ -253,7 +278,11 @@ class Durability:
                 raise AssertionError(f"unknown metadata record {kind!r}")
 
     def _restore_queue_declaration(self, vhost: "VirtualHost", row: list) -> None:
-        name, log_id, auto_delete, arguments = row
+        name, log_id, auto_delete, arguments, *replicated = row
+        if replicated:  # a quorum queue: [group, members]; its Raft group recovers its messages
+            assert self.broker is not None
+            self.broker.cluster.restore_queue(vhost, name, arguments, *replicated)
+            return
         queue = Queue(vhost, name, True, None, auto_delete, arguments)
         self._attach(queue, log_id)
         vhost.add_queue(queue)
@@ -280,6 +309,8 @@ def _exchange_row(exchange: Exchange) -> list:
 
 
 def _queue_row(queue: Queue) -> list:
+    if queue.replicated:
+        return [queue.name, None, False, queue.arguments, queue.group, queue.members]
     return [queue.name, queue.log_id, queue.auto_delete, queue.arguments]
 
 
@@ -291,7 +322,7 @@ def _binding_row(binding: Binding) -> list:
 def _vhost_rows(vhost: "VirtualHost") -> dict:
     exchanges = [_exchange_row(e) for e in vhost.exchanges.values()
                  if e.durable and e.name and not e.name.startswith("amq.")]
-    queues = [_queue_row(q) for q in vhost.queues.values() if q.log_id is not None]
+    queues = [_queue_row(q) for q in vhost.queues.values() if q.log_id is not None or q.replicated]
     bindings = [_binding_row(b) for e in vhost.exchanges.values() if e.name for b in e.bindings
                 if Durability._binding_is_durable(vhost, b)]
     return {"exchanges": exchanges, "queues": queues, "bindings": bindings}
@@ -332,11 +363,16 @@ class _LogScan:
 class _RecoveryScan:
     """Visits every recovered record; keeps metadata, and only locations of bodies."""
 
-    def __init__(self) -> None:
+    def __init__(self, raft_visit: Callable[[records.Record, Location], None] | None) -> None:
         self.metadata: dict[int, records.Record] = {}
         self.logs: dict[int, _LogScan] = {}
+        self.raft_visit = raft_visit
 
     def visit(self, record: records.Record, location: Location) -> None:
+        if is_raft_log_id(record.log_id):
+            assert self.raft_visit is not None, "Raft records in the WAL but no cluster to recover them"
+            self.raft_visit(record, location)
+            return
         if record.log_id == METADATA_LOG_ID:
             self.metadata[record.index] = record
             return

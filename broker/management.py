@@ -20,7 +20,7 @@ def overview(broker: "Broker") -> dict[str, Any]:
         "node": settings.node_name,
         "version": broker.version,
         "uptime_seconds": round(time.monotonic() - broker.started_monotonic, 3),
-        "cluster_nodes": [n.name for n in settings.cluster_nodes] or [settings.node_name],
+        "cluster_nodes": broker.cluster.nodes,
         "running_nodes": sorted(broker.peers_up | {settings.node_name}),
         "listeners": {"amqp": f"{settings.amqp_host}:{settings.amqp_port}",
                       "metrics": f"{settings.metrics_host}:{settings.metrics_port}"},
@@ -35,8 +35,15 @@ def overview(broker: "Broker") -> dict[str, Any]:
     }
 
 
-def queues(broker: "Broker") -> list[dict[str, Any]]:
+def _placement(broker: "Broker", queue: Any) -> tuple[str | None, list[str]]:
+    """(leader, members): a quorum queue's Raft group; a classic queue lives on this node."""
     node = broker.settings.node_name
+    if not queue.replicated:
+        return node, [node]
+    return broker.cluster.leader_hint(queue.group), list(queue.members)
+
+
+def queues(broker: "Broker") -> list[dict[str, Any]]:
     return [{
         "vhost": vhost.name,
         "name": queue.name,
@@ -44,9 +51,8 @@ def queues(broker: "Broker") -> list[dict[str, Any]]:
         "durable": queue.durable,
         "auto_delete": queue.auto_delete,
         "exclusive": queue.exclusive_owner is not None,
-        # a single node leads every queue until queues are replicated (the quorum-queue issue)
-        "leader": node,
-        "members": [node],
+        "leader": _placement(broker, queue)[0],
+        "members": _placement(broker, queue)[1],
         "messages_ready": queue.state.ready_count,
         "messages_unacked": queue.state.unacked_count,
         "consumers": queue.consumer_count,

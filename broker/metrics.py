@@ -53,7 +53,38 @@ class BrokerCollector(Collector):
         yield ready
         yield unacked
         yield consumers
+        yield from self._raft_metrics()
         yield from self._storage_metrics()
+
+    def _raft_metrics(self) -> Iterator:
+        """Per quorum queue replica on this node, labelled by vhost and queue."""
+        cluster = self.broker.cluster
+        labels = ["vhost", "queue"]
+        families = {
+            "term": GaugeMetricFamily("warren_raft_term", "Current Raft term of the replica", labels=labels),
+            "commit_index": GaugeMetricFamily("warren_raft_commit_index", "Raft commit index", labels=labels),
+            "last_applied": GaugeMetricFamily("warren_raft_last_applied", "Last Raft index applied", labels=labels),
+            "log_entries": GaugeMetricFamily("warren_raft_log_entries", "Raft log entries held (after the snapshot)",
+                                             labels=labels),
+            "leader": GaugeMetricFamily("warren_raft_is_leader", "1 if this replica leads its queue, else 0",
+                                        labels=labels),
+            "member_count": GaugeMetricFamily("warren_raft_members", "Members of the queue's Raft group",
+                                              labels=labels),
+        }
+        runtime = cluster.runtime
+        if runtime.system is not None:
+            for queue in list(cluster.queues.values()):
+                if queue.group not in runtime.groups:
+                    continue
+                group = runtime.group_metrics(queue.group)
+                values = [queue.vhost.name, queue.name]
+                families["term"].add_metric(values, group.term)
+                families["commit_index"].add_metric(values, group.commit_index)
+                families["last_applied"].add_metric(values, group.last_applied)
+                families["log_entries"].add_metric(values, group.log_entries)
+                families["leader"].add_metric(values, 1 if group.role == "leader" else 0)
+                families["member_count"].add_metric(values, group.member_count)
+        yield from families.values()
 
     def _storage_metrics(self) -> Iterator:
         durability = self.broker.durability

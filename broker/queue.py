@@ -38,6 +38,8 @@ def _wall_clock_ms() -> int:
 
 
 class Queue:
+    replicated = False  # a quorum queue (broker/quorum.py): changed through Raft
+
     def __init__(
         self,
         vhost: "VirtualHost",

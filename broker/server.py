@@ -19,7 +19,6 @@ from broker.connection import AMQPConnection
 from broker.logs import configure_logging
 from broker.http import start_http_server
 from config import ConfigError, Settings, load_settings
-from raft.transport import ClusterTransport
 from storage.records import CorruptLog
 
 log = structlog.get_logger("warren.server")
@@ -97,22 +96,6 @@ async def _housekeeping_forever(broker: Broker) -> None:
         broker.check_consumer_timeouts()
 
 
-async def _start_cluster_links(broker: Broker) -> ClusterTransport | None:
-    """Links to the other nodes of ``cluster_nodes``, authenticated with the shared
-    secret; for now they carry node-pair failure detection (cluster_status)."""
-    settings = broker.settings
-    if not any(node.name != settings.node_name for node in settings.cluster_nodes):
-        return None  # a cluster of one
-    transport = ClusterTransport(settings, on_frame=_ignore_frame,
-                                 on_peer_up=broker.peer_up, on_peer_down=broker.peer_down)
-    await transport.start()
-    return transport
-
-
-def _ignore_frame(peer: str, frame: object) -> None:
-    """No frames are exchanged yet: replication arrives with quorum queues."""
-
-
 async def serve(settings: Settings) -> int:
     loop = asyncio.get_running_loop()
     # Handlers first: a SIGTERM during start-up must still mean a graceful stop.
@@ -121,10 +104,11 @@ async def serve(settings: Settings) -> int:
         loop.add_signal_handler(signum, stop.set)
     broker = Broker(settings)
     broker.durability.recover(broker)
+    # The Raft groups (metadata, quorum queues) and the links to the other nodes.
+    await broker.cluster.start()
     server = await loop.create_server(
         lambda: AMQPConnection(broker), settings.amqp_host, settings.amqp_port,
         reuse_address=True, backlog=LISTEN_BACKLOG)
-    cluster = await _start_cluster_links(broker)
     metrics_server = None
     if settings.metrics_port:
         metrics_server = await start_http_server(broker, settings.metrics_host, settings.metrics_port)
@@ -139,8 +123,7 @@ async def serve(settings: Settings) -> int:
     deadline = loop.time() + SHUTDOWN_GRACE_SECONDS
     while broker.connections and loop.time() < deadline:
         await asyncio.sleep(0.05)
-    if cluster is not None:
-        await cluster.stop()
+    await broker.cluster.stop()
     await broker.durability.close()
     if metrics_server is not None:
         metrics_server.close()

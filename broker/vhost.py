@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import secrets
 from datetime import datetime, timezone
-from typing import Any, Hashable
+from typing import Any, Callable, Hashable
 
 from pamqp import commands as spec
 
@@ -71,7 +71,10 @@ class VirtualHost:
             raise ChannelError(NOT_FOUND, f"no exchange '{name}' in vhost '{self.name}'", class_id, method_id)
         return found
 
-    def declare_exchange(self, method: spec.Exchange.Declare) -> Exchange:
+    def declare_exchange(self, method: spec.Exchange.Declare,
+                         replicate: Callable[[], None] | None = None) -> Exchange | None:
+        """The exchange; or None when `replicate` (given for a change the
+        metadata group makes) was called to create it everywhere."""
         name = method.exchange
         if method.passive:
             return self.exchange(name)
@@ -88,6 +91,9 @@ class VirtualHost:
         if existing is not None:
             self._check_exchange_equivalent(existing, method)
             return existing
+        if replicate is not None:
+            replicate()
+            return None
         exchange = make_exchange(name, method.exchange_type, method.durable, method.auto_delete,
                                  method.internal, method.arguments or {})
         self.exchanges[name] = exchange
@@ -107,7 +113,7 @@ class VirtualHost:
                     f"inequivalent arg '{field}' for exchange '{existing.name}' in vhost '{self.name}': "
                     f"received '{_erl(received)}' but current is '{_erl(current)}'", 40, 10)
 
-    def delete_exchange(self, name: str, if_unused: bool) -> None:
+    def delete_exchange(self, name: str, if_unused: bool, replicate: Callable[[], None] | None = None) -> None:
         if name == "" or name.startswith("amq."):
             raise ChannelError(ACCESS_REFUSED, "operation not permitted on the default exchange"
                                if name == "" else f"exchange '{name}' in vhost '{self.name}' is built in", 40, 20)
@@ -116,6 +122,9 @@ class VirtualHost:
             return  # deleting what does not exist succeeds, as in RabbitMQ 3.x
         if if_unused and exchange.bindings:  # as RabbitMQ: only bindings with it as source count
             raise ChannelError(PRECONDITION_FAILED, f"exchange '{name}' in vhost '{self.name}' in use", 40, 20)
+        if replicate is not None and exchange.durable:
+            replicate()
+            return
         self.remove_exchange(exchange)
 
     def remove_exchange(self, exchange: Exchange) -> None:
@@ -145,7 +154,10 @@ class VirtualHost:
                 "It could be originally declared on another connection or the exclusive property value "
                 "does not match that of the original declaration.", class_id, method_id)
 
-    def declare_queue(self, method: spec.Queue.Declare, owner: Hashable) -> Queue:
+    def declare_queue(self, method: spec.Queue.Declare, owner: Hashable,
+                      replicate: Callable[[str, dict], None] | None = None) -> Queue | None:
+        """The queue; or None when a new quorum queue was handed to
+        `replicate(name, arguments)` (the metadata group creates it)."""
         name = method.queue
         arguments = dict(method.arguments or {})
         if method.passive:
@@ -167,6 +179,9 @@ class VirtualHost:
             existing.touch()
             return existing
         self._check_queue_type_properties(method, arguments, name)
+        if arguments.get("x-queue-type") == "quorum" and replicate is not None:
+            replicate(name, arguments)
+            return None
         queue = Queue(self, name, method.durable, owner if method.exclusive else None,
                       method.auto_delete, arguments)
         self.add_queue(queue)
@@ -187,7 +202,9 @@ class VirtualHost:
                     PRECONDITION_FAILED, f"invalid property '{prop}' for queue '{name}' in vhost '{self.name}'",
                     50, 10)
 
-    def delete_queue(self, name: str, owner: Hashable, if_unused: bool, if_empty: bool) -> int:
+    def delete_queue(self, name: str, owner: Hashable, if_unused: bool, if_empty: bool,
+                     replicate: Callable[[str], None] | None = None) -> int | None:
+        """The message count; None when a replicated queue was handed to `replicate(name)`."""
         queue = self.queues.get(name)
         if queue is None:
             return 0  # as RabbitMQ 3.x: deleting a missing queue succeeds
@@ -196,6 +213,9 @@ class VirtualHost:
             raise ChannelError(PRECONDITION_FAILED, f"queue '{name}' in vhost '{self.name}' in use", 50, 40)
         if if_empty and queue.message_count:
             raise ChannelError(PRECONDITION_FAILED, f"queue '{name}' in vhost '{self.name}' is not empty", 50, 40)
+        if queue.replicated and replicate is not None:
+            replicate(name)
+            return None
         count = queue.message_count
         self.delete_queue_now(queue)
         return count
@@ -216,16 +236,19 @@ class VirtualHost:
 
     # -- bindings ---------------------------------------------------------
     def bind(self, source: str, destination: Destination, routing_key: str, arguments: dict | None,
-             owner: Hashable, class_id: int, method_id: int) -> None:
+             owner: Hashable, class_id: int, method_id: int, replicate: Callable[[], None] | None = None) -> None:
         exchange = self._binding_source(source, class_id, method_id)
         self._binding_destination(destination, owner, class_id, method_id)
+        if replicate is not None:
+            replicate()
+            return
         binding = Binding.make(source, destination, routing_key, arguments)
         if binding not in exchange.bindings:
             exchange.bind(binding)
             self.journal.binding_changed(self, binding, True)
 
     def unbind(self, source: str, destination: Destination, routing_key: str, arguments: dict | None,
-               owner: Hashable, class_id: int, method_id: int) -> None:
+               owner: Hashable, class_id: int, method_id: int, replicate: Callable[[], None] | None = None) -> None:
         if source == "":
             raise ChannelError(ACCESS_REFUSED, "operation not permitted on the default exchange", class_id, method_id)
         exchange = self.exchanges.get(source)
@@ -235,6 +258,9 @@ class VirtualHost:
             return  # as RabbitMQ: unbinding what is already gone succeeds
         if kind == "queue":
             self._check_exclusive(target, owner, class_id, method_id)
+        if replicate is not None:
+            replicate()
+            return
         binding = Binding.make(source, destination, routing_key, arguments)
         if exchange.unbind(binding):
             self.journal.binding_changed(self, binding, False)

@@ -100,7 +100,10 @@ class Settings(BaseSettings):
     cluster_frame_max_bytes: int = Field(64 * 1024 * 1024, ge=65536)
     peer_outbound_max_bytes: int = Field(64 * 1024 * 1024, ge=65536)
     cluster_handshake_timeout_seconds: float = Field(5.0, gt=0)
-    cluster_heartbeat_seconds: float = Field(1.0, gt=0)
+    # Silent heartbeats (3) before a peer counts as down: failover takes about a second more.
+    cluster_heartbeat_seconds: float = Field(0.25, gt=0)
+    # How long a lost node's consumers keep their messages before they are returned.
+    cluster_node_gone_seconds: float = Field(60.0, gt=0)
     # Enqueues a channel may have in flight before it stops reading its socket.
     commands_soft_limit: int = Field(32, ge=1)
 

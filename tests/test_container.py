@@ -437,7 +437,7 @@ def _yaml_block(lines: list[str], key: str) -> list[str]:
         default=0,
     )
     for index, line in enumerate(lines):
-        match = re.match(rf"^ {{{top}}}{re.escape(key)}:\s*(#.*)?$", line)
+        match = re.match(rf"^ {{{top}}}{re.escape(key)}:\s*(&[\w-]+\s*)?(#.*)?$", line)
         if match:
             indent = top
             block = []
@@ -481,31 +481,40 @@ def _check_yaml_shape(path: Path) -> list[str]:
     return lines
 
 
-def test_compose_file_defines_warren_and_prometheus() -> None:
+def test_compose_file_defines_three_nodes_and_prometheus() -> None:
     lines = _check_yaml_shape(REPO / "docker-compose.yml")
-    assert {"services", "volumes"} <= _yaml_keys(lines)
+    assert {"services", "volumes", "x-warren-env"} <= _yaml_keys(lines)
     services = _yaml_block(lines, "services")
-    assert {"warren", "prometheus"} <= _yaml_keys(services)
-
-    warren = _yaml_block(services, "warren")
-    assert {"build", "environment", "ports", "volumes"} <= _yaml_keys(warren)
-    build = "\n".join(_yaml_block(warren, "build"))
+    nodes = ["warren1", "warren2", "warren3"]
+    assert {*nodes, "prometheus"} <= _yaml_keys(services)
+    build = "\n".join(_yaml_block(_yaml_block(services, "warren1"), "build"))
     assert re.search(r"^\s*dockerfile:\s*Dockerfile\s*$", build, re.M)
-    ports = "\n".join(_yaml_block(warren, "ports"))
-    assert '"5672:5672"' in ports and '"15692:15692"' in ports
-    volumes = "\n".join(_yaml_block(warren, "volumes"))
-    assert re.search(r"^\s*- warren-data:/var/lib/warren\s*$", volumes, re.M)
-    assert "warren-data" in _yaml_keys(_yaml_block(lines, "volumes"))
+    for offset, node in enumerate(nodes):
+        service = _yaml_block(services, node)
+        assert {"environment", "ports", "volumes"} <= _yaml_keys(service), node
+        ports = "\n".join(_yaml_block(service, "ports"))
+        assert f'"{5672 + offset}:5672"' in ports and f'"{15692 + offset}:15692"' in ports, node
+        volumes = "\n".join(_yaml_block(service, "volumes"))
+        assert re.search(rf"^\s*- {node}-data:/var/lib/warren\s*$", volumes, re.M), node
+        assert f"{node}-data" in _yaml_keys(_yaml_block(lines, "volumes"))
+        environment = "\n".join(_yaml_block(service, "environment"))
+        assert "<<: *warren-env" in environment and f"WARREN_NODE_NAME: warren@{node}" in environment, node
 
-    environment = "\n".join(_yaml_block(warren, "environment"))
+    environment = "\n".join(_yaml_block(lines, "x-warren-env"))
     assert re.search(r'^\s*WARREN_METRICS_PORT:\s*"15692"\s*$', environment, re.M)
     match = re.search(r"^\s*WARREN_USERS:\s*'(.*)'\s*$", environment, re.M)
-    assert match, "WARREN_USERS missing from the warren service"
+    assert match, "WARREN_USERS missing from the shared environment"
     # compose interpolates ${VAR:-default}; the result must be the JSON list of users
     users = json.loads(re.sub(r"\$\{[A-Z_]+:-([^}]*)\}", r"\1", match.group(1)))
     names = {user["name"] for user in users}
     assert names - {"guest"}, "compose needs a non-guest user: guest is loopback-only"
     assert all(user.get("password") for user in users)
+    match = re.search(r"^\s*WARREN_CLUSTER_NODES:\s*'(.*)'\s*$", environment, re.M)
+    assert match, "WARREN_CLUSTER_NODES missing from the shared environment"
+    cluster = json.loads(match.group(1))
+    assert [n["name"] for n in cluster] == [f"warren@{node}" for node in nodes]
+    assert [n["host"] for n in cluster] == nodes
+    assert "WARREN_CLUSTER_SECRET" in environment
 
     prometheus = _yaml_block(services, "prometheus")
     image = re.search(r"^\s*image:\s*(\S+)\s*$", "\n".join(prometheus), re.M)
@@ -515,7 +524,7 @@ def test_compose_file_defines_warren_and_prometheus() -> None:
     assert (REPO / "deploy" / "prometheus.yml").is_file()
 
 
-def test_prometheus_scrapes_warren_metrics_port() -> None:
+def test_prometheus_scrapes_every_node() -> None:
     lines = _check_yaml_shape(REPO / "deploy" / "prometheus.yml")
     assert "scrape_configs" in _yaml_keys(lines)
     jobs = _yaml_block(lines, "scrape_configs")
@@ -532,7 +541,8 @@ def test_prometheus_scrapes_warren_metrics_port() -> None:
         warren_job.append(line)
     text = "\n".join(warren_job)
     assert re.search(r"^\s*metrics_path:\s*/metrics\s*$", text, re.M)
-    assert re.search(r"^\s*- ['\"]?warren:15692['\"]?\s*$", text, re.M), text
+    for node in ("warren1", "warren2", "warren3"):
+        assert re.search(rf"^\s*- ['\"]?{node}:15692['\"]?\s*$", text, re.M), text
 
 
 def test_dockerfile_defaults() -> None:

@@ -1,0 +1,360 @@
+"""The node in its cluster: Raft groups for metadata and quorum queues, and
+the messages nodes exchange beside Raft's own.
+
+Theory of operation (after RabbitMQ's Ra + rabbit_fifo). Every node runs one
+`RaftRuntime` (raft/runtime.py) over its WAL and the cluster transport. It
+hosts:
+
+* the metadata group `META` over every node of `cluster_nodes` (a single node
+  is a cluster of one): quorum queue declarations and deletions always, and
+  in a cluster of several nodes also durable exchanges and bindings between
+  durable exchanges and quorum queues, so every node routes the same way.
+  Each node applies a committed change to its own `VirtualHost` (which also
+  journals it in the node's metadata log, with the group's index, so a
+  restart re-applies only what came later); the channel that asked replies
+  once its node has applied it;
+* one group per quorum queue on its members (`broker/quorum.py`).
+
+Commands reach a group's leader wherever they start: `submit` proposes
+locally when this node leads, else sends a CMD message to the leader this
+node knows of (a non-leader forwards it once more). The leader remembers
+which index carries which (origin, token) and answers DONE with the apply's
+reply when it applies that index. An origin resends what is still
+unanswered when the group's leader changes and every `RESEND_SECONDS`; the
+commands tolerate being applied twice (enqueues carry enqueuer sequences
+the queue de-duplicates). Publishes use the enqueuer sessions of
+broker/quorum.py instead of tokens: the leader answers APPLIED per sequence.
+
+Application messages travel on the cluster transport beside Raft frames, as
+a dict frame {"a": [message, ...]}: one frame per peer per event-loop turn.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import msgpack
+import structlog
+
+from raft.messages import Entry, EntryKind, Role, Snapshot
+from raft.runtime import RaftRuntime
+from raft.transport import TransportLimits
+
+if TYPE_CHECKING:
+    from broker.broker import Broker
+    from broker.quorum import QuorumQueue
+
+log = structlog.get_logger("warren.cluster")
+
+META = "meta"
+# application message kinds
+CMD = 0        # [CMD, group, data, origin, token]
+DONE = 1       # [DONE, group, token, result]
+DELIVER = 2    # [DELIVER, group, owner, tag, seq, msg_id, exchange, routing_key, properties, body, redelivered, count]
+APPLIED = 3    # [APPLIED, group, enqueuer, seq, accepted]
+RESEND = 4     # [RESEND, group, owner, tag, after_seq]: a consumer's node lost deliveries
+HELLO = 5      # [HELLO, incarnation]: sent to a peer whenever its link comes up
+
+RESEND_SECONDS = 1.0
+APP_FRAME_MESSAGES_MAX = 4096
+
+
+def pack(value: Any) -> bytes:
+    return msgpack.packb(value, use_bin_type=True)
+
+
+def unpack(data: bytes) -> Any:
+    return msgpack.unpackb(data, raw=False, strict_map_key=False)
+
+
+@dataclass(slots=True)
+class Pending:
+    group: str
+    data: bytes
+    callback: Callable[[Any], None] | None
+    sent_at: float
+    sent_to: str | None = None   # the leader it was last sent to (None: no leader was known)
+
+
+class NodeRuntime(RaftRuntime):
+    """The Raft runtime, with application frames and peer events routed to the cluster."""
+
+    def __init__(self, cluster: "Cluster", *args: Any, **kwargs: Any) -> None:
+        self.cluster = cluster
+        super().__init__(*args, **kwargs)
+
+    def on_frame(self, peer: str, frame: Any) -> None:
+        if isinstance(frame, dict):
+            if not self.stopped and self.failed is None:
+                self.cluster.on_app_frame(peer, frame)
+            return
+        super().on_frame(peer, frame)
+
+    def on_peer_up(self, peer: str) -> None:
+        super().on_peer_up(peer)
+        if not self.stopped:
+            self.cluster.on_peer_up(peer)
+
+    def on_peer_down(self, peer: str) -> None:
+        super().on_peer_down(peer)
+        if not self.stopped:
+            self.cluster.on_peer_down(peer)
+
+
+class Cluster:
+    def __init__(self, broker: "Broker") -> None:
+        settings = broker.settings
+        self.broker = broker
+        self.settings = settings
+        self.node = settings.node_name
+        # Owners and enqueuers carry it: a restarted node's old sessions are told apart.
+        self.incarnation = secrets.token_hex(4)
+        self.nodes = sorted({n.name for n in settings.cluster_nodes} | {self.node})
+        self.multi_node = len(self.nodes) > 1
+        limits = TransportLimits(
+            frame_max_bytes=settings.cluster_frame_max_bytes,
+            heartbeat_seconds=settings.cluster_heartbeat_seconds,
+            handshake_timeout_seconds=settings.cluster_handshake_timeout_seconds)
+        self.runtime = NodeRuntime(self, settings, broker.durability.committer, self.apply,
+                                   install_snapshot=self.install_snapshot, on_role_change=self.on_role_change,
+                                   transport_limits=limits)
+        self.queues: dict[str, "QuorumQueue"] = {}         # every quorum queue known here, by group id
+        self.pending: dict[int, Pending] = {}
+        self.tokens = itertools.count(1)
+        # group -> index -> (origin node, token): what the leader answers when it applies
+        self.awaiting_apply: dict[str, dict[int, tuple[str, int]]] = {}
+        self.outbox: dict[str, list] = {}
+        self._flush_scheduled = False
+        self.peer_incarnations: dict[str, str] = {}
+        self.down_since: dict[str, float] = {}
+        self.meta_handlers: dict[str, Callable[[list, int], Any]] = {}
+        self._resend_task: asyncio.Task | None = None
+
+    # -- lifecycle -------------------------------------------------------------
+    def restore_queue(self, vhost: Any, name: str, arguments: dict, group: str, members: list[str]) -> None:
+        """Recovery found a quorum queue in the metadata log; its group recovers its messages."""
+        from broker.quorum import QuorumQueue
+        queue = QuorumQueue(vhost, name, arguments, self, group, members)
+        self.queues[group] = queue
+        vhost.add_queue(queue)
+
+    async def start(self) -> None:
+        """After the node's recovery: host the groups, apply what they committed."""
+        self.queues = {group: queue for group, queue in self.queues.items() if not queue.deleted}
+        await self.runtime.start()
+        if META not in self.runtime.groups:
+            self.runtime.add_group(META, self.nodes)
+        # Re-apply the recovered committed entries now, before clients connect.
+        self.runtime.on_turn()
+        for peer in self.nodes:
+            if peer != self.node:
+                self.down_since[peer] = time.monotonic()
+        self._resend_task = asyncio.create_task(self._resend_forever())
+
+    async def stop(self) -> None:
+        if self._resend_task is not None:
+            self._resend_task.cancel()
+        await self.runtime.stop()
+
+    # -- submitting commands -----------------------------------------------------
+    def submit(self, group: str, data: bytes, callback: Callable[[Any], None] | None = None) -> None:
+        """Have `data` applied by `group`; `callback(reply)` on this node once the
+        leader has applied it (never, if it is lost for good)."""
+        token = next(self.tokens)
+        pending = self.pending[token] = Pending(group, data, callback, time.monotonic())
+        pending.sent_to = self.send_command(group, data, token)
+
+    def send_command(self, group: str, data: bytes, token: int = 0) -> str | None:
+        """Send to the leader this node knows of; returns it (None: none known, not sent)."""
+        leader = self.leader_hint(group)
+        if leader == self.node:
+            self.propose(group, data, self.node, token)
+        elif leader is not None:
+            self.app_send(leader, [CMD, group, data, self.node, token])
+        return leader
+
+    def propose(self, group: str, data: bytes, origin: str, token: int) -> None:
+        index = self.runtime.propose(group, data)
+        if index is None:
+            leader = self.runtime.leader_of(group)
+            if leader is not None and leader not in (self.node, origin):
+                self.app_send(leader, [CMD, group, data, origin, token])
+            return  # else dropped: the origin resends
+        if token:
+            self.awaiting_apply.setdefault(group, {})[index] = (origin, token)
+
+    def leader_hint(self, group: str) -> str | None:
+        if group in self.runtime.groups:
+            return self.runtime.leader_of(group)
+        queue = self.queues.get(group)
+        return queue.leader_hint if queue is not None else None
+
+    def resend(self, group: str | None = None) -> None:
+        """Send unanswered commands again: all of them after `RESEND_SECONDS`
+        without an answer, or those of `group` that went elsewhere than its leader now."""
+        now = time.monotonic()
+        leader = self.leader_hint(group) if group is not None else None
+        for token, pending in list(self.pending.items()):
+            if group is None and now - pending.sent_at < RESEND_SECONDS:
+                continue
+            if group is not None and (pending.group != group or pending.sent_to == leader):
+                continue
+            pending.sent_at = now
+            pending.sent_to = self.send_command(pending.group, pending.data, token)
+        for queue in self.queues.values():
+            if group is None or queue.group == group:
+                queue.resend_enqueues(now, leader_changed=group is not None)
+
+    async def _resend_forever(self) -> None:
+        while True:
+            await asyncio.sleep(RESEND_SECONDS / 2)
+            try:
+                self.resend()
+                self.check_gone_nodes()
+            except Exception:  # noqa: BLE001 -- housekeeping must go on; the bug is logged
+                log.exception("cluster.resend_failed")
+
+    def on_done(self, token: int, result: Any) -> None:
+        pending = self.pending.pop(token, None)
+        if pending is not None and pending.callback is not None:
+            pending.callback(result)
+
+    # -- applying committed entries ------------------------------------------------
+    def apply(self, group: Any, entry: Entry) -> None:
+        result = None
+        if entry.kind == EntryKind.NORMAL:
+            if group == META:
+                result = self.apply_meta(entry)
+            else:
+                queue = self.queues.get(group)
+                if queue is not None:
+                    result = queue.apply_entry(entry, self.is_leader(group))
+        waiting = self.awaiting_apply.get(group)
+        if waiting:
+            answer = waiting.pop(entry.index, None)
+            if answer is not None:
+                origin, token = answer
+                self.reply_done(origin, group, token, result)
+
+    def apply_meta(self, entry: Entry) -> Any:
+        if entry.index <= self.broker.durability.meta_applied_index:
+            return None  # already in this node's metadata log (applied before a restart)
+        command = unpack(entry.data)
+        handler = self.meta_handlers.get(command[0])
+        result = handler(command, entry.index) if handler is not None else None
+        self.broker.durability.meta_applied(entry.index)
+        return result
+
+    def reply_done(self, origin: str, group: str, token: int, result: Any) -> None:
+        if origin == self.node:
+            self.on_done(token, result)
+        else:
+            self.app_send(origin, [DONE, group, token, result])
+
+    def install_snapshot(self, group: Any, snapshot: Snapshot) -> None:
+        queue = self.queues.get(group)
+        if queue is not None:
+            queue.install_snapshot(snapshot)
+
+    def is_leader(self, group: str) -> bool:
+        return self.runtime.leader_of(group) == self.node
+
+    def on_role_change(self, group: Any, role: Role, leader_id: str | None, term: int) -> None:
+        if role != Role.LEADER:
+            self.awaiting_apply.pop(group, None)
+        queue = self.queues.get(group)
+        if queue is not None:
+            queue.on_leader_change(leader_id, role == Role.LEADER)
+        if leader_id is not None:
+            self.resend(group)
+
+    # -- application messages ------------------------------------------------------
+    def app_send(self, peer: str, message: list) -> None:
+        self.outbox.setdefault(peer, []).append(message)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self.flush)
+
+    def flush(self) -> None:
+        self._flush_scheduled = False
+        outbox, self.outbox = self.outbox, {}
+        transport = self.runtime.transport
+        for peer, messages in outbox.items():
+            for start in range(0, len(messages), APP_FRAME_MESSAGES_MAX):
+                if transport is None or not transport.send(peer, {"a": messages[start:start + APP_FRAME_MESSAGES_MAX]}):
+                    self.runtime.frames_dropped += 1
+
+    def on_app_frame(self, peer: str, frame: dict) -> None:
+        for message in frame.get("a", ()):
+            try:
+                self.on_app_message(peer, message)
+            except (TypeError, ValueError, IndexError, KeyError):
+                log.warning("cluster.bad_message", peer=peer, kind=message[0] if message else None)
+
+    def on_app_message(self, peer: str, message: list) -> None:
+        kind = message[0]
+        if kind == CMD:
+            _, group, data, origin, token = message
+            self.propose(group, data, origin, token)
+        elif kind == DONE:
+            self.on_done(message[2], message[3])
+        elif kind == DELIVER:
+            queue = self.queues.get(message[1])
+            if queue is not None:
+                queue.leader_hint = peer
+                queue.on_remote_delivery(message)
+        elif kind == APPLIED:
+            queue = self.queues.get(message[1])
+            if queue is not None:
+                queue.leader_hint = peer
+                queue.on_applied(message[2], message[3], message[4])
+        elif kind == RESEND:
+            queue = self.queues.get(message[1])
+            if queue is not None and self.is_leader(queue.group):
+                queue.resend_deliveries(message[2], message[3], message[4])
+        elif kind == HELLO:
+            self.peer_incarnations[peer] = message[1]
+            for queue in self.queues.values():
+                queue.on_node_up(peer, message[1])
+
+    # -- nodes coming and going ------------------------------------------------------
+    def on_peer_up(self, peer: str) -> None:
+        self.broker.peer_up(peer)
+        self.down_since.pop(peer, None)
+        self.app_send(peer, [HELLO, self.incarnation])
+        for queue in self.queues.values():
+            queue.on_link_up(peer)
+
+    def on_peer_down(self, peer: str) -> None:
+        self.broker.peer_down(peer)
+        self.down_since.setdefault(peer, time.monotonic())
+        for queue in self.queues.values():
+            queue.on_node_down(peer)
+
+    def check_gone_nodes(self) -> None:
+        limit = self.settings.cluster_node_gone_seconds
+        now = time.monotonic()
+        for peer, since in list(self.down_since.items()):
+            if now - since >= limit:
+                for queue in self.queues.values():
+                    queue.on_node_gone(peer)
+
+    def owner_key(self, owner: Any) -> str:
+        """A channel's name in queue state: node/incarnation/connection/channel."""
+        return f"{self.node}/{self.incarnation}/{owner[0]}/{owner[1]}"
+
+    # -- placement ---------------------------------------------------------------------
+    def place_members(self, size: int | None) -> list[str]:
+        """The declaring node plus the next ones (sorted, wrapping), `size` in all."""
+        wanted = min(size or self.settings.quorum_cluster_size, len(self.nodes))
+        start = self.nodes.index(self.node)
+        return [self.nodes[(start + i) % len(self.nodes)] for i in range(wanted)]
+
+    def status(self) -> dict:
+        metrics = self.runtime.metrics() if self.runtime.system is not None else {}
+        return {"node": self.node, "nodes": self.nodes, "incarnation": self.incarnation, "raft": metrics}

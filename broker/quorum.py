@@ -1,0 +1,345 @@
+"""A quorum queue as one node sees it: the Raft group's replica (if this node
+is a member) and the sessions of this node's channels with it.
+
+Theory of operation. Every node has a `QuorumQueue` in its vhost for every
+quorum queue, member or not, so any node routes to it and any channel can
+consume from it. Channels use it as they use a classic `Queue`, but nothing
+is applied here directly: every command goes to the group's leader
+(`Cluster.submit`), and every replica applies the committed commands to its
+`QuorumMachine` (broker/quorum_machine.py); only the leader performs the
+effects:
+
+* publishing: each channel is an enqueuer with its own sequence numbers; its
+  unconfirmed enqueues stay here and are resent, in order, when the leader
+  changes or nothing was confirmed for `RESEND_SECONDS`; the machine drops
+  duplicates and re-orders, the leader answers APPLIED per sequence and the
+  channel confirms (a publish routed to several queues when all have);
+* consuming: deliveries carry a per-consumer sequence; this node hands them
+  to the channel in order, drops what it has seen, holds what comes after a
+  gap and asks the leader to send again what it has checked out after the
+  last one seen (RESEND). A new leader sends every checked-out message again;
+* sessions of lost nodes: the leader proposes NODE_DOWN when a node's link
+  drops (its consumers keep their messages but get no more), NODE_UP with the
+  node's incarnation when it is back (consumers of an earlier incarnation,
+  i.e. of channels that died with a restart, are removed and their messages
+  returned), NODE_GONE when it stayed away `cluster_node_gone_seconds`.
+"""
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Hashable
+
+from broker import fifo
+from broker import quorum_machine as qm
+from broker.queue import Queue
+from broker.cluster import APPLIED, DELIVER, RESEND, RESEND_SECONDS
+
+if TYPE_CHECKING:
+    from broker.cluster import Cluster
+    from broker.vhost import VirtualHost
+    from raft.messages import Entry, Snapshot
+
+HELD_DELIVERIES_MAX = 10_000
+# Entries between snapshots at least (more when the queue holds many messages).
+SNAPSHOT_ENTRIES_MIN = 4096
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass(slots=True)
+class LocalConsumer:
+    sink: Any
+    consumer_id: tuple        # (channel owner, tag) as the channel knows it
+    last_seq: int = 0
+    held: dict[int, tuple] = field(default_factory=dict)
+    gap_asked_at: float = 0.0
+
+
+@dataclass(slots=True)
+class EnqueuerSession:
+    key: str
+    next_seq: int = 1
+    pending: dict[int, tuple[bytes, Callable[[bool], None] | None]] = field(default_factory=dict)
+    progress_at: float = 0.0
+    sent_to: str | None = None    # the leader the newest enqueue went to
+
+
+class QuorumQueue(Queue):
+    replicated = True
+
+    def __init__(self, vhost: "VirtualHost", name: str, arguments: dict, cluster: "Cluster",
+                 group: str, members: list[str]):
+        super().__init__(vhost, name, True, None, False, arguments)
+        self.queue_type = "quorum"
+        self.cluster = cluster
+        self.group = group
+        self.members = list(members)
+        self.leader_hint: str | None = members[0] if members else None
+        self.machine = qm.QuorumMachine(self.state.limits) if cluster.node in members else None
+        if self.machine is not None:
+            self.state = self.machine.state
+        self.local_consumers: dict[tuple[str, str], LocalConsumer] = {}
+        self.enqueuers: dict[Hashable, EnqueuerSession] = {}
+        self.enqueuers_by_key: dict[str, EnqueuerSession] = {}
+        self.requests = itertools.count(1)
+        self.gone_handled: set[str] = set()
+        self.applied_since_snapshot = 0
+
+    # -- the replica ---------------------------------------------------------------
+    def apply_entry(self, entry: "Entry", leading: bool) -> Any:
+        if self.machine is None:
+            return None
+        reply, effects = self.machine.apply(qm.decode(entry.data))
+        if leading and effects:
+            self.perform(effects)
+        self.applied_since_snapshot += 1
+        if self.applied_since_snapshot >= max(SNAPSHOT_ENTRIES_MIN, 2 * len(self.state.messages)):
+            # Amortised: a snapshot costs O(messages held) and comes after at least twice as
+            # many entries, so the log in memory and on disk stays within a constant of the state.
+            self.applied_since_snapshot = 0
+            self.cluster.runtime.compact(self.group, entry.index, self.machine.snapshot())
+        return _wire_reply(reply)
+
+    def install_snapshot(self, snapshot: "Snapshot") -> None:
+        self.machine = qm.QuorumMachine.restore(snapshot.data)
+        self.state = self.machine.state
+        self.applied_since_snapshot = 0
+
+    def perform(self, effects: list) -> None:
+        node = self.cluster.node
+        for effect in effects:
+            if isinstance(effect, qm.Delivery):
+                owner, tag = effect.consumer
+                target = qm.owner_node(owner)
+                exchange, routing_key, properties, body = effect.payload
+                if target == node:
+                    self.on_delivery(owner, tag, effect.seq, effect.msg_id, tuple(effect.payload),
+                                     effect.redelivered, effect.delivery_count)
+                else:
+                    self.cluster.app_send(target, [DELIVER, self.group, owner, tag, effect.seq, effect.msg_id,
+                                                   exchange, routing_key, properties, body, effect.redelivered,
+                                                   effect.delivery_count])
+            elif isinstance(effect, qm.Applied):
+                target = qm.owner_node(effect.enqueuer)
+                if target == node:
+                    self.on_applied(effect.enqueuer, effect.seq, effect.accepted)
+                else:
+                    self.cluster.app_send(target, [APPLIED, self.group, effect.enqueuer, effect.seq, effect.accepted])
+            elif isinstance(effect, fifo.DeadLetter):
+                self.vhost.dead_letter(self, effect.reason, tuple(tuple(p) for p in effect.payloads), _now_ms())
+
+    def on_leader_change(self, leader_id: str | None, leading: bool) -> None:
+        if leader_id is not None:
+            self.leader_hint = leader_id
+        if not leading or self.machine is None:
+            return
+        # What the old leader delivered may not have arrived: send it all again
+        # (consumers drop sequences they have seen).
+        self.perform(self.machine.checked_out_deliveries())
+        for peer in list(self.cluster.down_since):
+            self.cluster.submit(self.group, qm.encode_node_down(peer, _now_ms()))
+        for peer, incarnation in self.cluster.peer_incarnations.items():
+            if peer not in self.cluster.down_since:
+                self.cluster.submit(self.group, qm.encode_node_up(peer, incarnation, _now_ms()))
+
+    def resend_deliveries(self, owner: str, tag: str, after_seq: int) -> None:
+        if self.machine is not None:
+            self.perform(self.machine.deliveries_since((owner, tag), after_seq))
+
+    # -- nodes -----------------------------------------------------------------------
+    def _leading(self) -> bool:
+        return self.machine is not None and self.cluster.is_leader(self.group)
+
+    def on_node_down(self, peer: str) -> None:
+        if self._leading():
+            self.cluster.submit(self.group, qm.encode_node_down(peer, _now_ms()))
+
+    def on_node_up(self, peer: str, incarnation: str) -> None:
+        self.gone_handled.discard(peer)
+        if self._leading():
+            self.cluster.submit(self.group, qm.encode_node_up(peer, incarnation, _now_ms()))
+
+    def on_node_gone(self, peer: str) -> None:
+        if peer not in self.gone_handled and self._leading():
+            self.gone_handled.add(peer)
+            self.cluster.submit(self.group, qm.encode_node_gone(peer, _now_ms()))
+
+    def on_link_up(self, peer: str) -> None:
+        """Deliveries from `peer` may have been lost while the link was down."""
+        if self.leader_hint != peer:
+            return
+        for (owner, tag), consumer in self.local_consumers.items():
+            self.cluster.app_send(peer, [RESEND, self.group, owner, tag, consumer.last_seq])
+
+    # -- publishing --------------------------------------------------------------------
+    def enqueue(self, payload: Any, size: int, ttl_ms: int | None = None, priority: int = 0) -> int | None:
+        """Dead-lettering into this queue (no confirm): this node's own enqueuer."""
+        self.enqueue_from(("dlx", self.group), payload, ttl_ms, priority, None)
+        return 0
+
+    def enqueue_from(self, owner: Hashable, payload: tuple, ttl_ms: int | None, priority: int,
+                     on_applied: Callable[[bool], None] | None) -> None:
+        session = self.enqueuers.get(owner)
+        if session is None:
+            key = self.cluster.owner_key(owner)
+            session = self.enqueuers[owner] = self.enqueuers_by_key[key] = EnqueuerSession(key)
+        seq = session.next_seq
+        session.next_seq = seq + 1
+        if not session.pending:
+            session.progress_at = time.monotonic()
+        exchange, routing_key, properties, body = payload
+        data = qm.encode_enqueue(session.key, seq, _now_ms(), exchange, routing_key, properties, body,
+                                 ttl_ms, priority)
+        session.pending[seq] = (data, on_applied)
+        session.sent_to = self.cluster.send_command(self.group, data)
+
+    def on_applied(self, enqueuer: str, seq: int, accepted: bool) -> None:
+        session = self.enqueuers_by_key.get(enqueuer)
+        if session is None:
+            return
+        entry = session.pending.pop(seq, None)
+        session.progress_at = time.monotonic()
+        if entry is not None and entry[1] is not None:
+            entry[1](accepted)
+
+    def resend_enqueues(self, now: float, leader_changed: bool) -> None:
+        """All unconfirmed enqueues again, in order: to a new leader, or when
+        nothing was confirmed for `RESEND_SECONDS` (the queue drops duplicates)."""
+        leader = self.cluster.leader_hint(self.group)
+        for session in self.enqueuers.values():
+            if not session.pending:
+                continue
+            if leader_changed and session.sent_to == leader:
+                continue
+            if not leader_changed and now - session.progress_at < RESEND_SECONDS:
+                continue
+            session.progress_at = now
+            for data, _ in session.pending.values():
+                session.sent_to = self.cluster.send_command(self.group, data)
+
+    def forget_enqueuer(self, owner: Hashable) -> None:
+        session = self.enqueuers.pop(owner, None)
+        if session is not None:
+            self.enqueuers_by_key.pop(session.key, None)
+
+    # -- commands from channels -----------------------------------------------------------
+    def apply(self, command: Any) -> Any:
+        """The channel's settle, return, discard and suspend, sent to the leader."""
+        now = _now_ms()
+        match command:
+            case fifo.Settle(consumer=(owner, tag), msg_ids=ids):
+                data = qm.encode_settle(self.cluster.owner_key(owner), tag, now, list(ids))
+            case fifo.Return(consumer=(owner, tag), msg_ids=ids):
+                data = qm.encode_return(self.cluster.owner_key(owner), tag, now, list(ids))
+            case fifo.Discard(consumer=(owner, tag), msg_ids=ids):
+                data = qm.encode_discard(self.cluster.owner_key(owner), tag, now, list(ids))
+            case fifo.Suspend(consumer=(owner, tag), active=active):
+                data = qm.encode_suspend(self.cluster.owner_key(owner), tag, now, active)
+            case _:
+                raise AssertionError(f"a quorum queue is not given {command!r} this way")
+        self.cluster.submit(self.group, data)
+        return 0
+
+    def purge(self, on_done: Callable[[int], None]) -> None:
+        data = qm.encode_purge(f"{self.cluster.node}", next(self.requests), _now_ms())
+        self.cluster.submit(self.group, data, lambda count: on_done(count or 0))
+
+    def get(self, owner: Hashable, no_ack: bool, on_done: Callable[[Any], None]) -> None:
+        data = qm.encode_dequeue(self.cluster.owner_key(owner), next(self.requests), _now_ms(), no_ack)
+        self.cluster.submit(self.group, data, on_done)
+
+    def add_consumer(self, consumer_id: Hashable, sink: Any, prefetch: int,
+                     priority: int, no_ack: bool, exclusive: bool, active: bool = True) -> None:
+        owner, tag = consumer_id
+        key = self.cluster.owner_key(owner)
+        self.consumers[consumer_id] = sink
+        self.local_consumers[(key, tag)] = LocalConsumer(sink, consumer_id)
+        self.had_consumers = True
+        if exclusive:
+            self.exclusive_consumer = consumer_id
+        self.cluster.submit(self.group, qm.encode_checkout(key, tag, _now_ms(), prefetch, priority, no_ack, active))
+
+    def remove_consumer(self, consumer_id: Hashable) -> None:
+        owner, tag = consumer_id
+        key = self.cluster.owner_key(owner)
+        self.local_consumers.pop((key, tag), None)
+        self.cluster.submit(self.group, qm.encode_cancel(key, tag, _now_ms()))
+        self._forget_consumer(consumer_id)
+
+    def owner_down(self, owner: Hashable) -> None:
+        key = self.cluster.owner_key(owner)
+        for local_key in [k for k in self.local_consumers if k[0] == key]:
+            del self.local_consumers[local_key]
+        for consumer_id in [c for c in self.consumers if c[0] == owner]:
+            self._forget_consumer(consumer_id)
+        self.forget_enqueuer(owner)
+        self.cluster.submit(self.group, qm.encode_down(key, _now_ms()))
+
+    # -- deliveries to this node's channels ---------------------------------------------------
+    def on_remote_delivery(self, message: list) -> None:
+        _, _, owner, tag, seq, msg_id, exchange, routing_key, properties, body, redelivered, count = message
+        self.on_delivery(owner, tag, seq, msg_id, (exchange, routing_key, properties, body), redelivered, count)
+
+    def on_delivery(self, owner: str, tag: str, seq: int, msg_id: int, payload: tuple,
+                    redelivered: bool, count: int) -> None:
+        consumer = self.local_consumers.get((owner, tag))
+        if consumer is None or seq <= consumer.last_seq:
+            return  # gone (its messages go back with its cancel or channel close), or seen
+        if seq > consumer.last_seq + 1:
+            if len(consumer.held) < HELD_DELIVERIES_MAX:
+                consumer.held[seq] = (msg_id, payload, redelivered, count)
+            self._ask_for_gap(owner, tag, consumer)
+            return
+        self._hand_over(consumer, tag, seq, msg_id, payload, redelivered, count)
+        while consumer.held and consumer.last_seq + 1 in consumer.held:
+            seq = consumer.last_seq + 1
+            self._hand_over(consumer, tag, seq, *consumer.held.pop(seq))
+
+    def _hand_over(self, consumer: LocalConsumer, tag: str, seq: int, msg_id: int, payload: tuple,
+                   redelivered: bool, count: int) -> None:
+        consumer.last_seq = seq
+        consumer.sink.deliver(self, consumer.consumer_id[1], msg_id, self.delivery_payload(payload, count),
+                              redelivered)
+
+    def _ask_for_gap(self, owner: str, tag: str, consumer: LocalConsumer) -> None:
+        now = time.monotonic()
+        if now - consumer.gap_asked_at < RESEND_SECONDS or self.leader_hint is None:
+            return
+        consumer.gap_asked_at = now
+        if self.leader_hint == self.cluster.node:
+            self.resend_deliveries(owner, tag, consumer.last_seq)
+        else:
+            self.cluster.app_send(self.leader_hint, [RESEND, self.group, owner, tag, consumer.last_seq])
+
+    # -- time and numbers ------------------------------------------------------------------------
+    def tick(self) -> None:
+        if self.machine is not None and self.state.expiries and self._leading():
+            self.cluster.submit(self.group, qm.encode_tick(_now_ms()))
+
+    @property
+    def consumer_count(self) -> int:
+        return self.machine.consumer_count if self.machine is not None else len(self.consumers)
+
+    @property
+    def message_count(self) -> int:
+        return self.machine.ready_count if self.machine is not None else 0
+
+    @property
+    def bytes_in_memory(self) -> int:
+        return self.machine.message_bytes if self.machine is not None else 0
+
+    def release_cursor(self) -> int:
+        return 0
+
+
+def _wire_reply(reply: Any) -> Any:
+    """A reply the leader can send back in a DONE message (msgpack)."""
+    if isinstance(reply, fifo.Dequeued):
+        return [reply.msg_id, list(reply.payload), reply.redelivered, reply.message_count, reply.delivery_count]
+    if reply is None or isinstance(reply, (int, str, bool)):
+        return reply
+    return None

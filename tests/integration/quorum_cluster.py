@@ -1,0 +1,78 @@
+"""Three real warren-server processes in one cluster, for the quorum-queue tests."""
+from __future__ import annotations
+
+import base64
+import json
+import time
+import urllib.request
+
+import pika
+
+from tests.serverproc import ServerProcess, free_port, make_server
+
+WAIT_SECONDS = 30.0
+SECRET = "quorum test secret"
+NAMES = ["a@local", "b@local", "c@local"]
+
+
+def wait_for(predicate, what: str, seconds: float = WAIT_SECONDS):
+    deadline = time.monotonic() + seconds
+    while True:
+        value = predicate()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out after {seconds}s waiting for {what}"
+        time.sleep(0.05)  # polling a condition with a deadline, not synchronising on time
+
+
+def api(server: ServerProcess, path: str):
+    request = urllib.request.Request(f"http://127.0.0.1:{server.metrics_port}{path}")
+    request.add_header("Authorization", "Basic " + base64.b64encode(b"guest:guest").decode())
+    with urllib.request.urlopen(request, timeout=5) as response:
+        return json.loads(response.read())
+
+
+def queue_view(server: ServerProcess, name: str) -> dict | None:
+    try:
+        return next((q for q in api(server, "/api/queues") if q["name"] == name), None)
+    except OSError:
+        return None
+
+
+def start_cluster(tmp_path, gone_seconds: float = 3.0) -> dict[str, ServerProcess]:
+    ports = {name: free_port() for name in NAMES}
+    nodes = json.dumps([{"name": n, "host": "127.0.0.1", "port": p} for n, p in ports.items()])
+    servers = {}
+    for name in NAMES:
+        servers[name] = make_server(
+            tmp_path / name, WARREN_NODE_NAME=name, WARREN_CLUSTER_NODES=nodes,
+            WARREN_CLUSTER_HOST="127.0.0.1", WARREN_CLUSTER_PORT=str(ports[name]),
+            WARREN_CLUSTER_SECRET=SECRET, WARREN_CLUSTER_NODE_GONE_SECONDS=str(gone_seconds)).start()
+    for name, server in servers.items():
+        wait_for(lambda s=server: api(s, "/api/overview")["running_nodes"] == NAMES, f"{name} to see all nodes")
+    return servers
+
+
+def stop_all(servers: dict[str, ServerProcess]) -> None:
+    for server in servers.values():
+        server.stop()
+
+
+def connect(server: ServerProcess) -> pika.BlockingConnection:
+    return pika.BlockingConnection(pika.URLParameters(server.url + "?heartbeat=0"))
+
+
+def declare_everywhere(servers: dict[str, ServerProcess], via: str, name: str, **arguments) -> None:
+    """Declare on `via`; wait until every node knows the queue and it has a leader."""
+    with connect(servers[via]) as connection:
+        connection.channel().queue_declare(name, durable=True, arguments={"x-queue-type": "quorum", **arguments})
+    for node, server in servers.items():
+        wait_for(lambda s=server: (queue_view(s, name) or {}).get("leader"), f"{node} to know {name}'s leader")
+
+
+def leader_of(servers: dict[str, ServerProcess], name: str, among: list[str] | None = None) -> str:
+    for node in among or list(servers):
+        view = queue_view(servers[node], name)
+        if view and view.get("leader"):
+            return view["leader"]
+    raise AssertionError(f"no node knows the leader of {name}")

@@ -1,0 +1,97 @@
+"""A quorum queue on three real nodes: publish through one node, consume through
+another, kill -9 the leader's node mid-stream, restart it."""
+from __future__ import annotations
+
+import signal
+import threading
+
+import pika
+
+from tests.integration.quorum_cluster import (
+    NAMES, connect, declare_everywhere, leader_of, queue_view, start_cluster, stop_all, wait_for,
+)
+
+MESSAGES = 1500
+
+
+class Publisher(threading.Thread):
+    """Publishes numbered messages with confirms; remembers which were confirmed."""
+
+    def __init__(self, server, queue: str, count: int, tag: str):
+        super().__init__(daemon=True)
+        self.server, self.queue, self.count, self.tag = server, queue, count, tag
+        self.confirmed: list[int] = []
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            with connect(self.server) as connection:
+                channel = connection.channel()
+                channel.confirm_delivery()
+                for number in range(self.count):
+                    channel.basic_publish("", self.queue, f"{self.tag}:{number}".encode(),
+                                          pika.BasicProperties(delivery_mode=2))
+                    self.confirmed.append(number)
+        except BaseException as error:  # noqa: BLE001 -- reported by the test
+            self.error = error
+
+
+def consume_until(server, queue: str, want: set[bytes], seconds: float = 60.0) -> list[tuple[bytes, bool]]:
+    """Consume (prefetch 50, ack each) until every body in `want` has arrived."""
+    received: list[tuple[bytes, bool]] = []
+    seen: set[bytes] = set()
+    with connect(server) as connection:
+        channel = connection.channel()
+        channel.basic_qos(prefetch_count=50)
+        for method, _, body in channel.consume(queue, inactivity_timeout=seconds):
+            assert method is not None, (f"no delivery for {seconds}s; still missing "
+                                        f"{len(want - seen)} of {len(want)}, e.g. {sorted(want - seen)[:5]}")
+            received.append((body, method.redelivered))
+            seen.add(body)
+            channel.basic_ack(method.delivery_tag)
+            if want <= seen:
+                break
+        channel.cancel()
+    return received
+
+
+def assert_per_publisher_order(received: list[tuple[bytes, bool]]) -> None:
+    last: dict[str, int] = {}
+    for body, redelivered in received:
+        tag, number = body.decode().split(":")
+        if not redelivered and int(number) < last.get(tag, -1):
+            raise AssertionError(f"{body!r} arrived after {tag}:{last[tag]} without being a redelivery")
+        last[tag] = max(last.get(tag, -1), int(number))
+
+
+def test_kill_the_leaders_node_mid_stream_then_restart_it(tmp_path):
+    servers = start_cluster(tmp_path)
+    try:
+        queue = "failover"
+        declare_everywhere(servers, "a@local", queue)
+        leader = leader_of(servers, queue)
+        others = [n for n in NAMES if n != leader]
+        publish_via, consume_via = others
+        publisher = Publisher(servers[publish_via], queue, MESSAGES, "p")
+        publisher.start()
+        wait_for(lambda: len(publisher.confirmed) >= MESSAGES // 3, "a third of the messages to be confirmed")
+        servers[leader].stop(signal.SIGKILL)
+        publisher.join(120)
+        assert not publisher.is_alive(), "the publisher never finished after the leader was killed"
+        assert publisher.error is None, f"publisher failed: {publisher.error!r}"
+        new_leader = wait_for(lambda: leader_of(servers, queue, others) != leader and leader_of(servers, queue, others),
+                              "a new leader")
+        assert new_leader in others
+        want = {f"p:{n}".encode() for n in publisher.confirmed}
+        received = consume_until(servers[consume_via], queue, want)
+        assert want <= {body for body, _ in received}
+        assert_per_publisher_order(received)
+
+        servers[leader].start()
+        # The restarted replica catches up with the others (log or snapshot).
+        def caught_up():
+            views = [queue_view(servers[n], queue) for n in NAMES]
+            return all(v is not None for v in views) and len({(v["messages_ready"], v["leader"]) for v in views}) == 1
+        wait_for(caught_up, f"{leader} to catch up after its restart")
+    finally:
+        stop_all(servers)
