@@ -181,16 +181,22 @@ class Cluster:
     def propose(self, group: str, data: bytes, origin: str, token: int) -> None:
         index = self.runtime.propose(group, data)
         if index is None:
-            leader = self.runtime.leader_of(group)
+            leader = self.local_leader(group)
             if leader is not None and leader not in (self.node, origin):
                 self.app_send(leader, [CMD, group, data, origin, token])
             return  # else dropped: the origin resends
         if token:
             self.awaiting_apply.setdefault(group, {})[index] = (origin, token)
 
+    def local_leader(self, group: str) -> str | None:
+        """The leader as this node's replica knows it (None: not hosted, or no leader)."""
+        system = self.runtime.system
+        hosted = system.groups.get(group) if system is not None else None
+        return hosted.raft.leader_id if hosted is not None else None
+
     def leader_hint(self, group: str) -> str | None:
         if group in self.runtime.groups:
-            return self.runtime.leader_of(group)
+            return self.local_leader(group)
         queue = self.queues.get(group)
         return queue.leader_hint if queue is not None else None
 
@@ -262,7 +268,7 @@ class Cluster:
             queue.install_snapshot(snapshot)
 
     def is_leader(self, group: str) -> bool:
-        return self.runtime.leader_of(group) == self.node
+        return self.local_leader(group) == self.node
 
     def on_role_change(self, group: Any, role: Role, leader_id: str | None, term: int) -> None:
         if role != Role.LEADER:
