@@ -116,10 +116,7 @@ class Cluster:
         self.incarnation = secrets.token_hex(4)
         self.nodes = sorted({n.name for n in settings.cluster_nodes} | {self.node})
         self.multi_node = len(self.nodes) > 1
-        limits = TransportLimits(
-            frame_max_bytes=settings.cluster_frame_max_bytes,
-            heartbeat_seconds=settings.cluster_heartbeat_seconds,
-            handshake_timeout_seconds=settings.cluster_handshake_timeout_seconds)
+        limits = TransportLimits.from_settings(settings)
         self.runtime = NodeRuntime(self, settings, broker.durability.committer, self.apply,
                                    install_snapshot=self.install_snapshot, on_role_change=self.on_role_change,
                                    transport_limits=limits)

@@ -73,7 +73,7 @@ class TransportLimits:
     frame_max_bytes: int = 64 * MIB
     peer_outbound_max_bytes: int = 64 * MIB
     handshake_timeout_seconds: float = 5.0
-    heartbeat_seconds: float = 1.0
+    heartbeat_seconds: float = 0.25
     reconnect_initial_seconds: float = 0.1
     reconnect_max_seconds: float = 5.0
     connect_timeout_seconds: float = 5.0
