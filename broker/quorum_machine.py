@@ -31,8 +31,11 @@ It wraps the queue machine of broker/fifo.py and adds what replication needs:
 * Node failures. Owners (channels) are named ``node/incarnation/rest``.
   NODE_DOWN suspects a node: its consumers keep what they hold but get
   nothing new. NODE_UP with the node's incarnation resumes them; owners of an
-  older incarnation died with it and are Down (their messages return). A
-  NODE_GONE declares the suspected incarnations dead.
+  older incarnation died with it and are Down (their messages return), its
+  publishers' sessions are forgotten, and its late commands (ENQUEUE,
+  CHECKOUT, DEQUEUE still in flight) are refused from then on. NODE_GONE
+  Downs the owners of the incarnations the node had when suspected, not those
+  of a newer one that spoke since.
 
 Snapshots (``snapshot``/``restore``) hold the whole state, payloads included,
 in a form that is canonical: two machines that behave the same produce the
@@ -80,6 +83,8 @@ TIME_FIELD_DEFAULT = 3
 
 # Out-of-order enqueues held per enqueuer; beyond it they are dropped (the sender resends).
 HOLD_MAX = 4096
+# Dead incarnations remembered per node, so that their late commands are refused.
+RETIRED_MAX = 16
 SNAPSHOT_VERSION = 1
 
 
@@ -228,6 +233,8 @@ class QuorumMachine:
         self._suspected: dict[tuple, bool] = {}
         # suspected node -> the incarnations it had when suspected (what NODE_GONE declares dead)
         self._suspected_nodes: dict[str, list[str]] = {}
+        # node -> incarnations a NODE_UP declared dead, oldest first (at most RETIRED_MAX)
+        self._retired: dict[str, list[str]] = {}
 
     # --- reading -------------------------------------------------------------------
     @property
@@ -290,6 +297,8 @@ class QuorumMachine:
         op = command[0]
         assert len(command) == ARITY.get(op, -1), f"malformed command {command!r}"
         effects: list = []
+        if op in (Op.ENQUEUE, Op.CHECKOUT, Op.DEQUEUE) and self._is_retired(command[1]):
+            return _REFUSED[op], effects
         match op:
             case Op.ENQUEUE:
                 reply = self._on_enqueue(command, effects)
@@ -474,6 +483,7 @@ class QuorumMachine:
         of this incarnation resume."""
         _, node, incarnation, _ = command
         self._suspected_nodes.pop(node, None)
+        self._retire(node, incarnation)
         dead = self._owners_on(node, lambda inc: inc != incarnation)
         self._down_owners(command, dead, effects)
         for enqueuer in [e for e in self._sessions if owner_node(e) == node and owner_incarnation(e) != incarnation]:
@@ -482,6 +492,24 @@ class QuorumMachine:
             active = self._suspected.pop(consumer)
             self._fifo_apply(command, fifo.Suspend(consumer, active), effects, [consumer])
         return dead
+
+    def _retire(self, node: str, incarnation: str) -> None:
+        """Every other incarnation of the node that this queue knows of is dead.
+        Their commands still in flight (a publisher's resend, say) are refused
+        from now on: a forgotten session would take a resent seq for new."""
+        known = [owner_incarnation(c[0]) for c in self._consumers_on(node)]
+        known += [owner_incarnation(e) for e in self._sessions if owner_node(e) == node]
+        retired = self._retired.get(node, [])
+        retired = [inc for inc in retired if inc != incarnation]
+        retired += [inc for inc in dict.fromkeys(known) if inc != incarnation and inc not in retired]
+        if retired:
+            self._retired[node] = retired[-RETIRED_MAX:]
+        else:
+            self._retired.pop(node, None)
+
+    def _is_retired(self, owner: str) -> bool:
+        node = owner_node(owner)
+        return node is not None and owner_incarnation(owner) in self._retired.get(node, ())
 
     def _on_node_gone(self, command: list, effects: list) -> list[str]:
         """The node did not come back in time: Down its owners of the incarnations
@@ -503,12 +531,13 @@ class QuorumMachine:
         seqs = [[list(c), r.last_seq, list(r.checked_out.items())] for c, r in self._seqs.items()]
         suspected = [[list(c), active] for c, active in self._suspected.items()]
         nodes = list(self._suspected_nodes.items())
+        retired = list(self._retired.items())
         return _pack([SNAPSHOT_VERSION, self.next_msg_id, _fifo_to_wire(self._fifo), sessions, seqs,
-                      suspected, nodes])
+                      suspected, nodes, retired])
 
     @classmethod
     def restore(cls, data: bytes) -> QuorumMachine:
-        version, next_msg_id, state, sessions, seqs, suspected, nodes = msgpack.unpackb(data, raw=False)
+        version, next_msg_id, state, sessions, seqs, suspected, nodes, retired = msgpack.unpackb(data, raw=False)
         assert version == SNAPSHOT_VERSION, f"unknown snapshot version {version}"
         machine = cls()
         machine._fifo = _fifo_from_wire(state)
@@ -517,9 +546,14 @@ class QuorumMachine:
             machine._sessions[enqueuer] = EnqueuerSession(next_seq, {command[2]: command for command in held})
         for consumer, last_seq, checked_out in seqs:
             machine._seqs[tuple(consumer)] = ConsumerSeqs(last_seq, {m: s for m, s in checked_out})
-        machine._suspected = {tuple(consumer): True for consumer, active in suspected}
+        machine._suspected = {tuple(consumer): active for consumer, active in suspected}
         machine._suspected_nodes = {node: incarnations for node, incarnations in nodes}
+        machine._retired = {node: incarnations for node, incarnations in retired}
         return machine
+
+
+# The reply to a command from a dead incarnation (nobody is listening for it).
+_REFUSED = {ENQUEUE: [], CHECKOUT: fifo.REJECTED, DEQUEUE: None}
 
 
 def _consumer(command: list) -> tuple:
@@ -529,7 +563,7 @@ def _consumer(command: list) -> tuple:
 # -- the fifo state on the wire ---------------------------------------------------------
 def _fifo_to_wire(state: fifo.FifoState) -> list:
     assert not state.track_removals, "a replicated queue keeps no removal log"
-    limits = [getattr(state.limits, f.name) for f in dataclasses.fields(fifo.QueueLimits)]
+    limits = {f.name: getattr(state.limits, f.name) for f in dataclasses.fields(fifo.QueueLimits)}
     messages = [[msg_id, list(payload), size] for msg_id, (payload, size) in state.messages.items()]
     consumers = [[list(cid), c.prefetch, c.priority, c.no_ack, list(c.checked_out), c.cancelled, c.suspended,
                   c.in_service, c.ticket] for cid, c in state.consumers.items()]
@@ -554,7 +588,7 @@ def _service_to_wire(state: fifo.FifoState) -> list:
 def _fifo_from_wire(wire: list) -> fifo.FifoState:
     (limits, messages, counts, ready, returns, ready_bytes, message_bytes, expiries, priorities, now_ms,
      consumers, service) = wire
-    state = fifo.FifoState(limits=fifo.QueueLimits(*limits))
+    state = fifo.FifoState(limits=fifo.QueueLimits(**limits))
     state.messages = {msg_id: (tuple(payload), size) for msg_id, payload, size in messages}
     state.delivery_counts = dict(counts)
     state.ready = deque(ready)
