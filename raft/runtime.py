@@ -92,8 +92,9 @@ from typing import Any
 
 import structlog
 
+from raft.core import RecoveredState, Status
 from raft.group import GroupId, GroupMetrics, PersistItem
-from raft.messages import Entry, Role, Snapshot
+from raft.messages import ConfigChangeOp, Entry, HardState, Role, Snapshot
 from raft.raft_storage import (
     GroupStorage,
     RecoveryScan,
@@ -217,6 +218,25 @@ class RaftRuntime:
         self.system.add_group(group_id, members)
         return True
 
+    def join_group(self, group_id: GroupId, voters: list[str]) -> bool:
+        """Host a group this node is being added to (`propose_conf_change`
+        on its leader), with an empty log that starts from the configuration
+        `voters` (the group's voters before the change, this node not among
+        them): it neither campaigns nor counts as a voter until the leader's
+        entries (the CONFIG entry adding it) or snapshot say it is one, as
+        etcd-raft's joining nodes. False if it is hosted already."""
+        self.check_running()
+        if group_id in self.groups:
+            return False
+        members = tuple(sorted(voter for voter in voters if voter != self.node_name))
+        storage = GroupStorage(log_id_of(self.next_group_number), group_id, members)
+        self.next_group_number += 1
+        self.groups[group_id] = storage
+        self.committer.append(group_record(storage.log_id, group_id, storage.members))
+        # As if recovered empty: RaftNode takes a configuration without this node only from storage.
+        self.system.add_group(group_id, members, recovered=RecoveredState(HardState(), None, []))
+        return True
+
     def remove_group(self, group_id: GroupId) -> bool:
         """Stop hosting the group; its log is dead from here on."""
         self.check_running()
@@ -268,6 +288,37 @@ class RaftRuntime:
         if self.system is None or self.stopped or self.failed is not None:
             return False
         return self.system.campaign(group_id)
+
+    def propose_conf_change(self, group_id: GroupId, op: ConfigChangeOp | str, node_id: str) -> int | None:
+        """Add or remove one voter (`RaftSystem.propose_conf_change`, thesis
+        §4.1): the index of the CONFIG entry, or None -- not the leader, an
+        earlier change (or the leader's first entry) is not committed yet,
+        nothing to change, no such group, or the runtime is not running."""
+        if self.system is None or self.stopped or self.failed is not None:
+            return None
+        return self.system.propose_conf_change(group_id, op, node_id)
+
+    def transfer_leadership(self, group_id: GroupId, to: str) -> bool:
+        """This node, leading the group, hands leadership to the voter `to`
+        (thesis §3.10; aborted after an election timeout); False if it cannot."""
+        if self.system is None or self.stopped or self.failed is not None:
+            return False
+        return self.system.transfer_leadership(group_id, to)
+
+    def configuration(self, group_id: GroupId) -> tuple[tuple[str, ...], bool] | None:
+        """The group's voters as this node's log has them (the latest
+        configuration, committed or not, thesis §4.1) and whether this node
+        knows it committed; None if the group is not hosted here."""
+        if self.system is None or group_id not in self.groups:
+            return None
+        raft = self.system.groups[group_id].raft
+        return raft.voters, raft.config_index <= raft.commit_index
+
+    def status(self, group_id: GroupId) -> Status | None:
+        """The group's core status (`RaftNode.status()`), None if not hosted here."""
+        if self.system is None or group_id not in self.groups:
+            return None
+        return self.system.status(group_id)
 
     def applied_index(self, group_id: GroupId) -> int | None:
         """The index through which the group's entries were applied (its
