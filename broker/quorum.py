@@ -302,7 +302,9 @@ class QuorumQueue(Queue):
     def _hand_over(self, consumer: LocalConsumer, tag: str, seq: int, msg_id: int, payload: tuple,
                    redelivered: bool, count: int) -> None:
         consumer.last_seq = seq
-        consumer.sink.deliver(self, consumer.consumer_id[1], msg_id, self.delivery_payload(payload, count),
+        # (msg_id, seq) names this delivery: a settle or return sent twice (after a
+        # leader change) cannot touch a later delivery of the same message.
+        consumer.sink.deliver(self, consumer.consumer_id[1], (msg_id, seq), self.delivery_payload(payload, count),
                               redelivered)
 
     def _ask_for_gap(self, owner: str, tag: str, consumer: LocalConsumer) -> None:
