@@ -1,8 +1,25 @@
-"""``warrenctl``: look at a running node, named after rabbitmqctl's commands.
+"""``warrenctl``: look at a running node, named after rabbitmqctl's commands,
+and change quorum queue membership, named after rabbitmq-queues' commands.
 
 Talks to the node's HTTP endpoint (the metrics port) with HTTP Basic auth.
 Output is tab-separated with a header line, like ``rabbitmqctl --formatter
-tsv``, or JSON with ``--formatter json``.
+tsv``, or JSON with ``--formatter json``. A change the node refuses (unknown
+queue or node, already a member, last member, ...) prints its one-line reason
+on stderr and exits 1.
+
+Membership commands (they return once the metadata Raft group has committed
+the change on every node; each queue's Raft group follows at once):
+
+* ``add_member [--vhost /] <queue> <node>``: a replica of <queue> on <node>;
+* ``delete_member [--vhost /] <queue> <node>``: remove one (never the last);
+* ``grow <node> <all|even>``: <node> becomes a member of every quorum queue
+  (``even``: of those with an even number of members);
+* ``shrink <node>``: <node> leaves every quorum queue it is a member of;
+* ``rebalance [all|quorum]``: move quorum queue leaders so they spread evenly
+  over the running nodes.
+
+``grow``, ``shrink`` and ``rebalance`` take ``--vhost-pattern`` and
+``--queue-pattern`` (regular expressions, whole names).
 """
 from __future__ import annotations
 
@@ -24,60 +41,149 @@ COMMANDS = {
     "list_bindings": ("/api/bindings", ["source", "destination_kind", "destination", "routing_key"]),
     "list_connections": ("/api/connections", ["peer", "user", "vhost", "channels", "blocked", "client"]),
 }
+# command -> (path, required arguments, optional arguments)
+ACTIONS = {
+    "add_member": ("/api/queues/members", ["queue", "node"], []),
+    "delete_member": ("/api/queues/members", ["queue", "node"], []),
+    "grow": ("/api/queues/grow", ["node", "selector"], []),
+    "shrink": ("/api/queues/shrink", ["node"], []),
+    "rebalance": ("/api/queues/rebalance", [], ["type"]),
+}
+MEMBER_ROW_COLUMNS = ["vhost", "name", "size", "result"]
 REQUEST_TIMEOUT_SECONDS = 10
+CHANGE_TIMEOUT_SECONDS = 60   # the node waits up to 30 s for the metadata group
+EX_USAGE = 64
+EX_UNAVAILABLE = 69
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="warrenctl", description="Inspect a running Warren node (over its HTTP port, default 15692).")
-    parser.add_argument("command", choices=sorted(COMMANDS), help="what to show")
-    parser.add_argument("columns", nargs="*", help="columns to show (list_* commands)")
+        prog="warrenctl",
+        description="Inspect a running Warren node, or change quorum queue membership (over its HTTP port, "
+                    "default 15692).",
+        epilog="add_member [--vhost /] <queue> <node>; delete_member [--vhost /] <queue> <node>; "
+               "grow <node> <all|even>; shrink <node>; rebalance [all|quorum]")
+    parser.add_argument("command", choices=sorted(COMMANDS | ACTIONS), help="what to show or do")
+    parser.add_argument("args", nargs="*", metavar="argument",
+                        help="list_* commands: the columns to show; the others: their arguments")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=int(os.environ.get("WARREN_METRICS_PORT", "15692")))
-    parser.add_argument("--vhost", "-p", default=None, help="only this vhost (list_* commands)")
+    parser.add_argument("--vhost", "-p", default=None,
+                        help="list_* commands: only this vhost; add_member, delete_member: the queue's (default /)")
+    parser.add_argument("--vhost-pattern", default=None, help="grow, shrink, rebalance: vhosts matching this")
+    parser.add_argument("--queue-pattern", default=None, help="grow, shrink, rebalance: queues matching this")
     parser.add_argument("--user", default=os.environ.get("WARREN_CTL_USER", "guest"))
     parser.add_argument("--password", default=None,
                         help="password (default: $WARREN_CTL_PASSWORD, else guest)")
     parser.add_argument("--formatter", choices=("tsv", "json"), default="tsv")
-    return parser.parse_args(argv)
+    return parser.parse_intermixed_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    path, default_columns = COMMANDS[args.command]
     password = args.password if args.password is not None else os.environ.get("WARREN_CTL_PASSWORD", "guest")
+    if args.command in ACTIONS:
+        return change(args, password)
+    path, default_columns = COMMANDS[args.command]
     try:
         data = fetch(args.host, args.port, path, args.user, password)
     except urllib.error.HTTPError as error:
-        reason = "authentication failed" if error.code == 401 else f"HTTP {error.code}"
-        print(f"warrenctl: {args.host}:{args.port}: {reason}", file=sys.stderr)
-        return 2
+        return _http_error(args, error)
     except (urllib.error.URLError, OSError) as error:
-        print(f"warrenctl: cannot reach {args.host}:{args.port}: {getattr(error, 'reason', error)}",
-              file=sys.stderr)
-        return 69  # EX_UNAVAILABLE, as rabbitmqctl exits when the node is down
+        return _unreachable(args, error)
     if args.vhost is not None and isinstance(data, list):
         data = [row for row in data if row.get("vhost") == args.vhost]
     if args.formatter == "json" or default_columns is None:
         print(json.dumps(data, indent=None if args.formatter == "json" else 2, default=str))
         return 0
-    columns = args.columns or default_columns
+    columns = args.args or default_columns
     unknown = [c for c in columns if data and c not in data[0]]
     if unknown:
         print(f"warrenctl: unknown column(s) {', '.join(unknown)}", file=sys.stderr)
-        return 64  # EX_USAGE
-    print("\t".join(columns))
-    for row in data:
-        print("\t".join(_cell(row.get(c)) for c in columns))
+        return EX_USAGE
+    _print_table(columns, data)
     return 0
 
 
-def fetch(host: str, port: int, path: str, user: str, password: str) -> Any:
-    request = urllib.request.Request(f"http://{host}:{port}{path}")
+def change(args: argparse.Namespace, password: str) -> int:
+    """The membership commands: POST the arguments, print the node's answer."""
+    path, required, optional = ACTIONS[args.command]
+    if not len(required) <= len(args.args) <= len(required) + len(optional):
+        usage = " ".join([f"<{a}>" for a in required] + [f"[{a}]" for a in optional])
+        print(f"warrenctl: usage: warrenctl {args.command} {usage}", file=sys.stderr)
+        return EX_USAGE
+    body: dict[str, Any] = dict(zip(required + optional, args.args))
+    if args.command in ("add_member", "delete_member"):
+        body["op"] = "add" if args.command == "add_member" else "delete"
+        body["vhost"] = args.vhost if args.vhost is not None else "/"
+    for key in ("vhost_pattern", "queue_pattern"):
+        if getattr(args, key) is not None:
+            body[key] = getattr(args, key)
+    try:
+        result = post(args.host, args.port, path, body, args.user, password)
+    except urllib.error.HTTPError as error:
+        return _http_error(args, error)
+    except (urllib.error.URLError, OSError) as error:
+        return _unreachable(args, error)
+    if args.formatter == "json":
+        print(json.dumps(result, default=str))
+    elif args.command == "add_member":
+        print(f"Added a replica of queue {body['queue']} in vhost {body['vhost']} on node {body['node']}; "
+              f"members: {_cell(result['members'])}")
+    elif args.command == "delete_member":
+        print(f"Removed the replica of queue {body['queue']} in vhost {body['vhost']} on node {body['node']}; "
+              f"members: {_cell(result['members'])}")
+    elif args.command == "rebalance":
+        _print_table(["node", "quorum_leaders"], result["leaders"])
+    else:
+        _print_table(MEMBER_ROW_COLUMNS, result)
+    return 0
+
+
+def _http_error(args: argparse.Namespace, error: urllib.error.HTTPError) -> int:
+    if error.code == 401:
+        print(f"warrenctl: {args.host}:{args.port}: authentication failed", file=sys.stderr)
+        return 2
+    try:
+        text = json.loads(error.read())["error"]
+    except (ValueError, KeyError, TypeError, OSError):
+        text = f"{args.host}:{args.port}: HTTP {error.code}"
+    print(f"warrenctl: {text}", file=sys.stderr)
+    return 1 if args.command in ACTIONS else 2
+
+
+def _unreachable(args: argparse.Namespace, error: Exception) -> int:
+    print(f"warrenctl: cannot reach {args.host}:{args.port}: {getattr(error, 'reason', error)}", file=sys.stderr)
+    return EX_UNAVAILABLE  # as rabbitmqctl exits when the node is down
+
+
+def _request(host: str, port: int, path: str, user: str, password: str,
+             body: bytes | None = None) -> urllib.request.Request:
+    request = urllib.request.Request(f"http://{host}:{port}{path}", data=body,
+                                     method="POST" if body is not None else "GET")
     token = base64.b64encode(f"{user}:{password}".encode()).decode()
     request.add_header("Authorization", f"Basic {token}")
-    with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_SECONDS) as response:
+    if body is not None:
+        request.add_header("Content-Type", "application/json")
+    return request
+
+
+def fetch(host: str, port: int, path: str, user: str, password: str) -> Any:
+    with urllib.request.urlopen(_request(host, port, path, user, password),
+                                timeout=REQUEST_TIMEOUT_SECONDS) as response:
         return json.loads(response.read())
+
+
+def post(host: str, port: int, path: str, body: dict, user: str, password: str) -> Any:
+    request = _request(host, port, path, user, password, json.dumps(body).encode())
+    with urllib.request.urlopen(request, timeout=CHANGE_TIMEOUT_SECONDS) as response:
+        return json.loads(response.read())
+
+
+def _print_table(columns: list[str], rows: list[dict]) -> None:
+    print("\t".join(columns))
+    for row in rows:
+        print("\t".join(_cell(row.get(c)) for c in columns))
 
 
 def _cell(value: Any) -> str:
