@@ -23,7 +23,7 @@ reply when it applies that index. An origin resends what is still
 unanswered when the group's leader changes and every `RESEND_SECONDS`; the
 commands tolerate being applied twice (enqueues carry enqueuer sequences
 the queue de-duplicates). Publishes use the enqueuer sessions of
-broker/quorum.py instead of tokens: the leader answers APPLIED per sequence.
+broker/quorum.py instead of tokens: the leader answers APPLIED per run of sequences.
 
 Application messages travel on the cluster transport beside Raft frames, as
 a dict frame {"a": [message, ...]}: one frame per peer per event-loop turn.
@@ -56,7 +56,7 @@ META = "meta"
 CMD = 0        # [CMD, group, data, origin, token]
 DONE = 1       # [DONE, group, token, result]
 DELIVER = 2    # [DELIVER, group, owner, tag, seq, msg_id, exchange, routing_key, properties, body, redelivered, count]
-APPLIED = 3    # [APPLIED, group, enqueuer, seq, accepted]
+APPLIED = 3    # [APPLIED, group, enqueuer, first_seq, last_seq, [refused seqs]]
 RESEND = 4     # [RESEND, group, owner, tag, after_seq]: a consumer's node lost deliveries
 HELLO = 5      # [HELLO, incarnation]: sent to a peer whenever its link comes up
 
@@ -315,7 +315,7 @@ class Cluster:
             queue = self.queues.get(message[1])
             if queue is not None:
                 queue.leader_hint = peer
-                queue.on_applied(message[2], message[3], message[4])
+                queue.on_applied(message[2], message[3], message[4], message[5])
         elif kind == RESEND:
             queue = self.queues.get(message[1])
             if queue is not None and self.is_leader(queue.group):

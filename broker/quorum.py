@@ -26,6 +26,7 @@ effects:
 """
 from __future__ import annotations
 
+import asyncio
 import itertools
 import time
 from dataclasses import dataclass, field
@@ -42,6 +43,7 @@ if TYPE_CHECKING:
     from raft.messages import Entry, Snapshot
 
 HELD_DELIVERIES_MAX = 10_000
+ENQUEUE_BATCH_MAX = 1024
 # Entries between snapshots at least (more when the queue holds many messages).
 SNAPSHOT_ENTRIES_MIN = 4096
 
@@ -66,6 +68,7 @@ class EnqueuerSession:
     pending: dict[int, tuple[bytes, Callable[[bool], None] | None]] = field(default_factory=dict)
     progress_at: float = 0.0
     sent_to: str | None = None    # the leader the newest enqueue went to
+    unsent_from: int | None = None  # seqs from here on wait for the end of the turn
 
 
 class QuorumQueue(Queue):
@@ -85,6 +88,7 @@ class QuorumQueue(Queue):
         self.local_consumers: dict[tuple[str, str], LocalConsumer] = {}
         self.enqueuers: dict[Hashable, EnqueuerSession] = {}
         self.enqueuers_by_key: dict[str, EnqueuerSession] = {}
+        self.unsent: list[EnqueuerSession] = []
         self.requests = itertools.count(1)
         self.gone_handled: set[str] = set()
         self.applied_since_snapshot = 0
@@ -111,6 +115,7 @@ class QuorumQueue(Queue):
 
     def perform(self, effects: list) -> None:
         node = self.cluster.node
+        applied: list = []
         for effect in effects:
             if isinstance(effect, qm.Delivery):
                 owner, tag = effect.consumer
@@ -124,13 +129,28 @@ class QuorumQueue(Queue):
                                                    exchange, routing_key, properties, body, effect.redelivered,
                                                    effect.delivery_count])
             elif isinstance(effect, qm.Applied):
-                target = qm.owner_node(effect.enqueuer)
-                if target == node:
-                    self.on_applied(effect.enqueuer, effect.seq, effect.accepted)
-                else:
-                    self.cluster.app_send(target, [APPLIED, self.group, effect.enqueuer, effect.seq, effect.accepted])
+                applied.append(effect)
             elif isinstance(effect, fifo.DeadLetter):
                 self.vhost.dead_letter(self, effect.reason, tuple(tuple(p) for p in effect.payloads), _now_ms())
+        if applied:
+            self._answer_enqueuers(applied)
+
+    def _answer_enqueuers(self, applied: list) -> None:
+        """One APPLIED per run of consecutive seqs of one enqueuer."""
+        node = self.cluster.node
+        run: list = []
+        for effect in applied + [None]:
+            if run and (effect is None or effect.enqueuer != run[0].enqueuer or effect.seq != run[-1].seq + 1):
+                enqueuer = run[0].enqueuer
+                refused = [a.seq for a in run if not a.accepted]
+                if qm.owner_node(enqueuer) == node:
+                    self.on_applied(enqueuer, run[0].seq, run[-1].seq, refused)
+                else:
+                    self.cluster.app_send(qm.owner_node(enqueuer),
+                                          [APPLIED, self.group, enqueuer, run[0].seq, run[-1].seq, refused])
+                run = []
+            if effect is not None:
+                run.append(effect)
 
     def on_leader_change(self, leader_id: str | None, leading: bool) -> None:
         if leader_id is not None:
@@ -183,6 +203,8 @@ class QuorumQueue(Queue):
 
     def enqueue_from(self, owner: Hashable, payload: tuple, ttl_ms: int | None, priority: int,
                      on_applied: Callable[[bool], None] | None) -> None:
+        """Queue one publish of `owner`'s; the publishes of a turn go out as one
+        ENQUEUE_BATCH command (one Raft entry) at its end."""
         session = self.enqueuers.get(owner)
         if session is None:
             key = self.cluster.owner_key(owner)
@@ -192,19 +214,37 @@ class QuorumQueue(Queue):
         if not session.pending:
             session.progress_at = time.monotonic()
         exchange, routing_key, properties, body = payload
-        data = qm.encode_enqueue(session.key, seq, _now_ms(), exchange, routing_key, properties, body,
-                                 ttl_ms, priority)
-        session.pending[seq] = (data, on_applied)
-        session.sent_to = self.cluster.send_command(self.group, data)
+        session.pending[seq] = ([exchange, routing_key, properties, body, ttl_ms, priority], on_applied)
+        if session.unsent_from is None:
+            session.unsent_from = seq
+            self.unsent.append(session)
+            if len(self.unsent) == 1:
+                asyncio.get_running_loop().call_soon(self._send_unsent)
 
-    def on_applied(self, enqueuer: str, seq: int, accepted: bool) -> None:
+    def _send_unsent(self) -> None:
+        sessions, self.unsent = self.unsent, []
+        for session in sessions:
+            first, session.unsent_from = session.unsent_from, None
+            if first is not None:
+                self._send_run(session, first, session.next_seq)
+
+    def _send_run(self, session: EnqueuerSession, first: int, end: int) -> None:
+        for start in range(first, end, ENQUEUE_BATCH_MAX):
+            messages = [session.pending[seq][0] for seq in range(start, min(end, start + ENQUEUE_BATCH_MAX))]
+            data = qm.encode_enqueue_batch(session.key, start, _now_ms(), messages)
+            session.sent_to = self.cluster.send_command(self.group, data)
+
+    def on_applied(self, enqueuer: str, first_seq: int, last_seq: int, refused: list[int]) -> None:
+        """The leader applied (or refused, or had applied before) seqs first..last."""
         session = self.enqueuers_by_key.get(enqueuer)
         if session is None:
             return
-        entry = session.pending.pop(seq, None)
         session.progress_at = time.monotonic()
-        if entry is not None and entry[1] is not None:
-            entry[1](accepted)
+        pending = session.pending
+        for seq in range(first_seq, last_seq + 1):
+            entry = pending.pop(seq, None)
+            if entry is not None and entry[1] is not None:
+                entry[1](seq not in refused)
 
     def resend_enqueues(self, now: float, leader_changed: bool) -> None:
         """All unconfirmed enqueues again, in order: to a new leader, or when
@@ -218,8 +258,9 @@ class QuorumQueue(Queue):
             if not leader_changed and now - session.progress_at < RESEND_SECONDS:
                 continue
             session.progress_at = now
-            for data, _ in session.pending.values():
-                session.sent_to = self.cluster.send_command(self.group, data)
+            seqs = [seq for seq in session.pending if session.unsent_from is None or seq < session.unsent_from]
+            for first, end in _runs(seqs):
+                self._send_run(session, first, end)
 
     def forget_enqueuer(self, owner: Hashable) -> None:
         session = self.enqueuers.pop(owner, None)
@@ -336,6 +377,17 @@ class QuorumQueue(Queue):
 
     def release_cursor(self) -> int:
         return 0
+
+
+def _runs(seqs: list[int]) -> list[tuple[int, int]]:
+    """Ascending seqs as [first, end) runs of consecutive numbers."""
+    runs: list[tuple[int, int]] = []
+    for seq in seqs:
+        if runs and runs[-1][1] == seq:
+            runs[-1] = (runs[-1][0], seq + 1)
+        else:
+            runs.append((seq, seq + 1))
+    return runs
 
 
 def _wire_reply(reply: Any) -> Any:

@@ -70,15 +70,17 @@ class Op(IntEnum):
     NODE_UP = 12     # [op, node, incarnation, now_ms]
     NODE_GONE = 13   # [op, node, now_ms]
     TICK = 14        # [op, now_ms]
+    # One channel's publishes of one event-loop turn: seqs first_seq, first_seq + 1, ...
+    ENQUEUE_BATCH = 15   # [op, enqueuer, first_seq, now_ms, [[exchange, routing_key, properties, body, ttl_ms, priority], ...]]
 
 
 (ENQUEUE, CHECKOUT, CANCEL, SETTLE, RETURN, DISCARD, SUSPEND, DEQUEUE, PURGE, DOWN, NODE_DOWN, NODE_UP,
- NODE_GONE, TICK) = (int(op) for op in Op)
+ NODE_GONE, TICK, ENQUEUE_BATCH) = (int(op) for op in Op)
 
 ARITY = {ENQUEUE: 10, CHECKOUT: 8, CANCEL: 4, SETTLE: 5, RETURN: 5, DISCARD: 5, SUSPEND: 5,
-         DEQUEUE: 5, PURGE: 4, DOWN: 3, NODE_DOWN: 3, NODE_UP: 4, NODE_GONE: 3, TICK: 2}
+         DEQUEUE: 5, PURGE: 4, DOWN: 3, NODE_DOWN: 3, NODE_UP: 4, NODE_GONE: 3, TICK: 2, ENQUEUE_BATCH: 5}
 # Where each command carries now_ms.
-TIME_FIELD = {ENQUEUE: 3, NODE_UP: 3, DOWN: 2, NODE_DOWN: 2, NODE_GONE: 2, TICK: 1}
+TIME_FIELD = {ENQUEUE: 3, ENQUEUE_BATCH: 3, NODE_UP: 3, DOWN: 2, NODE_DOWN: 2, NODE_GONE: 2, TICK: 1}
 TIME_FIELD_DEFAULT = 3
 
 # Out-of-order enqueues held per enqueuer; beyond it they are dropped (the sender resends).
@@ -137,6 +139,11 @@ def decode(data: bytes) -> list:
 def encode_enqueue(enqueuer: str, seq: int, now_ms: int, exchange: str, routing_key: str, properties: bytes,
                    body: bytes, ttl_ms: int | None = None, priority: int = 0) -> bytes:
     return _pack([ENQUEUE, enqueuer, seq, now_ms, exchange, routing_key, properties, body, ttl_ms, priority])
+
+
+def encode_enqueue_batch(enqueuer: str, first_seq: int, now_ms: int, messages: list) -> bytes:
+    """`messages`: [exchange, routing_key, properties, body, ttl_ms, priority] each, seqs from `first_seq`."""
+    return _pack([ENQUEUE_BATCH, enqueuer, first_seq, now_ms, messages])
 
 
 def encode_checkout(owner: str, tag: str, now_ms: int, prefetch: int, priority: int = 0,
@@ -297,11 +304,17 @@ class QuorumMachine:
         op = command[0]
         assert len(command) == ARITY.get(op, -1), f"malformed command {command!r}"
         effects: list = []
-        if op in (Op.ENQUEUE, Op.CHECKOUT, Op.DEQUEUE) and self._is_retired(command[1]):
+        if op in (Op.ENQUEUE, Op.CHECKOUT, Op.DEQUEUE, Op.ENQUEUE_BATCH) and self._is_retired(command[1]):
             return _REFUSED[op], effects
         match op:
             case Op.ENQUEUE:
                 reply = self._on_enqueue(command, effects)
+            case Op.ENQUEUE_BATCH:
+                # Exactly as the ENQUEUEs it stands for, one after the other.
+                _, enqueuer, first_seq, now_ms, messages = command
+                reply = []
+                for offset, fields in enumerate(messages):
+                    reply += self._on_enqueue([ENQUEUE, enqueuer, first_seq + offset, now_ms, *fields], effects)
             case Op.CHECKOUT:
                 reply = self._on_checkout(command, effects)
             case Op.CANCEL:
@@ -553,7 +566,7 @@ class QuorumMachine:
 
 
 # The reply to a command from a dead incarnation (nobody is listening for it).
-_REFUSED = {ENQUEUE: [], CHECKOUT: fifo.REJECTED, DEQUEUE: None}
+_REFUSED = {ENQUEUE: [], ENQUEUE_BATCH: [], CHECKOUT: fifo.REJECTED, DEQUEUE: None}
 
 
 def _consumer(command: list) -> tuple:

@@ -39,7 +39,7 @@ case "$ACTION" in
         "$0" pids "$DIR"
         ;;
     pids)
-        paste -sd, "$DIR"/n1/pid "$DIR"/n2/pid "$DIR"/n3/pid | tr -d '\n'; echo
+        cat "$DIR"/n1/pid "$DIR"/n2/pid "$DIR"/n3/pid | paste -sd,
         ;;
     stop)
         for i in 1 2 3; do

@@ -58,6 +58,22 @@ def bodies(effects) -> list[bytes]:
 
 # --- encoding -------------------------------------------------------------------------------
 
+def test_an_enqueue_batch_is_exactly_its_enqueues_one_after_the_other():
+    m = [["ex", "rk", b"p", b"m%d" % i, None, 0] for i in range(5)]
+    batched, single = qm.QuorumMachine(), qm.QuorumMachine()
+    # seq 1; then 3..5 (held: 2 is missing); then 2 and 3 again (2 releases 3..5; the second 3 is a duplicate)
+    batches = [(1, [m[0]]), (3, [m[2], m[3], m[4]]), (2, [m[1], m[2]])]
+    effects_b, effects_s = [], []
+    for first, messages in batches:
+        effects_b += batched.apply(qm.decode(qm.encode_enqueue_batch(P1, first, 5, messages)))[1]
+        for offset, fields in enumerate(messages):
+            effects_s += single.apply(qm.decode(qm.encode_enqueue(P1, first + offset, 5, *fields)))[1]
+    assert effects_b == effects_s
+    assert [(a.seq, a.duplicate) for a in effects_b if isinstance(a, qm.Applied)] == [
+        (1, False), (2, False), (3, False), (4, False), (5, False), (3, True)]
+    assert batched.snapshot() == single.snapshot()
+
+
 def test_opcodes_are_distinct_ints_and_every_command_round_trips():
     assert len({int(op) for op in qm.Op}) == len(qm.Op)
     assert qm.ENQUEUE == 1 and qm.TICK == 14
@@ -77,6 +93,8 @@ def test_opcodes_are_distinct_ints_and_every_command_round_trips():
         qm.encode_node_up("n1", "i2", 5): [qm.NODE_UP, "n1", "i2", 5],
         qm.encode_node_gone("n1", 5): [qm.NODE_GONE, "n1", 5],
         qm.encode_tick(5): [qm.TICK, 5],
+        qm.encode_enqueue_batch(P1, 3, 5, [["ex", "rk", b"p", b"b", None, 0]]):
+            [qm.ENQUEUE_BATCH, P1, 3, 5, [["ex", "rk", b"p", b"b", None, 0]]],
     }
     for data, expected in commands.items():
         assert isinstance(data, bytes)
