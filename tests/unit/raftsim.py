@@ -241,10 +241,20 @@ class Simulation:
             self.check_new_entries(node, ready)
             if ready.truncate_from is not None:
                 self.log(f"{node.node_id} truncates from {ready.truncate_from}")
+            # As RaftSystem.may_send_before_persist: a leader's messages go out before its
+            # entries are written, so a crash mid-persist finds them already sent.
+            hard = ready.hard_state
+            early = (raft.role == Role.LEADER and ready.snapshot is None
+                     and (hard is None or (hard.term, hard.voted_for) == (raft.prev_hard_state.term,
+                                                                           raft.prev_hard_state.voted_for)))
+            if early:
+                for message in ready.messages:
+                    self.send(message)
             node.storage.persist(ready)
             self.check_durable_commit(node)
-            for message in ready.messages:
-                self.send(message)
+            if not early:
+                for message in ready.messages:
+                    self.send(message)
             if ready.snapshot is not None:
                 self.install_snapshot(node, ready.snapshot)
             for entry in ready.committed_entries:
