@@ -144,6 +144,12 @@ class Cluster:
         """After the node's recovery: host the groups, apply what they committed."""
         self.queues = {group: queue for group, queue in self.queues.items() if not queue.deleted}
         await self.runtime.start()
+        from broker import quorum_machine as qm
+        for group, queue in self.queues.items():
+            if queue.machine is None and group in self.runtime.groups:
+                # removed from the queue's members but not yet released when this node stopped
+                queue.machine = qm.QuorumMachine(queue.state.limits)
+                queue.state = queue.machine.state
         if META not in self.runtime.groups:
             self.runtime.add_group(META, self.nodes)
         # Re-apply the recovered committed entries now, before clients connect.

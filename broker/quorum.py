@@ -222,6 +222,10 @@ class QuorumQueue(Queue):
                 asyncio.get_running_loop().call_soon(self._send_unsent)
 
     def _send_unsent(self) -> None:
+        """The turn's publishes go out; also called before any other command of
+        this node's, so that a basic.get after a publish finds it queued."""
+        if not self.unsent:
+            return
         sessions, self.unsent = self.unsent, []
         for session in sessions:
             first, session.unsent_from = session.unsent_from, None
@@ -282,14 +286,17 @@ class QuorumQueue(Queue):
                 data = qm.encode_suspend(self.cluster.owner_key(owner), tag, now, active)
             case _:
                 raise AssertionError(f"a quorum queue is not given {command!r} this way")
+        self._send_unsent()
         self.cluster.submit(self.group, data)
         return 0
 
     def purge(self, on_done: Callable[[int], None]) -> None:
+        self._send_unsent()
         data = qm.encode_purge(f"{self.cluster.node}", next(self.requests), _now_ms())
         self.cluster.submit(self.group, data, lambda count: on_done(count or 0))
 
     def get(self, owner: Hashable, no_ack: bool, on_done: Callable[[Any], None]) -> None:
+        self._send_unsent()
         data = qm.encode_dequeue(self.cluster.owner_key(owner), next(self.requests), _now_ms(), no_ack)
         self.cluster.submit(self.group, data, on_done)
 
@@ -318,6 +325,7 @@ class QuorumQueue(Queue):
         for consumer_id in [c for c in self.consumers if c[0] == owner]:
             self._forget_consumer(consumer_id)
         self.forget_enqueuer(owner)
+        self._send_unsent()
         self.cluster.submit(self.group, qm.encode_down(key, _now_ms()))
 
     # -- deliveries to this node's channels ---------------------------------------------------

@@ -28,8 +28,8 @@ Timing. With the defaults (50 ms ticks, `election_ticks=10`,
 `heartbeat_ticks=2`) a leader heartbeats every 100 ms and a follower's
 election timeout is 0.5-1 s. A lost node is noticed by the transport at once
 when its connection closes, else after `PEER_SILENT_HEARTBEATS_MAX`
-(3) silent transport heartbeats (`cluster_heartbeat_seconds`, 1 s by
-default: keep it well under a second where failover must take ~2 s). Then
+(3) silent transport heartbeats (`cluster_heartbeat_seconds`, 0.25 s by
+default, so a lost node is noticed within about 0.75 s). Then
 `RaftSystem.peer_down` has one survivor per group campaign at once, so new
 leaders follow about one round trip later; should that campaigner not win,
 the election timers elect within about two election timeouts
