@@ -64,6 +64,16 @@ RESEND_SECONDS = 1.0
 APP_FRAME_MESSAGES_MAX = 4096
 
 
+def well_formed(data: Any) -> bool:
+    """A queue command from a peer: a msgpack list with a known opcode and arity."""
+    from broker import quorum_machine as qm
+    try:
+        command = qm.decode(data)
+    except Exception:  # noqa: BLE001 -- anything undecodable is simply not well formed
+        return False
+    return isinstance(command[0], int) and qm.ARITY.get(command[0]) == len(command)
+
+
 def pack(value: Any) -> bytes:
     return msgpack.packb(value, use_bin_type=True)
 
@@ -209,6 +219,9 @@ class Cluster:
         now = time.monotonic()
         leader = self.leader_hint(group) if group is not None else None
         for token, pending in list(self.pending.items()):
+            if pending.group != META and pending.group not in self.queues:
+                del self.pending[token]   # the queue was deleted: nobody will answer
+                continue
             if group is None and now - pending.sent_at < RESEND_SECONDS:
                 continue
             if group is not None and (pending.group != group or pending.sent_to == leader):
@@ -309,6 +322,9 @@ class Cluster:
         kind = message[0]
         if kind == CMD:
             _, group, data, origin, token = message
+            if group != META and not well_formed(data):
+                log.warning("cluster.bad_command", peer=peer, group=group)
+                return
             self.propose(group, data, origin, token)
         elif kind == DONE:
             self.on_done(message[2], message[3])

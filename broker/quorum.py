@@ -32,6 +32,8 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Hashable
 
+import structlog
+
 from broker import fifo
 from broker import quorum_machine as qm
 from broker.queue import Queue
@@ -42,6 +44,7 @@ if TYPE_CHECKING:
     from broker.vhost import VirtualHost
     from raft.messages import Entry, Snapshot
 
+log = structlog.get_logger("warren.quorum")
 HELD_DELIVERIES_MAX = 10_000
 ENQUEUE_BATCH_MAX = 1024
 # Entries between snapshots at least (more when the queue holds many messages).
@@ -97,7 +100,11 @@ class QuorumQueue(Queue):
     def apply_entry(self, entry: "Entry", leading: bool) -> Any:
         if self.machine is None:
             return None
-        reply, effects = self.machine.apply(qm.decode(entry.data))
+        try:
+            reply, effects = self.machine.apply(qm.decode(entry.data))
+        except Exception:  # noqa: BLE001 -- the same on every replica: skip it, keep the group alive
+            log.exception("quorum.bad_command", queue=self.name, index=entry.index)
+            return None
         if leading and effects:
             self.perform(effects)
         self.applied_since_snapshot += 1

@@ -1,0 +1,19 @@
+"""Commands a peer forwards to a queue's leader are checked before they are proposed."""
+from __future__ import annotations
+
+import msgpack
+
+from broker import quorum_machine as qm
+from broker.cluster import well_formed
+
+
+def test_encoded_commands_are_well_formed():
+    for data in (qm.encode_enqueue_batch("n/i/1/1", 1, 5, [["", "q", b"", b"x", None, 0]]),
+                 qm.encode_settle("n/i/1/1", "t", 5, [[1, 1]]), qm.encode_tick(5)):
+        assert well_formed(data), qm.decode(data)
+
+
+def test_garbage_is_not_proposed():
+    for data in (b"", b"\xc1", b"garbage", msgpack.packb([]), msgpack.packb([99, 1]), msgpack.packb({"a": 1}),
+                 msgpack.packb(["enqueue"]), msgpack.packb([qm.TICK]), None, 42):
+        assert not well_formed(data), data
