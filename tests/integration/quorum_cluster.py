@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import base64
 import json
+import threading
 import time
 import urllib.request
 
@@ -76,3 +77,25 @@ def leader_of(servers: dict[str, ServerProcess], name: str, among: list[str] | N
         if view and view.get("leader"):
             return view["leader"]
     raise AssertionError(f"no node knows the leader of {name}")
+
+
+class Publisher(threading.Thread):
+    """Publishes `count` numbered messages with confirms on a connection of its own."""
+
+    def __init__(self, server, queue: str, count: int, tag: str):
+        super().__init__(daemon=True, name=f"publisher-{tag}")
+        self.server, self.queue, self.count, self.tag = server, queue, count, tag
+        self.confirmed: list[int] = []
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            with connect(self.server) as connection:
+                channel = connection.channel()
+                channel.confirm_delivery()
+                for number in range(self.count):
+                    channel.basic_publish("", self.queue, f"{self.tag}:{number}".encode(),
+                                          pika.BasicProperties(delivery_mode=2), mandatory=True)
+                    self.confirmed.append(number)
+        except BaseException as error:  # noqa: BLE001 -- reported by the test
+            self.error = error

@@ -3,37 +3,13 @@ another, kill -9 the leader's node mid-stream, restart it."""
 from __future__ import annotations
 
 import signal
-import threading
 
-import pika
 
 from tests.integration.quorum_cluster import (
-    NAMES, connect, declare_everywhere, leader_of, queue_view, start_cluster, stop_all, wait_for,
+    NAMES, Publisher, connect, declare_everywhere, leader_of, queue_view, start_cluster, stop_all, wait_for,
 )
 
 MESSAGES = 1500
-
-
-class Publisher(threading.Thread):
-    """Publishes numbered messages with confirms; remembers which were confirmed."""
-
-    def __init__(self, server, queue: str, count: int, tag: str):
-        super().__init__(daemon=True)
-        self.server, self.queue, self.count, self.tag = server, queue, count, tag
-        self.confirmed: list[int] = []
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            with connect(self.server) as connection:
-                channel = connection.channel()
-                channel.confirm_delivery()
-                for number in range(self.count):
-                    channel.basic_publish("", self.queue, f"{self.tag}:{number}".encode(),
-                                          pika.BasicProperties(delivery_mode=2))
-                    self.confirmed.append(number)
-        except BaseException as error:  # noqa: BLE001 -- reported by the test
-            self.error = error
 
 
 def consume_until(server, queue: str, want: set[bytes], seconds: float = 60.0) -> list[tuple[bytes, bool]]:

@@ -13,6 +13,7 @@ import pika
 
 from tests.integration.quorum_cluster import (
     NAMES,
+    Publisher,
     api,
     connect,
     declare_everywhere,
@@ -36,28 +37,6 @@ def unique(prefix: str) -> str:
 def logs(servers, nodes=None) -> str:
     return "\n".join(f"--- {n} log (tail) ---\n{servers[n].log()}" for n in nodes or NAMES
                      if servers[n].process is not None)
-
-
-class Publisher(threading.Thread):
-    """Publishes `count` numbered messages with confirms on a connection of its own."""
-
-    def __init__(self, server, queue: str, count: int, tag: str):
-        super().__init__(daemon=True, name=f"publisher-{tag}")
-        self.server, self.queue, self.count, self.tag = server, queue, count, tag
-        self.confirmed: list[int] = []
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            with connect(self.server) as connection:
-                channel = connection.channel()
-                channel.confirm_delivery()
-                for number in range(self.count):
-                    channel.basic_publish("", self.queue, f"{self.tag}:{number}".encode(),
-                                          pika.BasicProperties(delivery_mode=2), mandatory=True)
-                    self.confirmed.append(number)
-        except BaseException as error:  # noqa: BLE001 -- reported by the test
-            self.error = error
 
 
 class Collector:
