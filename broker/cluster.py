@@ -211,7 +211,13 @@ class Cluster:
         if group in self.runtime.groups:
             return self.local_leader(group)
         queue = self.queues.get(group)
-        return queue.leader_hint if queue is not None else None
+        if queue is None:
+            return None
+        if queue.leader_hint is None or queue.leader_hint in self.down_since:
+            # Not a member here: ask a live member (it forwards to the leader it knows).
+            live = [member for member in queue.members if member not in self.down_since]
+            queue.leader_hint = live[0] if live else queue.leader_hint
+        return queue.leader_hint
 
     def resend(self, group: str | None = None) -> None:
         """Send unanswered commands again: all of them after `RESEND_SECONDS`
