@@ -115,7 +115,7 @@ def test_a_hundred_groups_elect_and_replicate_in_shared_batches(seed):
     assert frames <= 3 * 2 * turns, f"seed={seed}: {frames} frames in {turns} turns"
     assert items >= 10 * persists, f"seed={seed}: {items} group writes in {persists} persists: not batched"
     assert messages >= 10 * frames, f"seed={seed}: {messages} messages in {frames} frames: not batched"
-    assert cluster.largest_frame >= 100, f"seed={seed}: largest frame has {cluster.largest_frame} messages"
+    assert cluster.largest_frame >= 50, f"seed={seed}: largest frame has {cluster.largest_frame} messages"
     assert totals["disk_persists"] == totals["persist_calls"]
 
 
