@@ -475,7 +475,7 @@ def _checked_out_by(state: FifoState, consumer_id: Hashable, msg_ids: tuple[int,
     if consumer is None:
         return None, ()
     held = consumer.checked_out
-    return consumer, [m for m in msg_ids if m in held]
+    return consumer, list(dict.fromkeys(m for m in msg_ids if m in held))  # each id once
 
 
 def _after_release(state: FifoState, consumer_id: Hashable, consumer: ConsumerState, effects: list) -> None:

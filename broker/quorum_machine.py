@@ -451,7 +451,7 @@ class QuorumMachine:
                 selected.append(item)
             elif record is not None and record.checked_out.get(item[0]) == item[1]:
                 selected.append(item[0])
-        return tuple(selected)
+        return tuple(dict.fromkeys(selected))   # an id named twice is released once
 
     def _on_dequeue(self, command: list, effects: list) -> fifo.Dequeued | None:
         _, owner, request_id, _, no_ack = command

@@ -74,6 +74,18 @@ def test_an_enqueue_batch_is_exactly_its_enqueues_one_after_the_other():
     assert batched.snapshot() == single.snapshot()
 
 
+def test_an_id_named_twice_in_one_settle_or_return_is_released_once():
+    machine = qm.QuorumMachine()
+    machine.apply(qm.decode(qm.encode_enqueue(P1, 1, 5, "", "q", b"", b"x")))
+    machine.apply(qm.decode(qm.encode_checkout("n1/i1/c", "t", 5, 10)))
+    (delivery,) = machine.checked_out_deliveries()
+    pair = (delivery.msg_id, delivery.seq)
+    assert machine.apply(qm.decode(qm.encode_return("n1/i1/c", "t", 6, [pair, pair])))[0] == 1
+    (again,) = machine.checked_out_deliveries()
+    assert machine.apply(qm.decode(qm.encode_settle("n1/i1/c", "t", 7, [again.msg_id, again.msg_id])))[0] == 1
+    assert machine.ready_count == 0 and machine.unacked_count == 0
+
+
 def test_opcodes_are_distinct_ints_and_every_command_round_trips():
     assert len({int(op) for op in qm.Op}) == len(qm.Op)
     assert qm.ENQUEUE == 1 and qm.TICK == 14
