@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import signal
 
+import pika
+
 
 from tests.integration.quorum_cluster import (
     NAMES, Publisher, connect, declare_everywhere, leader_of, queue_view, start_cluster, stop_all, wait_for,
@@ -69,5 +71,33 @@ def test_kill_the_leaders_node_mid_stream_then_restart_it(tmp_path):
             views = [queue_view(servers[n], queue) for n in NAMES]
             return all(v is not None for v in views) and len({(v["messages_ready"], v["leader"]) for v in views}) == 1
         wait_for(caught_up, f"{leader} to catch up after its restart")
+    finally:
+        stop_all(servers)
+
+
+def test_the_whole_cluster_restarts_with_its_queues_and_messages(tmp_path):
+    servers = start_cluster(tmp_path)
+    try:
+        queue = "restart-all"
+        declare_everywhere(servers, "b@local", queue)
+        with connect(servers["c@local"]) as connection:
+            channel = connection.channel()
+            channel.exchange_declare("restart-x", "direct", durable=True)
+            channel.queue_bind(queue, "restart-x", "k")
+        publisher = Publisher(servers["a@local"], queue, 300, "r")
+        publisher.run()
+        assert publisher.error is None and len(publisher.confirmed) == 300, publisher.error
+        for node, server in servers.items():
+            server.stop(signal.SIGKILL if node == "a@local" else signal.SIGTERM)
+        for server in servers.values():
+            server.start()
+        for node, server in servers.items():
+            wait_for(lambda s=server: (queue_view(s, queue) or {}).get("leader"), f"{node} to know {queue}'s leader")
+        with connect(servers["b@local"]) as connection:
+            channel = connection.channel()
+            channel.confirm_delivery()
+            channel.basic_publish("restart-x", "k", b"r:300", pika.BasicProperties(delivery_mode=2), mandatory=True)
+        received = consume_until(servers["c@local"], queue, {f"r:{n}".encode() for n in range(301)})
+        assert sorted({body for body, _ in received}) == sorted(f"r:{n}".encode() for n in range(301))
     finally:
         stop_all(servers)
