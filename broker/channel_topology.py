@@ -113,17 +113,27 @@ class TopologyMethods:
         self._reply_when_journaled(before, None if method.nowait else spec.Queue.DeclareOk(
             queue.name, queue.message_count, queue.consumer_count))
 
-    def _declare_quorum_queue(self, method: spec.Queue.Declare, name: str, arguments: dict) -> None:
+    def _declare_quorum_queue(self, method: spec.Queue.Declare, name: str, arguments: dict) -> bool:
+        """Have the metadata group create the queue; False: not replicated, make it here.
+        A quorum queue always is; in a cluster of several nodes so is a durable classic
+        queue (not exclusive, not auto-delete, no x-expires): the same machine on a
+        Raft group of one on this node, reachable from every node."""
+        cluster = self.broker.cluster
+        if arguments.get("x-queue-type") == "quorum":
+            members = cluster.place_members(arguments.get("x-quorum-initial-group-size"))
+        elif cluster.multi_node and "x-expires" not in arguments:
+            members = [cluster.node]
+        else:
+            return False
         self.last_queue_name = name
-        members = self.broker.cluster.place_members(arguments.get("x-quorum-initial-group-size"))
 
         def declared(_: Any) -> Any:
             queue = self.vhost.queues.get(name)
             if queue is None:
                 raise ChannelError(NOT_FOUND, f"no queue '{name}' in vhost '{self.vhost.name}'", 50, 10)
             return None if method.nowait else spec.Queue.DeclareOk(name, queue.message_count, queue.consumer_count)
-        self._replicate(["qdecl", self.vhost.name, name, arguments, members, self.broker.cluster.node],
-                        None, declared)()
+        self._replicate(["qdecl", self.vhost.name, name, arguments, members, cluster.node], None, declared)()
+        return True
 
     def on_queue_bind(self, method: spec.Queue.Bind) -> None:
         name = self._queue_name(method.queue, 50, 20)

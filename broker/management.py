@@ -143,7 +143,8 @@ def _cluster_node(broker: "Broker", node: str, running: bool) -> None:
 def _quorum_queues(broker: "Broker", body: dict) -> list[Any]:
     vhost_pattern, queue_pattern = _pattern(body, "vhost_pattern"), _pattern(body, "queue_pattern")
     return [queue for vhost in broker.vhosts.values() if vhost_pattern.fullmatch(vhost.name)
-            for queue in vhost.queues.values() if queue.replicated and queue_pattern.fullmatch(queue.name)]
+            for queue in vhost.queues.values()
+            if queue.replicated and queue.queue_type == "quorum" and queue_pattern.fullmatch(queue.name)]
 
 
 async def _commit(broker: "Broker", command: list) -> Any:

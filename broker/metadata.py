@@ -270,7 +270,7 @@ class Metadata:
         queue = vhost.queues.get(name)
         if queue is None:
             raise MembershipError(404, f"queue '{name}' in vhost '{vhost_name}' not found")
-        if not isinstance(queue, QuorumQueue):
+        if not isinstance(queue, QuorumQueue) or queue.queue_type != "quorum":
             raise MembershipError(400, f"queue '{name}' in vhost '{vhost_name}' is not a quorum queue")
         nodes = self.cluster.nodes
         if node not in nodes:

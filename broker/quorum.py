@@ -80,7 +80,8 @@ class QuorumQueue(Queue):
     def __init__(self, vhost: "VirtualHost", name: str, arguments: dict, cluster: "Cluster",
                  group: str, members: list[str]):
         super().__init__(vhost, name, True, None, False, arguments)
-        self.queue_type = "quorum"
+        # "classic": a durable classic queue in a cluster, the same machine on a group of one
+        self.queue_type = arguments.get("x-queue-type", "classic")
         self.cluster = cluster
         self.group = group
         self.members = list(members)

@@ -155,9 +155,9 @@ class VirtualHost:
                 "does not match that of the original declaration.", class_id, method_id)
 
     def declare_queue(self, method: spec.Queue.Declare, owner: Hashable,
-                      replicate: Callable[[str, dict], None] | None = None) -> Queue | None:
-        """The queue; or None when a new quorum queue was handed to
-        `replicate(name, arguments)` (the metadata group creates it)."""
+                      replicate: Callable[[str, dict], bool] | None = None) -> Queue | None:
+        """The queue; or None when a new quorum (or replicable durable) queue was
+        taken by `replicate(name, arguments)` (the metadata group creates it)."""
         name = method.queue
         arguments = dict(method.arguments or {})
         if method.passive:
@@ -179,9 +179,10 @@ class VirtualHost:
             existing.touch()
             return existing
         self._check_queue_type_properties(method, arguments, name)
-        if arguments.get("x-queue-type") == "quorum" and replicate is not None:
-            replicate(name, arguments)
-            return None
+        if replicate is not None and (arguments.get("x-queue-type") == "quorum" or (
+                method.durable and not method.exclusive and not method.auto_delete)):
+            if replicate(name, arguments):
+                return None
         queue = Queue(self, name, method.durable, owner if method.exclusive else None,
                       method.auto_delete, arguments)
         self.add_queue(queue)
