@@ -121,7 +121,8 @@ class TopologyMethods:
         cluster = self.broker.cluster
         if arguments.get("x-queue-type") == "quorum":
             members = cluster.place_members(arguments.get("x-quorum-initial-group-size"))
-        elif cluster.multi_node and "x-expires" not in arguments:
+        elif (cluster.multi_node and arguments.get("x-queue-type", "classic") == "classic"
+              and "x-expires" not in arguments):
             members = [cluster.node]
         else:
             return False
