@@ -375,6 +375,11 @@ class Cluster:
                 for queue in self.queues.values():
                     queue.on_node_gone(peer)
 
+    @property
+    def enqueues_pending(self) -> int:
+        """Publishes of this node's channels that no quorum queue has applied yet."""
+        return sum(len(session.pending) for queue in self.queues.values() for session in queue.enqueuers.values())
+
     def owner_key(self, owner: Any) -> str:
         """A channel's name in queue state: node/incarnation/connection/channel."""
         return f"{self.node}/{self.incarnation}/{owner[0]}/{owner[1]}"

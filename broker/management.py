@@ -42,6 +42,7 @@ def overview(broker: "Broker") -> dict[str, Any]:
         "queues": len(queues),
         "messages_ready": sum(q.state.ready_count for q in queues),
         "messages_unacked": sum(q.state.unacked_count for q in queues),
+        "quorum_enqueues_pending": broker.cluster.enqueues_pending,
         "wal": {"size_bytes": store.wal_size_bytes, "segments": store.segment_count,
                 "segment_bytes": store.segment_bytes, "fsyncs": store.fsyncs, "rollovers": store.rollovers},
     }

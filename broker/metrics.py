@@ -27,6 +27,8 @@ class BrokerCollector(Collector):
         yield _gauge("warren_queues", "Declared queues", sum(len(v.queues) for v in broker.vhosts.values()))
         yield _gauge("warren_cluster_peers_up", "Other cluster nodes with an authenticated link",
                      len(broker.peers_up))
+        yield _gauge("warren_quorum_enqueues_pending", "Publishes of this node's channels not yet applied by "
+                     "their quorum queues (bounded by commands_soft_limit per channel)", broker.cluster.enqueues_pending)
         for name, help_text, value in (
             ("warren_messages_published", "Messages published by clients", counters.published),
             ("warren_messages_delivered", "Messages delivered to consumers and basic.get", counters.delivered),

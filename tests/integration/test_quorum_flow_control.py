@@ -1,0 +1,67 @@
+"""commands_soft_limit: a channel whose quorum-queue publishes are not being
+applied stops being read, so a fast publisher cannot grow the node's memory."""
+from __future__ import annotations
+
+import signal
+import threading
+import time
+
+import pika
+
+from tests.integration.quorum_cluster import (
+    api, connect, declare_everywhere, leader_of, queue_view, start_cluster, stop_all, wait_for,
+)
+
+MESSAGES = 5000
+OBSERVE_SECONDS = 3.0
+BODY = b"x" * 4096
+
+
+def test_a_publisher_is_held_back_while_its_queue_cannot_commit(tmp_path):
+    servers = start_cluster(tmp_path)
+    frozen: list[str] = []
+    try:
+        declare_everywhere(servers, "a@local", "flow")
+        leader = leader_of(servers, "flow")
+        published = []
+        done = threading.Event()
+
+        def publish() -> None:
+            with connect(servers[leader]) as connection:
+                channel = connection.channel()
+                for number in range(MESSAGES):
+                    channel.basic_publish("", "flow", BODY, pika.BasicProperties(delivery_mode=2))
+                    published.append(number)
+            done.set()
+
+        # Without a quorum nothing commits, so nothing the publisher sends is applied.
+        for node in servers:
+            if node != leader:
+                servers[node].process.send_signal(signal.SIGSTOP)
+                frozen.append(node)
+        thread = threading.Thread(target=publish, daemon=True)
+        thread.start()
+        wait_for(lambda: api(servers[leader], "/api/overview")["quorum_enqueues_pending"] > 32,
+                 "the leader to hold more unapplied publishes than commands_soft_limit")
+        # The channel stopped being read: over an observation window the publisher stays
+        # stalled with most of its messages unsent (in socket buffers at most) and the node
+        # holds about the limit. Without flow control the node reads all 20 MB in well under
+        # a second and holds every publish.
+        most = 0
+        deadline = time.monotonic() + OBSERVE_SECONDS
+        while time.monotonic() < deadline:
+            most = max(most, api(servers[leader], "/api/overview")["quorum_enqueues_pending"])
+            assert not done.is_set(), f"all {MESSAGES} publishes went through while the queue could not commit"
+            assert most < 1000, f"the node holds {most} unapplied publishes: reading did not stop"
+            time.sleep(0.05)  # sampling within the observation window
+        assert len(published) < MESSAGES, "the publisher was never held back"
+        for node in frozen:
+            servers[node].process.send_signal(signal.SIGCONT)
+        frozen.clear()
+        assert done.wait(60), f"the publisher never finished after the quorum came back ({len(published)} sent)"
+        wait_for(lambda: (queue_view(servers[leader], "flow") or {}).get("messages_ready") == MESSAGES,
+                 f"all {MESSAGES} messages in the queue")
+    finally:
+        for node in frozen:
+            servers[node].process.send_signal(signal.SIGCONT)
+        stop_all(servers)
