@@ -1,5 +1,6 @@
-"""In a cluster, a durable classic queue is the queue machine on a Raft group of
-one on the declaring node, reachable from every node."""
+"""Where queues live in a cluster: a durable classic queue is the queue machine on a
+Raft group of one on the declaring node, reachable from every node; quorum queue
+leaders follow x-queue-leader-locator."""
 from __future__ import annotations
 
 import pika
@@ -43,5 +44,24 @@ def test_a_durable_classic_queue_is_reachable_from_every_node(tmp_path):
             assert channel.queue_delete("classic-here").method.message_count in (0, 1)
         for node, server in servers.items():
             wait_for(lambda s=server: queue_view(s, "classic-here") is None, f"{node} to forget classic-here")
+    finally:
+        stop_all(servers)
+
+
+def test_leader_locators_place_leaders(tmp_path):
+    """client-local: the declaring node leads; balanced: leaders spread over the members."""
+    servers = start_cluster(tmp_path)
+    try:
+        with connect(servers["b@local"]) as connection:
+            channel = connection.channel()
+            for i in range(6):
+                channel.queue_declare(f"balanced-{i}", durable=True, arguments={
+                    "x-queue-type": "quorum", "x-queue-leader-locator": "balanced"})
+            channel.queue_declare("local", durable=True, arguments={"x-queue-type": "quorum"})
+        leaders = {name: wait_for(lambda n=name: (queue_view(servers["a@local"], n) or {}).get("leader"),
+                                  f"a leader for {name}")
+                   for name in [f"balanced-{i}" for i in range(6)] + ["local"]}
+        assert leaders.pop("local") == "b@local", "client-local did not put the leader on the declaring node"
+        assert len(set(leaders.values())) >= 2, f"balanced put every leader on one node: {leaders}"
     finally:
         stop_all(servers)
