@@ -47,6 +47,8 @@ if TYPE_CHECKING:
 log = structlog.get_logger("warren.quorum")
 HELD_DELIVERIES_MAX = 10_000
 ENQUEUE_BATCH_MAX = 1024
+# Commands that count as using the queue for x-expires (as RabbitMQ: consumers, basic.get)
+USE_OPS = frozenset({qm.CHECKOUT, qm.CANCEL, qm.DEQUEUE})
 # Entries between snapshots at least (more when the queue holds many messages).
 SNAPSHOT_ENTRIES_MIN = 4096
 
@@ -96,13 +98,17 @@ class QuorumQueue(Queue):
         self.requests = itertools.count(1)
         self.gone_handled: set[str] = set()
         self.applied_since_snapshot = 0
+        self.expiring = False   # its x-expires deletion was submitted
 
     # -- the replica ---------------------------------------------------------------
     def apply_entry(self, entry: "Entry", leading: bool) -> Any:
         if self.machine is None:
             return None
         try:
-            reply, effects = self.machine.apply(qm.decode(entry.data))
+            command = qm.decode(entry.data)
+            if command[0] in USE_OPS:
+                self.last_used_ms = _now_ms()   # x-expires counts from the last use
+            reply, effects = self.machine.apply(command)
         except Exception:  # noqa: BLE001 -- the same on every replica: skip it, keep the group alive
             log.exception("quorum.bad_command", queue=self.name, index=entry.index)
             return None
@@ -376,8 +382,16 @@ class QuorumQueue(Queue):
 
     # -- time and numbers ------------------------------------------------------------------------
     def tick(self) -> None:
-        if self.machine is not None and self.state.expiries and self._leading():
+        """Periodic, on every node; only the leader acts: message TTL, and x-expires
+        (unused: no consumers, no basic.get, no redeclare here, for that long)."""
+        if self.machine is None or not self._leading():
+            return
+        if self.state.expiries:
             self.cluster.submit(self.group, qm.encode_tick(_now_ms()))
+        if (self.expires_ms is not None and not self.expiring and self.machine.consumer_count == 0
+                and _now_ms() - self.last_used_ms >= self.expires_ms):
+            self.expiring = True   # one deletion through the metadata group
+            self.cluster.broker.metadata.submit(["qdel", self.vhost.name, self.name], lambda _: None)
 
     @property
     def consumer_count(self) -> int:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import signal
+import time
 
 import pika
 import pytest
@@ -122,3 +123,21 @@ def test_messages_survive_kill_9(tmp_path):
             assert drain(channel, "survivor", 150) == [b"p%d" % i for i in range(50, 200)]
     finally:
         server.stop()
+
+
+def test_an_unused_quorum_queue_expires(server, name):
+    with pika.BlockingConnection(pika.URLParameters(server.url)) as connection:
+        channel = connection.channel()
+        declare(channel, name, **{"x-expires": 300})
+        publish_confirmed(channel, name, [b"still unused"])  # publishing does not count as use
+        deadline = time.monotonic() + 20
+        while True:
+            probe = connection.channel()
+            try:
+                probe.queue_declare(name, passive=True)
+            except pika.exceptions.ChannelClosedByBroker as closed:
+                assert closed.reply_code == 404
+                break
+            probe.close()
+            assert time.monotonic() < deadline, f"{name} with x-expires 300 ms still exists after 20 s"
+            connection.sleep(0.1)  # polling for the deletion with a deadline
