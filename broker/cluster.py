@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 import msgpack
 import structlog
 
+from broker import quorum_machine as qm
 from raft.messages import Entry, EntryKind, Role, Snapshot
 from raft.runtime import RaftRuntime
 from raft.transport import TransportLimits
@@ -66,16 +67,11 @@ APP_FRAME_MESSAGES_MAX = 4096
 
 def well_formed(data: Any) -> bool:
     """A queue command from a peer: a msgpack list with a known opcode and arity."""
-    from broker import quorum_machine as qm
     try:
         command = qm.decode(data)
     except Exception:  # noqa: BLE001 -- anything undecodable is simply not well formed
         return False
     return isinstance(command[0], int) and qm.ARITY.get(command[0]) == len(command)
-
-
-def pack(value: Any) -> bytes:
-    return msgpack.packb(value, use_bin_type=True)
 
 
 def unpack(data: bytes) -> Any:
@@ -154,7 +150,6 @@ class Cluster:
         """After the node's recovery: host the groups, apply what they committed."""
         self.queues = {group: queue for group, queue in self.queues.items() if not queue.deleted}
         await self.runtime.start()
-        from broker import quorum_machine as qm
         for group, queue in self.queues.items():
             if queue.machine is None and group in self.runtime.groups:
                 # removed from the queue's members but not yet released when this node stopped

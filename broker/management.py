@@ -57,20 +57,25 @@ def _placement(broker: "Broker", queue: Any) -> tuple[str | None, list[str]]:
 
 
 def queues(broker: "Broker") -> list[dict[str, Any]]:
-    return [{
-        "vhost": vhost.name,
+    return [_queue_row(broker, vhost.name, queue) for vhost in broker.vhosts.values() for queue in vhost.queues.values()]
+
+
+def _queue_row(broker: "Broker", vhost_name: str, queue: Any) -> dict[str, Any]:
+    leader, members = _placement(broker, queue)
+    return {
+        "vhost": vhost_name,
         "name": queue.name,
         "type": queue.queue_type,
         "durable": queue.durable,
         "auto_delete": queue.auto_delete,
         "exclusive": queue.exclusive_owner is not None,
-        "leader": _placement(broker, queue)[0],
-        "members": _placement(broker, queue)[1],
+        "leader": leader,
+        "members": members,
         "messages_ready": queue.state.ready_count,
         "messages_unacked": queue.state.unacked_count,
         "consumers": queue.consumer_count,
         "arguments": queue.arguments,
-    } for vhost in broker.vhosts.values() for queue in vhost.queues.values()]
+    }
 
 
 def exchanges(broker: "Broker") -> list[dict[str, Any]]:

@@ -55,6 +55,7 @@ from pamqp import commands as spec
 
 from broker import fifo
 from broker import quorum_machine as qm
+from broker.cluster import META
 from broker.quorum import QuorumQueue
 from protocol.errors import ChannelError
 
@@ -133,7 +134,6 @@ class Metadata:
         """Have the metadata group apply `command`; `on_done(reply)` once this
         node has applied it too (the leader answers when it has, which may be
         before this node: then the answer waits here)."""
-        from broker.cluster import META
         self.cluster.submit(META, _pack(command), lambda answer: self._on_answer(answer, on_done))
 
     def _answering_index(self, handler: Callable[[list, int], Any]) -> Callable[[list, int], Any]:
