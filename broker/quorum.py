@@ -98,6 +98,8 @@ class QuorumQueue(Queue):
         self.requests = itertools.count(1)
         self.gone_handled: set[str] = set()
         self.applied_since_snapshot = 0
+        self.truncation = qm.ReleaseCursor()
+        self._recent_enqueue: tuple[int, list] | None = None   # (index, command): payload_of's cache
         self.expiring = False   # its x-expires deletion was submitted
 
     # -- the replica ---------------------------------------------------------------
@@ -108,24 +110,52 @@ class QuorumQueue(Queue):
             command = qm.decode(entry.data)
             if command[0] in USE_OPS:
                 self.last_used_ms = _now_ms()   # x-expires counts from the last use
-            reply, effects = self.machine.apply(command)
+            reply, effects = self.machine.apply(command, entry.index)
         except Exception:  # noqa: BLE001 -- the same on every replica: skip it, keep the group alive
             log.exception("quorum.bad_command", queue=self.name, index=entry.index)
             return None
+        if command[0] in (qm.ENQUEUE, qm.ENQUEUE_BATCH):
+            self._recent_enqueue = (entry.index, command)   # the next delivery is likely from it
         if leading and effects:
             self.perform(effects)
         self.applied_since_snapshot += 1
-        if self.applied_since_snapshot >= max(SNAPSHOT_ENTRIES_MIN, 2 * len(self.state.messages)):
+        if (self.applied_since_snapshot >= max(SNAPSHOT_ENTRIES_MIN, 2 * len(self.state.messages))
+                or (self.truncation.candidates and not self.state.messages)):
             # Amortised: a snapshot costs O(messages held) and comes after at least twice as
-            # many entries, so the log in memory and on disk stays within a constant of the state.
+            # many entries, so the log in memory and on disk stays within a constant of the state
+            # (once the release cursor can move: the oldest message kept holds the log after it).
+            # A queue that drained while a candidate waits is offered at once (it is cheap then).
             self.applied_since_snapshot = 0
-            self.cluster.runtime.compact(self.group, entry.index, self.machine.snapshot())
-        return _wire_reply(reply)
+            compactable = self.truncation.offer(entry.index, self.machine)
+            if compactable is not None:
+                self.cluster.runtime.compact(self.group, *compactable)
+        return self._wire_reply(reply) if leading else None
 
     def install_snapshot(self, snapshot: "Snapshot") -> None:
         self.machine = qm.QuorumMachine.restore(snapshot.data)
         self.state = self.machine.state
         self.applied_since_snapshot = 0
+        self.truncation.reset()
+
+    def payload_of(self, payload: Any) -> tuple | None:
+        """A message's (exchange, routing_key, properties, body): the machine
+        keeps a reference into the Raft log (`qm.message_ref`), read back from
+        the log in memory or on disk. None when the entry is gone: only for a
+        message that a later committed entry settles (`qm.ReleaseCursor`)."""
+        if type(payload) is not int:
+            return payload
+        index, slot = divmod(payload, qm.REF_SLOTS)
+        recent = self._recent_enqueue
+        if recent is not None and recent[0] == index:
+            command = recent[1]
+        else:
+            data = self.cluster.runtime.entry_data(self.group, index)
+            if data is None:
+                log.warning("quorum.message_gone", queue=self.name, index=index)
+                return None
+            command = qm.decode(data)
+            self._recent_enqueue = (index, command)
+        return qm.message_payload(command, slot)
 
     def perform(self, effects: list) -> None:
         node = self.cluster.node
@@ -134,20 +164,39 @@ class QuorumQueue(Queue):
             if isinstance(effect, qm.Delivery):
                 owner, tag = effect.consumer
                 target = qm.owner_node(owner)
-                exchange, routing_key, properties, body = effect.payload
                 if target == node:
-                    self.on_delivery(owner, tag, effect.seq, effect.msg_id, tuple(effect.payload),
-                                     effect.redelivered, effect.delivery_count)
-                else:
+                    if (owner, tag) not in self.local_consumers:
+                        continue   # gone: its messages return with its cancel or channel close
+                    payload = self.payload_of(effect.payload)
+                    if payload is not None:
+                        self.on_delivery(owner, tag, effect.seq, effect.msg_id, payload,
+                                         effect.redelivered, effect.delivery_count)
+                    continue
+                payload = self.payload_of(effect.payload)
+                if payload is not None:
+                    exchange, routing_key, properties, body = payload
                     self.cluster.app_send(target, [DELIVER, self.group, owner, tag, effect.seq, effect.msg_id,
                                                    exchange, routing_key, properties, body, effect.redelivered,
                                                    effect.delivery_count])
             elif isinstance(effect, qm.Applied):
                 applied.append(effect)
             elif isinstance(effect, fifo.DeadLetter):
-                self.vhost.dead_letter(self, effect.reason, tuple(tuple(p) for p in effect.payloads), _now_ms())
+                payloads = [self.payload_of(p) for p in effect.payloads]
+                self.vhost.dead_letter(self, effect.reason, tuple(tuple(p) for p in payloads if p is not None),
+                                       _now_ms())
         if applied:
             self._answer_enqueuers(applied)
+
+    def _wire_reply(self, reply: Any) -> Any:
+        """A reply the leader can send back in a DONE message (msgpack)."""
+        if isinstance(reply, fifo.Dequeued):
+            payload = self.payload_of(reply.payload)
+            if payload is None:
+                return None
+            return [reply.msg_id, list(payload), reply.redelivered, reply.message_count, reply.delivery_count]
+        if reply is None or isinstance(reply, (int, str, bool)):
+            return reply
+        return None
 
     def _answer_enqueuers(self, applied: list) -> None:
         """One APPLIED per run of consecutive seqs of one enqueuer."""
@@ -403,7 +452,11 @@ class QuorumQueue(Queue):
 
     @property
     def bytes_in_memory(self) -> int:
-        return self.machine.message_bytes if self.machine is not None else 0
+        """Bodies held in memory, for the memory alarm: none here. The machine
+        keeps references into the Raft log, whose entries keep their data in
+        memory only until applied (and KEEP_RECENT_ENTRIES more, raft/runtime.py);
+        what is not yet applied is bounded by `commands_soft_limit` per channel."""
+        return 0
 
     def release_cursor(self) -> int:
         return 0
@@ -418,12 +471,3 @@ def _runs(seqs: list[int]) -> list[tuple[int, int]]:
         else:
             runs.append((seq, seq + 1))
     return runs
-
-
-def _wire_reply(reply: Any) -> Any:
-    """A reply the leader can send back in a DONE message (msgpack)."""
-    if isinstance(reply, fifo.Dequeued):
-        return [reply.msg_id, list(reply.payload), reply.redelivered, reply.message_count, reply.delivery_count]
-    if reply is None or isinstance(reply, (int, str, bool)):
-        return reply
-    return None

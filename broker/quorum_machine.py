@@ -87,7 +87,10 @@ TIME_FIELD_DEFAULT = 3
 HOLD_MAX = 4096
 # Dead incarnations remembered per node, so that their late commands are refused.
 RETIRED_MAX = 16
-SNAPSHOT_VERSION = 1
+SNAPSHOT_VERSION = 2
+# A message reference: index * REF_SLOTS + its position in the entry (an
+# ENQUEUE_BATCH carries at most REF_SLOTS messages).
+REF_SLOTS = 1 << 16
 
 
 # -- effects ----------------------------------------------------------------------------
@@ -134,6 +137,16 @@ def decode(data: bytes) -> list:
     command = msgpack.unpackb(data, raw=False)
     assert isinstance(command, list) and command, "a command is a non-empty list"
     return command
+
+
+def message_payload(command: list, slot: int) -> tuple:
+    """(exchange, routing_key, properties, body) of the message at `slot` of
+    an ENQUEUE or ENQUEUE_BATCH command: what a message reference names."""
+    if command[0] == ENQUEUE:
+        assert slot == 0, f"an ENQUEUE has one message, not slot {slot}"
+        return tuple(command[4:8])
+    assert command[0] == ENQUEUE_BATCH, f"a message reference into a command of opcode {command[0]}"
+    return tuple(command[4][slot][:4])
 
 
 def encode_enqueue(enqueuer: str, seq: int, now_ms: int, exchange: str, routing_key: str, properties: bytes,
@@ -220,7 +233,7 @@ def owner_incarnation(owner: Any) -> str | None:
 @dataclass(slots=True)
 class EnqueuerSession:
     next_seq: int
-    held: dict[int, list] = field(default_factory=dict)   # seq -> the ENQUEUE command
+    held: dict[int, list] = field(default_factory=dict)   # seq -> [now_ms, payload, size, ttl_ms, priority]
 
 
 @dataclass(slots=True)
@@ -242,6 +255,7 @@ class QuorumMachine:
         self._suspected_nodes: dict[str, list[str]] = {}
         # node -> incarnations a NODE_UP declared dead, oldest first (at most RETIRED_MAX)
         self._retired: dict[str, list[str]] = {}
+        self._index: int | None = None   # the log index of the command being applied
 
     # --- reading -------------------------------------------------------------------
     @property
@@ -281,6 +295,14 @@ class QuorumMachine:
         session = self._sessions.get(enqueuer)
         return 0 if session is None else len(session.held)
 
+    def oldest_ref_index(self) -> int | None:
+        """The lowest log index a message still kept here (ready, checked out
+        or held out of order) refers to; None when there is none. O(messages):
+        for the shell's occasional snapshot decisions."""
+        refs = [payload for payload, _ in self._fifo.messages.values() if type(payload) is int]
+        refs += [m[1] for session in self._sessions.values() for m in session.held.values() if type(m[1]) is int]
+        return min(refs) // REF_SLOTS if refs else None
+
     def checked_out_deliveries(self) -> list[Delivery]:
         """Every delivery not settled or returned yet, with its original seq:
         what a new leader resends (consumers drop the seqs they saw)."""
@@ -300,7 +322,11 @@ class QuorumMachine:
         return Delivery(consumer, seq, msg_id, payload, count > 0, count)
 
     # --- applying --------------------------------------------------------------------
-    def apply(self, command: list) -> tuple[Any, list]:
+    def apply(self, command: list, index: int | None = None) -> tuple[Any, list]:
+        """Apply one committed command; `index` is its Raft log index. With
+        an index, messages are kept as references into the log (see
+        `message_ref`), without one (unit tests) with their payloads."""
+        self._index = index
         op = command[0]
         assert len(command) == ARITY.get(op, -1), f"malformed command {command!r}"
         effects: list = []
@@ -308,18 +334,20 @@ class QuorumMachine:
             return _REFUSED[op], effects
         match op:
             case Op.ENQUEUE:
-                reply = self._on_enqueue(command, effects)
+                _, enqueuer, seq, now_ms, *fields = command
+                reply = self._on_enqueue(enqueuer, seq, self._held_form(now_ms, fields, 0), effects)
             case Op.ENQUEUE_BATCH:
                 # Exactly as the ENQUEUEs it stands for, one after the other.
                 _, enqueuer, first_seq, now_ms, messages = command
                 reply = []
-                for offset, fields in enumerate(messages):
-                    reply += self._on_enqueue([ENQUEUE, enqueuer, first_seq + offset, now_ms, *fields], effects)
+                for slot, fields in enumerate(messages):
+                    reply += self._on_enqueue(enqueuer, first_seq + slot, self._held_form(now_ms, fields, slot),
+                                              effects)
             case Op.CHECKOUT:
                 reply = self._on_checkout(command, effects)
             case Op.CANCEL:
                 consumer = _consumer(command)
-                reply = self._fifo_apply(command, fifo.Cancel(consumer), effects, [consumer])
+                reply = self._fifo_apply(_time(command), fifo.Cancel(consumer), effects, [consumer])
             case Op.SETTLE | Op.RETURN | Op.DISCARD:
                 reply = self._on_release(command, effects)
             case Op.SUSPEND:
@@ -327,7 +355,7 @@ class QuorumMachine:
             case Op.DEQUEUE:
                 reply = self._on_dequeue(command, effects)
             case Op.PURGE:
-                reply = self._fifo_apply(command, fifo.Purge(), effects)
+                reply = self._fifo_apply(_time(command), fifo.Purge(), effects)
                 effects.append(Purged(command[1], command[2], reply))
             case Op.DOWN:
                 # The channel closed: what it held returns, and as a publisher it is done.
@@ -340,15 +368,15 @@ class QuorumMachine:
             case Op.NODE_GONE:
                 reply = self._on_node_gone(command, effects)
             case Op.TICK:
-                reply = self._fifo_apply(command, fifo.Tick(), effects)
+                reply = self._fifo_apply(_time(command), fifo.Tick(), effects)
             case _:
                 raise AssertionError(f"unknown opcode {op!r}")
         return reply, effects
 
-    def _fifo_apply(self, command: list, fifo_command: Any, effects: list, touched=()) -> Any:
+    def _fifo_apply(self, command_ms: int, fifo_command: Any, effects: list, touched=()) -> Any:
         """Apply to the fifo at the command's time, translate its effects, then
         forget the seqs of what the touched consumers no longer hold."""
-        now_ms = max(command[TIME_FIELD.get(command[0], TIME_FIELD_DEFAULT)], self._fifo.now_ms)
+        now_ms = max(command_ms, self._fifo.now_ms)
         reply, fifo_effects = fifo.apply(fifo.Meta(self.next_msg_id, now_ms), fifo_command, self._fifo)
         for effect in fifo_effects:
             if isinstance(effect, fifo.Deliver):
@@ -388,8 +416,19 @@ class QuorumMachine:
             record.checked_out = {m: s for m, s in record.checked_out.items() if m in held}
 
     # --- enqueue and its sessions ---------------------------------------------------------
-    def _on_enqueue(self, command: list, effects: list) -> list[Applied]:
-        enqueuer, seq = command[1], command[2]
+    def _held_form(self, now_ms: int, fields: list, slot: int) -> list:
+        """One enqueue as the machine keeps it until applied: [now_ms, payload,
+        size, ttl_ms, priority], the payload a reference into the log when
+        the command's index is known."""
+        exchange, routing_key, properties, body, ttl_ms, priority = fields
+        if self._index is None:
+            payload: Any = (exchange, routing_key, properties, body)
+        else:
+            assert slot < REF_SLOTS, f"an entry names at most {REF_SLOTS} messages"
+            payload = self._index * REF_SLOTS + slot
+        return [now_ms, payload, len(body), ttl_ms, priority]
+
+    def _on_enqueue(self, enqueuer: str, seq: int, message: list, effects: list) -> list[Applied]:
         session = self._sessions.get(enqueuer)
         if session is None:
             # An enqueuer's first command starts its session, whatever its seq.
@@ -400,19 +439,18 @@ class QuorumMachine:
             return applied
         if seq > session.next_seq:
             if seq not in session.held and len(session.held) < HOLD_MAX:
-                session.held[seq] = command
+                session.held[seq] = message
             return []
         applied = []
-        while command is not None:
-            applied.append(self._enqueue_one(command, effects))
+        while message is not None:
+            applied.append(self._enqueue_one(enqueuer, session.next_seq, message, effects))
             session.next_seq += 1
-            command = session.held.pop(session.next_seq, None)
+            message = session.held.pop(session.next_seq, None)
         return applied
 
-    def _enqueue_one(self, command: list, effects: list) -> Applied:
-        _, enqueuer, seq, _, exchange, routing_key, properties, body, ttl_ms, priority = command
-        payload = (exchange, routing_key, properties, body)
-        reply = self._fifo_apply(command, fifo.Enqueue(payload, len(body), ttl_ms, priority), effects)
+    def _enqueue_one(self, enqueuer: str, seq: int, message: list, effects: list) -> Applied:
+        now_ms, payload, size, ttl_ms, priority = message
+        reply = self._fifo_apply(now_ms, fifo.Enqueue(payload, size, ttl_ms, priority), effects)
         self.next_msg_id += 1
         applied = Applied(enqueuer, seq, accepted=reply == fifo.ACCEPTED)
         effects.append(applied)
@@ -426,7 +464,7 @@ class QuorumMachine:
         # failure detector suspects it again if its node is still unreachable).
         self._suspected.pop(consumer, None)
         checkout = fifo.Checkout(consumer, prefetch, priority, no_ack, active)
-        return self._fifo_apply(command, checkout, effects, [consumer])
+        return self._fifo_apply(_time(command), checkout, effects, [consumer])
 
     def _on_suspend(self, command: list, effects: list) -> str:
         consumer, active = _consumer(command), command[4]
@@ -434,13 +472,13 @@ class QuorumMachine:
             # Stays suspended until its node is back; then it takes this state.
             self._suspected[consumer] = active
             return fifo.ACCEPTED
-        return self._fifo_apply(command, fifo.Suspend(consumer, active), effects, [consumer])
+        return self._fifo_apply(_time(command), fifo.Suspend(consumer, active), effects, [consumer])
 
     def _on_release(self, command: list, effects: list) -> int:
         consumer = _consumer(command)
         msg_ids = self._select(consumer, command[4])
         kind = {SETTLE: fifo.Settle, RETURN: fifo.Return, DISCARD: fifo.Discard}[command[0]]
-        return self._fifo_apply(command, kind(consumer, msg_ids), effects, [consumer])
+        return self._fifo_apply(_time(command), kind(consumer, msg_ids), effects, [consumer])
 
     def _select(self, consumer: tuple, items: list) -> tuple[int, ...]:
         """Bare msg ids pass; [msg_id, seq] only while that delivery is checked out."""
@@ -456,7 +494,7 @@ class QuorumMachine:
     def _on_dequeue(self, command: list, effects: list) -> fifo.Dequeued | None:
         _, owner, request_id, _, no_ack = command
         # basic.get's pseudo-consumer (owner, None), as broker/queue.py has it
-        dequeued = self._fifo_apply(command, fifo.Dequeue((owner, None), no_ack), effects)
+        dequeued = self._fifo_apply(_time(command), fifo.Dequeue((owner, None), no_ack), effects)
         effects.append(Got(owner, request_id, dequeued))
         return dequeued
 
@@ -464,7 +502,7 @@ class QuorumMachine:
         returned = 0
         for owner in owners:
             touched = [c for c in self._fifo.consumers if c[0] == owner]
-            returned += self._fifo_apply(command, fifo.Down(owner), effects, touched)
+            returned += self._fifo_apply(_time(command), fifo.Down(owner), effects, touched)
         return returned
 
     # --- nodes -----------------------------------------------------------------------------
@@ -483,7 +521,7 @@ class QuorumMachine:
             if consumer in self._suspected:
                 continue
             self._suspected[consumer] = not self._fifo.consumers[consumer].suspended
-            self._fifo_apply(command, fifo.Suspend(consumer, active=False), effects)
+            self._fifo_apply(_time(command), fifo.Suspend(consumer, active=False), effects)
             suspected.append(consumer)
         incarnations = set(self._suspected_nodes.get(node, ()))
         incarnations.update(owner_incarnation(c[0]) for c in self._consumers_on(node))
@@ -503,7 +541,7 @@ class QuorumMachine:
             del self._sessions[enqueuer]
         for consumer in [c for c in self._suspected if owner_node(c[0]) == node]:
             active = self._suspected.pop(consumer)
-            self._fifo_apply(command, fifo.Suspend(consumer, active), effects, [consumer])
+            self._fifo_apply(_time(command), fifo.Suspend(consumer, active), effects, [consumer])
         return dead
 
     def _retire(self, node: str, incarnation: str) -> None:
@@ -540,7 +578,7 @@ class QuorumMachine:
 
     # --- snapshots -----------------------------------------------------------------------
     def snapshot(self) -> bytes:
-        sessions = [[e, s.next_seq, list(s.held.values())] for e, s in self._sessions.items()]
+        sessions = [[e, s.next_seq, list(s.held.items())] for e, s in self._sessions.items()]
         seqs = [[list(c), r.last_seq, list(r.checked_out.items())] for c, r in self._seqs.items()]
         suspected = [[list(c), active] for c, active in self._suspected.items()]
         nodes = list(self._suspected_nodes.items())
@@ -556,7 +594,8 @@ class QuorumMachine:
         machine._fifo = _fifo_from_wire(state)
         machine.next_msg_id = next_msg_id
         for enqueuer, next_seq, held in sessions:
-            machine._sessions[enqueuer] = EnqueuerSession(next_seq, {command[2]: command for command in held})
+            machine._sessions[enqueuer] = EnqueuerSession(next_seq, {seq: _payload_from_wire(message)
+                                                                     for seq, message in held})
         for consumer, last_seq, checked_out in seqs:
             machine._seqs[tuple(consumer)] = ConsumerSeqs(last_seq, {m: s for m, s in checked_out})
         machine._suspected = {tuple(consumer): active for consumer, active in suspected}
@@ -565,8 +604,58 @@ class QuorumMachine:
         return machine
 
 
+class ReleaseCursor:
+    """Which snapshot the log may be truncated to (rabbit_fifo's release
+    cursor). Messages are references into the log, so a snapshot at index X
+    can only replace the log up to X once no message kept refers to an entry
+    at or below X. The shell offers the machine every so often; each offer
+    takes the state then as a candidate and promotes the newest candidate
+    whose index is below every reference still kept. Between a candidate's
+    capture and its promotion every message it holds was settled by a
+    committed entry after it, so a replica that restores it and re-applies
+    the log meets no reference it cannot read except those of messages
+    settled further on (whose deliveries the consumers saw already).
+    At most `keep` candidates: the oldest (the next to promote) and the
+    newest. A message that is never consumed keeps the whole log after it,
+    as in RabbitMQ."""
+
+    def __init__(self, keep: int = 2) -> None:
+        assert keep >= 2
+        self.keep = keep
+        self.candidates: deque[tuple[int, bytes]] = deque()
+
+    def offer(self, index: int, machine: QuorumMachine) -> tuple[int, bytes] | None:
+        """`machine` has applied through `index`: the (index, snapshot) to
+        compact to now, if any."""
+        oldest = machine.oldest_ref_index()
+        if oldest is None:   # nothing refers to the log: the state now is the snapshot
+            self.candidates.clear()
+            return index, machine.snapshot()
+        promoted = None
+        while self.candidates and self.candidates[0][0] < oldest:
+            promoted = self.candidates.popleft()
+        self.candidates.append((index, machine.snapshot()))
+        if len(self.candidates) > self.keep:
+            del self.candidates[-2]
+        return promoted
+
+    def reset(self) -> None:
+        """The machine was replaced (a snapshot installed): its candidates are void."""
+        self.candidates.clear()
+
+
 # The reply to a command from a dead incarnation (nobody is listening for it).
 _REFUSED = {ENQUEUE: [], ENQUEUE_BATCH: [], CHECKOUT: fifo.REJECTED, DEQUEUE: None}
+
+
+def _payload_from_wire(message: list) -> list:
+    if type(message[1]) is list:
+        message[1] = tuple(message[1])
+    return message
+
+
+def _time(command: list) -> int:
+    return command[TIME_FIELD.get(command[0], TIME_FIELD_DEFAULT)]
 
 
 def _consumer(command: list) -> tuple:
@@ -577,7 +666,8 @@ def _consumer(command: list) -> tuple:
 def _fifo_to_wire(state: fifo.FifoState) -> list:
     assert not state.track_removals, "a replicated queue keeps no removal log"
     limits = {f.name: getattr(state.limits, f.name) for f in dataclasses.fields(fifo.QueueLimits)}
-    messages = [[msg_id, list(payload), size] for msg_id, (payload, size) in state.messages.items()]
+    messages = [[msg_id, payload if type(payload) is int else list(payload), size]
+                for msg_id, (payload, size) in state.messages.items()]
     consumers = [[list(cid), c.prefetch, c.priority, c.no_ack, list(c.checked_out), c.cancelled, c.suspended,
                   c.in_service, c.ticket] for cid, c in state.consumers.items()]
     return [limits, messages, list(state.delivery_counts.items()), list(state.ready), list(state.returns),
@@ -602,7 +692,8 @@ def _fifo_from_wire(wire: list) -> fifo.FifoState:
     (limits, messages, counts, ready, returns, ready_bytes, message_bytes, expiries, priorities, now_ms,
      consumers, service) = wire
     state = fifo.FifoState(limits=fifo.QueueLimits(**limits))
-    state.messages = {msg_id: (tuple(payload), size) for msg_id, payload, size in messages}
+    state.messages = {msg_id: (payload if type(payload) is int else tuple(payload), size)
+                      for msg_id, payload, size in messages}
     state.delivery_counts = dict(counts)
     state.ready = deque(ready)
     state.returns = list(returns)   # already a heap: kept in the same order

@@ -15,10 +15,22 @@ drops below the cut and the next Ready tells the storage to drop its entries
 from there (`truncate_from`). A snapshot that arrives from the leader
 (Raft §7) replaces the whole log and waits in `pending_snapshot` until it is
 persisted. Committed entries are never truncated: that is asserted.
+
+Entry data on disk. An entry that is persisted and applied need not keep its
+data in memory: `evict(through)` replaces the data of NORMAL entries up to
+`through` by None, and every reader here (`entry`, `slice`,
+`committed_unapplied`) reads it back through `loader(index)`, the host's read
+of its own stable storage (etcd-raft's Storage.Entries). Only stable entries
+are evicted, never config entries; a log without a loader evicts nothing.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from raft.messages import ConfigChange, Entry, EntryKind, Snapshot
+
+# Reads an evicted entry's data back from stable storage.
+EntryLoader = Callable[[int], bytes]
 
 
 class RaftLog:
@@ -33,6 +45,8 @@ class RaftLog:
         self.commit_index = max(commit_index, snapshot.index)
         assert self.commit_index <= self.last_index(), "recovered commit_index beyond the log"
         self.applied_index = snapshot.index
+        self.loader: EntryLoader | None = None
+        self.evicted_through = snapshot.index   # evict() has looked at the entries up to here
 
     # --- reading -----------------------------------------------------------------
 
@@ -57,7 +71,15 @@ class RaftLog:
     def entry(self, index: int) -> Entry:
         entry = self.entries[index - self.snapshot.index - 1]
         assert entry.index == index
-        return entry
+        return entry if entry.data is not None else self._loaded(entry)
+
+    def _loaded(self, entry: Entry) -> Entry:
+        assert self.loader is not None, f"entry {entry.index} evicted without a loader"
+        return Entry(entry.term, entry.index, entry.kind, self.loader(entry.index))
+
+    def _with_data(self, entries: list[Entry]) -> list[Entry]:
+        """Entries with their data (recovered entries may come without it too)."""
+        return [e if e.data is not None else self._loaded(e) for e in entries]
 
     def match_term(self, index: int, term: int) -> bool:
         return self.term(index) == term
@@ -77,6 +99,8 @@ class RaftLog:
         taken: list[Entry] = []
         size_bytes = 0
         for entry in self.entries[start:]:
+            if entry.data is None:
+                entry = self._loaded(entry)
             size_bytes += entry.size_bytes()
             if taken and size_bytes > max_bytes:
                 break
@@ -88,14 +112,14 @@ class RaftLog:
 
     def committed_unapplied(self, after_index: int) -> list[Entry]:
         low = max(after_index, self.snapshot.index)
-        return self.entries[low - self.snapshot.index:self.commit_index - self.snapshot.index]
+        return self._with_data(self.entries[low - self.snapshot.index:self.commit_index - self.snapshot.index])
 
     def last_index_of_term(self, term: int, at_most: int) -> int | None:
         """The highest index <= at_most whose entry has `term` (terms only grow
         along the log, so the scan stops early)."""
         index = min(at_most, self.last_index())
         while index > self.snapshot.index:
-            entry_term = self.entry(index).term
+            entry_term = self.entries[index - self.snapshot.index - 1].term
             if entry_term == term:
                 return index
             if entry_term < term:
@@ -106,7 +130,7 @@ class RaftLog:
     def first_index_of_term(self, index: int) -> int:
         """The first index of the run of entries with the term of `index`."""
         term = self.term(index)
-        while index - 1 > self.snapshot.index and self.entry(index - 1).term == term:
+        while index - 1 > self.snapshot.index and self.entries[index - self.snapshot.index - 2].term == term:
             index -= 1
         return index
 
@@ -153,6 +177,7 @@ class RaftLog:
         self.stable_index = snapshot.index
         self.storage_last_index = snapshot.index  # persisting a snapshot drops every stored entry
         self.commit_index = snapshot.index
+        self.evicted_through = snapshot.index
         self.pending_snapshot = snapshot
 
     def compact(self, snapshot: Snapshot) -> None:
@@ -163,6 +188,23 @@ class RaftLog:
         assert self.term(snapshot.index) == snapshot.term
         del self.entries[:snapshot.index - self.snapshot.index]
         self.snapshot = snapshot
+
+    def evict(self, through: int) -> int:
+        """Drop from memory the data of the NORMAL entries up to `through`
+        (capped at what is stable and applied); it is read back through the
+        loader when needed. Returns how many entries lost their data."""
+        if self.loader is None:
+            return 0
+        through = min(through, self.stable_index, self.applied_index, self.last_index())
+        evicted = 0
+        base = self.snapshot.index + 1
+        for position in range(max(self.evicted_through, self.snapshot.index) + 1 - base, through + 1 - base):
+            entry = self.entries[position]
+            if entry.kind == EntryKind.NORMAL and entry.data is not None:
+                self.entries[position] = Entry(entry.term, entry.index, entry.kind, None)
+                evicted += 1
+        self.evicted_through = max(self.evicted_through, through)
+        return evicted
 
     def stable_to(self, index: int, term: int) -> None:
         """Entries up to `index` were persisted, unless the log has moved on

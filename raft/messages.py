@@ -30,7 +30,7 @@ class Entry:
     term: int
     index: int
     kind: EntryKind
-    data: bytes
+    data: bytes | None   # None only inside a RaftLog: evicted, on disk (raft/log.py)
 
     def size_bytes(self) -> int:
         return len(self.data) + ENTRY_OVERHEAD_BYTES

@@ -85,7 +85,6 @@ import struct
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import msgpack
 
@@ -94,8 +93,7 @@ from raft.group import GroupId, PersistItem
 from raft.messages import Entry, EntryKind, HardState, Snapshot
 from storage import records
 
-if TYPE_CHECKING:
-    from storage.wal import Location
+from storage.wal import Location
 
 RAFT_LOG_ID_BASE = 1 << 40
 CONTROL_INDEX = 0
@@ -203,6 +201,9 @@ class GroupStorage:
     members: tuple[str, ...]
     hard_state: HardState = field(default_factory=HardState)
     snapshot: Snapshot | None = None
+    # where each durable entry's record lies (index -> Location), so that entry data
+    # can leave memory (RaftLog.evict) and be read back; pruned below the cursor
+    locations: dict[int, Location] = field(default_factory=dict)
 
     def records_for(self, item: PersistItem) -> list[bytes]:
         """The records for one group's Ready, in the order the core asks."""
@@ -226,6 +227,12 @@ class GroupStorage:
         """The WAL release cursor: entries below it are not needed any more."""
         return (self.snapshot.index if self.snapshot is not None else 0) + 1
 
+    def prune_locations(self) -> None:
+        """Forget where the entries below the cursor lie (a rollover drops them)."""
+        cursor = self.cursor()
+        if self.locations and min(self.locations) < cursor:
+            self.locations = {index: at for index, at in self.locations.items() if index >= cursor}
+
     def rollover_records(self) -> list[bytes]:
         """The group's control records for the start of a new WAL file, as
         byte strings to write in this order: GROUP, SNAPSHOT (in two pieces,
@@ -247,15 +254,18 @@ class RecoveredGroup:
     group_id: GroupId
     members: tuple[str, ...]
     state: RecoveredState
+    locations: dict[int, Location] = field(default_factory=dict)
 
     def storage(self) -> GroupStorage:
-        return GroupStorage(self.log_id, self.group_id, self.members, self.state.hard_state, self.state.snapshot)
+        return GroupStorage(self.log_id, self.group_id, self.members, self.state.hard_state, self.state.snapshot,
+                            self.locations)
 
 
 class LogScan:
     """One log id's records as replay meets them (see the module docstring)."""
 
-    __slots__ = ("entries", "group_id", "hard_state", "last_index", "log_id", "members", "removed", "snapshot")
+    __slots__ = ("entries", "group_id", "hard_state", "last_index", "locations", "log_id", "members", "removed",
+                 "snapshot")
 
     def __init__(self, log_id: int) -> None:
         self.log_id = log_id
@@ -265,15 +275,26 @@ class LogScan:
         self.hard_state = HardState()
         self.snapshot: Snapshot | None = None
         self.entries: dict[int, Entry] = {}
+        self.locations: dict[int, Location] = {}
         self.last_index = 0   # highest index in `entries`, 0 when empty
 
-    def on_entry(self, record: records.Record, fields: list) -> None:
+    def on_entry(self, record: records.Record, fields: list, location: Location | None = None) -> None:
+        """A NORMAL entry whose location is known is kept without its data
+        (read back through the group's RaftLog loader when needed), so that
+        recovery does not hold every message body in memory at once."""
         kind, data = fields
         assert kind in ENTRY_KINDS, f"log {record.log_id}: unknown entry kind {kind}"
         index = record.index
         for later in range(index, self.last_index + 1):   # the write replaces the tail
             self.entries.pop(later, None)
-        self.entries[index] = Entry(record.term, index, EntryKind(kind), bytes(data))
+            self.locations.pop(later, None)
+        if location is not None and kind == EntryKind.NORMAL:
+            self.entries[index] = Entry(record.term, index, EntryKind.NORMAL, None)
+            self.locations[index] = location
+        else:
+            self.entries[index] = Entry(record.term, index, EntryKind(kind), bytes(data))
+            if location is not None:
+                self.locations[index] = location
         self.last_index = index
 
     def on_control(self, fields: list) -> None:
@@ -297,9 +318,11 @@ class LogScan:
         at_index = self.entries.get(snapshot.index)
         if at_index is not None and at_index.term != snapshot.term:
             self.entries.clear()
+            self.locations.clear()
         else:
             for index in [i for i in self.entries if i <= snapshot.index]:
                 del self.entries[index]
+                self.locations.pop(index, None)
         self.last_index = max(self.entries, default=0)
         self.snapshot = snapshot
 
@@ -320,7 +343,7 @@ class LogScan:
         if hard_state.commit_index > last_index:
             hard_state = HardState(hard_state.term, hard_state.voted_for, last_index)
         return RecoveredGroup(self.log_id, self.group_id, self.members,
-                              RecoveredState(hard_state, self.snapshot, entries))
+                              RecoveredState(hard_state, self.snapshot, entries), self.locations)
 
 
 class RecoveryScan:
@@ -341,7 +364,7 @@ class RecoveryScan:
             assert fields[0] in CONTROL_KINDS, f"log {record.log_id}: control record of kind {fields[0]}"
             scan.on_control(fields)
         else:
-            scan.on_entry(record, fields)
+            scan.on_entry(record, fields, location)
 
     def next_group_number(self) -> int:
         """Above every log id seen, removed groups' included."""

@@ -90,6 +90,7 @@ import random
 from collections.abc import Callable
 from typing import Any
 
+import msgpack
 import structlog
 
 from raft.core import RecoveredState, Status
@@ -107,11 +108,15 @@ from raft.raft_storage import (
 from raft.system import PersistFailed, RaftSystem
 from raft.transport import ClusterTransport, TransportLimits
 from storage import records
-from storage.group_commit import GroupCommitter
-from storage.wal import Location
+from storage.group_commit import BatchWritten, GroupCommitter
+from storage.wal import Location, Relocation
 
 log = structlog.get_logger("warren.cluster")
 
+# Applied entries a group keeps in memory with their data (for followers a
+# little behind, and deliveries of what was just enqueued); older ones are
+# read back from the WAL or segments (RaftLog.evict).
+KEEP_RECENT_ENTRIES = 16
 TICK_SECONDS = 0.05
 ELECTION_TICKS = 10
 HEARTBEAT_TICKS = 2
@@ -150,6 +155,12 @@ class RaftRuntime:
         self._awaited_batches: set[int] = set()
         # compact() calls made inside `apply`, carried out at the end of the turn: group -> (index, data)
         self._compactions: dict[GroupId, tuple[int, bytes]] = {}
+        self.groups_by_log: dict[int, GroupStorage] = {}
+        # batch -> where its entry records lie inside it: (group storage, index, offset, length)
+        self._unwritten: dict[int, list[tuple[GroupStorage, int, int, int]]] = {}
+        self._applied_groups: set[GroupId] = set()
+        self.entries_read = 0   # entry data read back from disk
+        committer.subscribe(self.on_batch_written, self.on_relocated)
 
     # --- recovery and lifecycle ---------------------------------------------------------------
 
@@ -164,14 +175,16 @@ class RaftRuntime:
         assert self.system is None, "a runtime starts once; build a new one to restart"
         self._loop = asyncio.get_running_loop()
         self.system = RaftSystem(
-            self.node_name, self.rng, self.persist, self.send, self.apply,
+            self.node_name, self.rng, self.persist, self.send, self.apply_noting,
             install_snapshot=self.install_snapshot, on_role_change=self.on_role_change,
             request_turn=self.request_turn, **self.raft_options)
         scan, self.scan = self.scan, None
         self.next_group_number = scan.next_group_number()
         for recovered in scan.groups():
-            self.groups[recovered.group_id] = recovered.storage()
+            storage = self.groups[recovered.group_id] = recovered.storage()
+            self.groups_by_log[storage.log_id] = storage
             self.system.add_group(recovered.group_id, recovered.members, recovered=recovered.state)
+            self.attach_loader(storage)
             if recovered.state.snapshot is not None:
                 # Before any entry after it is applied: applies run in later turns.
                 assert self.install_snapshot is not None, \
@@ -213,9 +226,11 @@ class RaftRuntime:
         storage = GroupStorage(log_id_of(self.next_group_number), group_id, tuple(sorted(members)))
         self.next_group_number += 1
         self.groups[group_id] = storage
+        self.groups_by_log[storage.log_id] = storage
         # Before any entry of the group: batches are durable in order.
         self.committer.append(group_record(storage.log_id, group_id, storage.members))
         self.system.add_group(group_id, members)
+        self.attach_loader(storage)
         return True
 
     def join_group(self, group_id: GroupId, voters: list[str]) -> bool:
@@ -232,9 +247,11 @@ class RaftRuntime:
         storage = GroupStorage(log_id_of(self.next_group_number), group_id, members)
         self.next_group_number += 1
         self.groups[group_id] = storage
+        self.groups_by_log[storage.log_id] = storage
         self.committer.append(group_record(storage.log_id, group_id, storage.members))
         # As if recovered empty: RaftNode takes a configuration without this node only from storage.
         self.system.add_group(group_id, members, recovered=RecoveredState(HardState(), None, []))
+        self.attach_loader(storage)
         return True
 
     def remove_group(self, group_id: GroupId) -> bool:
@@ -243,6 +260,7 @@ class RaftRuntime:
         storage = self.groups.pop(group_id, None)
         if storage is None:
             return False
+        self.groups_by_log.pop(storage.log_id, None)
         self.system.remove_group(group_id)
         self._compactions.pop(group_id, None)
         self.committer.append(removed_record(storage.log_id))
@@ -328,6 +346,21 @@ class RaftRuntime:
             return None
         return self.system.status(group_id).last_applied
 
+    def entry_data(self, group_id: GroupId, index: int) -> bytes | None:
+        """The data of the group's entry at `index`: from memory, or read
+        back from the WAL or a segment; None if this node no longer has it
+        (compacted away) or does not host the group."""
+        storage = self.groups.get(group_id)
+        if storage is None or self.system is None:
+            return None
+        raft_log = self.system.groups[group_id].raft.log
+        if raft_log.snapshot_index < index <= raft_log.last_index():
+            data = raft_log.entries[index - raft_log.snapshot_index - 1].data
+            if data is not None:
+                return data
+        location = storage.locations.get(index)
+        return self.read_entry(location) if location is not None else None
+
     def leader_of(self, group_id: GroupId) -> str | None:
         """The leader this node knows of, None if none or not hosted here."""
         if self.system is None or group_id not in self.groups:
@@ -360,6 +393,7 @@ class RaftRuntime:
         cursors: dict[int, int] = {}
         encoded: list[bytes] = []
         for storage in self.groups.values():
+            storage.prune_locations()
             cursors[storage.log_id] = storage.cursor()
             encoded.extend(storage.rollover_records())
         return cursors, b"".join(encoded)
@@ -368,10 +402,17 @@ class RaftRuntime:
 
     def persist(self, items: list[PersistItem]) -> int:
         batch = 0
+        committer = self.committer
         for item in items:
             storage = self.groups[item.group_id]   # process_ready only persists hosted groups
-            for encoded in storage.records_for(item):
-                batch = self.committer.append(encoded)
+            entries = item.entries
+            first_entry = 1 if item.snapshot is not None else 0   # records: snapshot, entries, hard state
+            for position, encoded in enumerate(storage.records_for(item)):
+                batch = committer.append(encoded)
+                entry_position = position - first_entry
+                if 0 <= entry_position < len(entries):
+                    self._unwritten.setdefault(batch, []).append(
+                        (storage, entries[entry_position].index, committer.last_offset_in_batch, len(encoded)))
         assert batch > 0, "persist with nothing to write"
         if batch not in self._awaited_batches:
             # Several turns may share one batch (appended while the previous one syncs): one callback.
@@ -379,8 +420,58 @@ class RaftRuntime:
             self.committer.when_durable(batch, lambda ok, token=batch: self.on_durable(token, ok))
         return batch
 
+    def on_batch_written(self, written: BatchWritten) -> None:
+        """A batch is durable: note where its entry records lie (before the
+        entries count as stable, so an evictable entry always has a location)."""
+        for storage, index, offset, length in self._unwritten.pop(written.batch, ()):
+            storage.locations[index] = Location(written.path, written.start_offset + offset, length)
+
+    def on_relocated(self, moved: list[Relocation]) -> None:
+        """A rollover copied groups' records from an old WAL file into
+        segments: read them there from now on. An entry written again since
+        (into the current WAL file) keeps its new location."""
+        current_wal = self.committer.store.wal_path
+        for relocation in moved:
+            storage = self.groups_by_log.get(relocation.log_id)
+            if storage is None:
+                continue
+            locations = storage.locations
+            for index, location in relocation.locations():
+                known = locations.get(index)
+                if known is not None and known.path != current_wal and known.path != location.path:
+                    locations[index] = location
+
+    def read_entry(self, location: Location) -> bytes:
+        """An entry record's data, read back from disk."""
+        self.entries_read += 1
+        kind, data = msgpack.unpackb(self.committer.store.read_payload(location), raw=False)
+        return data
+
+    def attach_loader(self, storage: GroupStorage) -> None:
+        """The group's RaftLog may drop applied entries' data; it reads them
+        back through the locations noted here."""
+        self.system.groups[storage.group_id].raft.log.loader = \
+            lambda index: self.read_entry(storage.locations[index])
+
+    def apply_noting(self, group_id: GroupId, entry: Entry) -> None:
+        self._applied_groups.add(group_id)
+        self.apply(group_id, entry)
+
+    def evict_applied(self) -> None:
+        """Entry data of this turn's applying groups leaves memory, but for the
+        last KEEP_RECENT_ENTRIES (RaftLog.evict)."""
+        groups = self.system.groups
+        for group_id in self._applied_groups:
+            group = groups.get(group_id)
+            if group is not None:
+                raft_log = group.raft.log
+                raft_log.evict(raft_log.applied_index - KEEP_RECENT_ENTRIES)
+        self._applied_groups.clear()
+
     def on_durable(self, token: int, ok: bool) -> None:
         self._awaited_batches.discard(token)
+        if not ok:
+            self._unwritten.pop(token, None)
         if self.stopped or self.system is None:
             return
         if not ok:
@@ -406,6 +497,8 @@ class RaftRuntime:
             self.system.process_ready()
             if self._compactions:
                 self.run_deferred_compactions()
+            if self._applied_groups:
+                self.evict_applied()
         except PersistFailed as error:
             self.fail(error)
         except Exception as error:  # a bug, or apply raising: memory and disk may disagree now

@@ -45,8 +45,8 @@ class GroupCommitter:
                  on_relocated: Callable[[list[Relocation]], None] | None = None):
         self.store = store
         self._prepare_rollover = prepare_rollover
-        self._on_batch_written = on_batch_written
-        self._on_relocated = on_relocated
+        self._written_listeners = [on_batch_written] if on_batch_written is not None else []
+        self._relocated_listeners = [on_relocated] if on_relocated is not None else []
         # where the record of the latest append() starts inside its batch
         self.last_offset_in_batch = 0
         self._pending: list[bytes] = []
@@ -75,6 +75,15 @@ class GroupCommitter:
             self._sealed.append((batch, self._take()))
             return batch
         return self.open_batch
+
+    def subscribe(self, on_batch_written: Callable[[BatchWritten], None] | None = None,
+                  on_relocated: Callable[[list[Relocation]], None] | None = None) -> None:
+        """One more listener for written batches (called before the batch's
+        `when_durable` callbacks) and for rollover relocations."""
+        if on_batch_written is not None:
+            self._written_listeners.append(on_batch_written)
+        if on_relocated is not None:
+            self._relocated_listeners.append(on_relocated)
 
     def _take(self) -> tuple[bytes, int]:
         data = b"".join(self._pending)
@@ -106,9 +115,10 @@ class GroupCommitter:
                     ok = False
                     self.failed_batches += 1
                     log.error("wal.write_failed", batch=batch, bytes=len(data), error=str(error))
-                if ok and self._on_batch_written is not None:
-                    self._on_batch_written(BatchWritten(batch, path, start, entries, len(data),
-                                                        time.perf_counter() - started))
+                if ok and self._written_listeners:
+                    written = BatchWritten(batch, path, start, entries, len(data), time.perf_counter() - started)
+                    for listener in self._written_listeners:
+                        listener(written)
                 for callback in self._callbacks.pop(batch, ()):
                     callback(ok)
                 if ok and self._rollover_task is None and self.store.needs_rollover():
@@ -132,11 +142,12 @@ class GroupCommitter:
     async def _finish_rollover(self, loop: asyncio.AbstractEventLoop, cursors: dict[int, int]) -> None:
         try:
             moved = await loop.run_in_executor(None, self.store.move_to_segments, cursors)
-            if self._on_relocated is not None:
+            if self._relocated_listeners:
                 # readers switch before the old files go; one segment's worth per loop
                 # turn, so a large move does not stall the node
                 for relocation in moved:
-                    self._on_relocated([relocation])
+                    for listener in self._relocated_listeners:
+                        listener([relocation])
                     await asyncio.sleep(0)
             await loop.run_in_executor(None, self.store.finish_rollover, cursors)
         except OSError as error:

@@ -221,6 +221,11 @@ class LogStore:
         return record.payload
 
     @property
+    def wal_path(self) -> Path | None:
+        """The WAL file new batches go into."""
+        return self._wal.path if self._wal is not None else None
+
+    @property
     def wal_size_bytes(self) -> int:
         return self._wal.size if self._wal is not None else 0
 

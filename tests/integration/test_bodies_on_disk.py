@@ -4,6 +4,7 @@ from __future__ import annotations
 import hashlib
 
 import pika
+import pytest
 
 from tests.serverproc import make_server
 
@@ -24,7 +25,10 @@ def _body(number: int) -> bytes:
     return (seed * (BODY_BYTES // len(seed) + 1))[:BODY_BYTES]
 
 
-def test_backlog_bodies_are_read_back_from_disk(tmp_path):
+@pytest.mark.parametrize("queue_type", ["classic", "quorum"])
+def test_backlog_bodies_are_read_back_from_disk(tmp_path, queue_type):
+    """A quorum queue's machine keeps references into its Raft log, and the
+    log's applied entries leave memory: the bodies are on disk in both kinds."""
     # A fixed mmap threshold: glibc then returns freed large buffers to the OS at once,
     # so RSS shows what the broker holds rather than what the allocator keeps around.
     # A small WAL keeps the transient memory of a rollover (which reads one WAL file) small.
@@ -39,7 +43,7 @@ def test_backlog_bodies_are_read_back_from_disk(tmp_path):
         parameters.blocked_connection_timeout = 10
         connection = pika.BlockingConnection(parameters)
         channel = connection.channel()
-        channel.queue_declare("backlog", durable=True)
+        channel.queue_declare("backlog", durable=True, arguments={"x-queue-type": queue_type})
         channel.confirm_delivery()
         rss_before = _rss_bytes(server.process.pid)
         for number in range(MESSAGES):

@@ -5,7 +5,10 @@ group of `raft.core.RaftNode`s; a network that drops, delays, duplicates and
 so reorders; partitions; crashes that lose what was not persisted; restarts)
 whose state machine is a `QuorumMachine` per node instead of a list of
 payloads. A restarted node rebuilds its machine from its snapshot and the
-committed log Raft hands it again; compaction stores `machine.snapshot()`.
+committed log Raft hands it again. As in the broker, the machine keeps
+messages as references into the log (the leader reads bodies back from its
+log to deliver them) and compaction takes the snapshot the release cursor
+offers (`qm.ReleaseCursor`), so a log is never cut below a message kept.
 
 Clients live on nodes, as channels do, and die with their node; a restart
 brings new ones with the node's next incarnation (owners are named
@@ -155,6 +158,7 @@ class QueueSimulation(Simulation):
         self.queue_scenario = queue_scenario
         self.limits = fifo.QueueLimits()
         self.machines: dict[str, qm.QuorumMachine] = {}
+        self.cursors: dict[str, qm.ReleaseCursor] = {}
         self.incarnations: dict[str, int] = {}
         self.publishers: dict[str, Publisher] = {}
         self.consumers: dict[str, Consumer] = {}
@@ -192,6 +196,7 @@ class QueueSimulation(Simulation):
         else:
             self.machines[node_id] = qm.QuorumMachine(self.limits)
         node.payloads = []
+        self.cursors[node_id] = qm.ReleaseCursor()
         incarnation = self.incarnations[node_id] = self.incarnations.get(node_id, 0) + 1
         self.down_since.pop(node_id, None)
         publisher = Publisher(f"{node_id}/inc{incarnation}/p", node_id, last_send=self.now)
@@ -205,8 +210,12 @@ class QueueSimulation(Simulation):
         self.down_since[node.node_id] = self.now
 
     def compact(self, node: SimNode) -> None:
-        index = node.applied_index
-        data = self.machines[node.node_id].snapshot()
+        """As the broker does: the release cursor says which snapshot may
+        replace the log (messages are references into it)."""
+        offered = self.cursors[node.node_id].offer(node.applied_index, self.machines[node.node_id])
+        if offered is None or offered[0] <= node.raft.log.snapshot_index:
+            return
+        index, data = offered
         self.check_snapshot(node, index, data)
         node.raft.compact(index, encode_state(index, [data]))
         node.storage.compact(node.raft.log.snapshot)
@@ -217,6 +226,7 @@ class QueueSimulation(Simulation):
         self.check(index == snapshot.index, f"{node.node_id}: snapshot data says {index}, meta {snapshot.index}")
         self.check_snapshot(node, index, data)
         self.machines[node.node_id] = qm.QuorumMachine.restore(data)
+        self.cursors[node.node_id].reset()
         node.applied_index = index
         self.log(f"{node.node_id} installs snapshot at {index}")
 
@@ -232,16 +242,25 @@ class QueueSimulation(Simulation):
         if entry.kind != EntryKind.NORMAL:
             return
         command = qm.decode(entry.data)
-        output = self.machines[node.node_id].apply(command)
+        output = self.machines[node.node_id].apply(command, entry.index)
         first = self.outputs.setdefault(entry.index, output)
         self.check(first == output, f"{node.node_id} applied {command[:3]} at {entry.index} with other results "
                                     f"than another replica: {output} vs {first}")
         if first is output:
-            self.on_first_apply(command, output)
+            self.on_first_apply(node, command, output)
         if node.raft.role == Role.LEADER:
             self.perform(node.node_id, command, output)
 
-    def on_first_apply(self, command: list, output: tuple) -> None:
+    def body_of(self, node: SimNode, delivery: qm.Delivery) -> bytes | None:
+        """The delivered message's body, read through its reference from the
+        node's log; None if the log no longer has that entry."""
+        index, slot = divmod(delivery.payload, qm.REF_SLOTS)
+        raft_log = node.raft.log
+        if not raft_log.snapshot_index < index <= raft_log.last_index():
+            return None
+        return qm.message_payload(qm.decode(raft_log.entry(index).data), slot)[3]
+
+    def on_first_apply(self, node: SimNode, command: list, output: tuple) -> None:
         """History checks, once per index (all replicas produce the same output)."""
         reply, effects = output
         if command[0] == qm.ENQUEUE and not reply:
@@ -249,7 +268,9 @@ class QueueSimulation(Simulation):
         for effect in effects:
             match effect:
                 case qm.Delivery(delivery_count=0):
-                    self.check_first_delivery(effect)
+                    body = self.body_of(node, effect)
+                    self.check(body is not None, f"{node.node_id}: the body of a first delivery is gone: {effect}")
+                    self.check_first_delivery(body)
                 case fifo.DeadLetter():
                     self.fail(f"dead-lettered without limits: {effect}")
         if command[0] == qm.ENQUEUE:
@@ -266,8 +287,8 @@ class QueueSimulation(Simulation):
             self.check(body not in self.enqueued, f"{body!r} enqueued twice")
             self.enqueued.add(body)
 
-    def check_first_delivery(self, delivery: qm.Delivery) -> None:
-        enqueuer, seq = delivery.payload[3].decode().rsplit("#", 1)
+    def check_first_delivery(self, body: bytes) -> None:
+        enqueuer, seq = body.decode().rsplit("#", 1)
         last = self.last_first_delivery.get(enqueuer, 0)
         self.check(int(seq) > last, f"{enqueuer}: first delivery of seq {seq} after seq {last}")
         self.last_first_delivery[enqueuer] = int(seq)
@@ -279,13 +300,31 @@ class QueueSimulation(Simulation):
                 case qm.Applied():
                     self.to_publisher(leader, effect.enqueuer, lambda p, e=effect: self.on_applied(p, e))
                 case qm.Delivery():
-                    self.to_consumer(leader, effect.consumer[0], lambda c, d=effect: self.on_delivery(c, d))
+                    self.send_delivery(leader, effect)
         owner = command[1]
         if command[0] == qm.CHECKOUT:
             self.to_consumer(leader, owner, self.on_consume_ok)
         elif command[0] in (qm.SETTLE, qm.RETURN):
             items = [tuple(item) for item in command[4]]
             self.to_consumer(leader, owner, lambda c: self.on_release_ok(c, items))
+
+    def with_bodies(self, leader: str, deliveries: list[qm.Delivery]) -> list[tuple[qm.Delivery, bytes]]:
+        """The leader reads each delivery's body through its reference. A body
+        can be gone only for a message a later committed entry settles
+        (qm.ReleaseCursor); it is skipped, and the end checks fail if one that
+        mattered was."""
+        found = []
+        for delivery in deliveries:
+            body = self.body_of(self.nodes[leader], delivery)
+            if body is None:
+                self.stats["deliveries without a body"] += 1
+            else:
+                found.append((delivery, body))
+        return found
+
+    def send_delivery(self, leader: str, delivery: qm.Delivery) -> None:
+        for delivery, body in self.with_bodies(leader, [delivery]):
+            self.to_consumer(leader, delivery.consumer[0], lambda c, d=delivery, b=body: self.on_delivery(c, d, b))
 
     # --- client-side handlers -----------------------------------------------------------------------
 
@@ -316,7 +355,7 @@ class QueueSimulation(Simulation):
     def on_consume_ok(self, consumer: Consumer) -> None:
         consumer.registered = True
 
-    def on_delivery(self, consumer: Consumer, delivery: qm.Delivery) -> None:
+    def on_delivery(self, consumer: Consumer, delivery: qm.Delivery, body: bytes) -> None:
         self.check(delivery.consumer == consumer.consumer_id, f"{delivery} sent to {consumer.owner}")
         if delivery.seq <= consumer.watermark or delivery.seq in consumer.seen:
             self.stats["dropped duplicate deliveries"] += 1
@@ -327,7 +366,7 @@ class QueueSimulation(Simulation):
             consumer.seen.discard(consumer.watermark - 1)
         self.check(delivery.msg_id not in consumer.settled,
                    f"{consumer.owner} got msg {delivery.msg_id} again after settling it: {delivery}")
-        self.received.add(delivery.payload[3])
+        self.received.add(body)
         returning = delivery.delivery_count < 3 and self.rng.random() < self.queue_scenario.return_rate
         op = qm.RETURN if returning else qm.SETTLE
         if not returning:
@@ -341,11 +380,11 @@ class QueueSimulation(Simulation):
             if pending is not None and pending[1] == item:
                 del consumer.pending[item[0]]
 
-    def on_resync(self, consumer: Consumer, deliveries: list[qm.Delivery]) -> None:
-        for delivery in deliveries:
+    def on_resync(self, consumer: Consumer, deliveries: list[tuple[qm.Delivery, bytes]]) -> None:
+        for delivery, body in deliveries:
             if delivery.seq > consumer.watermark and delivery.seq not in consumer.seen:
                 self.stats["gaps filled"] += 1
-            self.on_delivery(consumer, delivery)
+            self.on_delivery(consumer, delivery, body)
 
     # --- client-side actions ------------------------------------------------------------------------
 
@@ -431,7 +470,7 @@ class QueueSimulation(Simulation):
         def answer() -> None:
             if self.nodes[leader].raft.role != Role.LEADER:
                 return
-            deliveries = self.machines[leader].deliveries_since(consumer_id, watermark)
+            deliveries = self.with_bodies(leader, self.machines[leader].deliveries_since(consumer_id, watermark))
             self.to_consumer(leader, owner, lambda c: self.on_resync(c, deliveries))
         self.network.send(consumer.node, leader, answer)
 
@@ -446,7 +485,7 @@ class QueueSimulation(Simulation):
             self.resent_term[node_id] = raft.term
             for delivery in self.machines[node_id].checked_out_deliveries():
                 self.stats["resent deliveries"] += 1
-                self.to_consumer(node_id, delivery.consumer[0], lambda c, d=delivery: self.on_delivery(c, d))
+                self.send_delivery(node_id, delivery)
         self.detect_failures(node)
 
     def detect_failures(self, leader: SimNode) -> None:

@@ -671,3 +671,61 @@ def test_the_snapshot_holds_every_part_of_the_state():
     assert restored.next_msg_id == replica.machine.next_msg_id
     assert restored.apply(qm.decode(qm.encode_enqueue("n3/i1/gone", 2, 0, "", "q", b"", b"", None, 0))) == ([], [])
     assert restored.checked_out_deliveries() == replica.machine.checked_out_deliveries()
+
+
+# --- messages as references into the log ------------------------------------------------------
+
+def test_with_log_indexes_messages_are_references_into_the_log():
+    machine = QuorumMachine()
+    log = {}
+
+    def apply(index, data):
+        log[index] = data
+        return machine.apply(qm.decode(data), index)
+
+    apply(1, qm.encode_enqueue(P1, 1, 5, "", "q", b"", b"one"))
+    apply(2, qm.encode_enqueue_batch(P1, 2, 6, [["", "q", b"", b"two", None, 0], ["", "q", b"", b"three", None, 0]]))
+    assert machine.oldest_ref_index() == 1
+    _, effects = apply(3, qm.encode_checkout(*C1, 7, 10))
+    refs = [d.payload for d in deliveries(effects)]
+    assert refs == [1 * qm.REF_SLOTS, 2 * qm.REF_SLOTS, 2 * qm.REF_SLOTS + 1], refs
+    bodies_read = [qm.message_payload(qm.decode(log[ref // qm.REF_SLOTS]), ref % qm.REF_SLOTS)[3] for ref in refs]
+    assert bodies_read == [b"one", b"two", b"three"]
+    # a snapshot keeps references, not bodies
+    assert b"three" not in machine.snapshot()
+    apply(4, qm.encode_settle(*C1, 8, [1]))
+    assert machine.oldest_ref_index() == 2
+    apply(5, qm.encode_settle(*C1, 9, [2, 3]))
+    assert machine.oldest_ref_index() is None
+
+
+def test_a_held_enqueue_refers_to_the_entry_it_came_in():
+    machine = QuorumMachine()
+    machine.apply(qm.decode(qm.encode_enqueue(P1, 1, 5, "", "q", b"", b"one")), 1)
+    machine.apply(qm.decode(qm.encode_enqueue(P1, 3, 5, "", "q", b"", b"three")), 2)   # held: seq 2 missing
+    assert machine.oldest_ref_index() == 1
+    machine.apply(qm.decode(qm.encode_checkout(*C1, 6, 10)), 3)
+    machine.apply(qm.decode(qm.encode_settle(*C1, 7, [1])), 4)
+    assert machine.oldest_ref_index() == 2, "the held enqueue of entry 2 still needs it"
+    restored = QuorumMachine.restore(machine.snapshot())
+    _, effects = restored.apply(qm.decode(qm.encode_enqueue(P1, 2, 8, "", "q", b"", b"two")), 5)
+    assert [d.payload // qm.REF_SLOTS for d in deliveries(effects)] == [5, 2]
+
+
+def test_the_release_cursor_promotes_a_candidate_once_nothing_refers_below_it():
+    machine = QuorumMachine()
+    cursor = qm.ReleaseCursor()
+    machine.apply(qm.decode(qm.encode_checkout(*C1, 5, 10)), 1)
+    assert cursor.offer(1, machine) == (1, machine.snapshot()), "no message kept: the state now"
+    machine.apply(qm.decode(qm.encode_enqueue(P1, 1, 6, "", "q", b"", b"a")), 2)    # msg 1, delivered
+    assert cursor.offer(2, machine) is None, "msg 1 refers to entry 2: a candidate, not a snapshot"
+    machine.apply(qm.decode(qm.encode_enqueue(P1, 2, 7, "", "q", b"", b"b")), 3)    # msg 2
+    candidate_at_3 = machine.snapshot()
+    assert cursor.offer(3, machine) is None
+    machine.apply(qm.decode(qm.encode_settle(*C1, 8, [1])), 4)
+    # msg 2 (entry 3) is kept: the candidate at 2 may go, the one at 3 may not
+    assert cursor.offer(4, machine)[0] == 2
+    machine.apply(qm.decode(qm.encode_settle(*C1, 9, [2])), 5)
+    assert cursor.offer(5, machine)[0] == 5, "nothing kept: the state now, newer than every candidate"
+    assert candidate_at_3 != machine.snapshot()
+    assert not cursor.candidates

@@ -93,8 +93,8 @@ def first_failure(scenario: str, seeds: int = 20) -> str | None:
 
 
 def test_the_simulation_catches_a_machine_that_enqueues_resends_again(monkeypatch):
-    def without_sessions(self, command, effects):
-        return [self._enqueue_one(command, effects)]
+    def without_sessions(self, enqueuer, seq, message, effects):
+        return [self._enqueue_one(enqueuer, seq, message, effects)]
     monkeypatch.setattr(qm.QuorumMachine, "_on_enqueue", without_sessions)
     assert "enqueued twice" in (first_failure("faults") or "")
 
@@ -115,3 +115,14 @@ def test_the_simulation_catches_a_snapshot_that_loses_the_sessions(monkeypatch):
         return machine
     monkeypatch.setattr(qm.QuorumMachine, "restore", staticmethod(forgetful))
     assert first_failure("snapshots") is not None
+
+
+def test_the_simulation_catches_a_release_cursor_that_cuts_below_a_kept_message(monkeypatch):
+    """Messages are references into the log: compacting to the state now,
+    while it still refers to entries at or below it, loses their bodies."""
+    def eager(self, index, machine):
+        return index, machine.snapshot()
+    monkeypatch.setattr(qm.ReleaseCursor, "offer", eager)
+    failure = first_failure("snapshots")
+    assert failure is not None and ("body" in failure or "never delivered" in failure or "confirmed" in failure), \
+        failure
