@@ -61,6 +61,7 @@ APPLIED = 3    # [APPLIED, group, enqueuer, first_seq, last_seq, [refused seqs]]
 RESEND = 4     # [RESEND, group, owner, tag, after_seq]: a consumer's node lost deliveries
 HELLO = 5      # [HELLO, incarnation]: sent to a peer whenever its link comes up
 
+STARTUP_APPLY_SECONDS = 10.0
 RESEND_SECONDS = 1.0
 APP_FRAME_MESSAGES_MAX = 4096
 
@@ -159,10 +160,31 @@ class Cluster:
             self.runtime.add_group(META, self.nodes)
         # Re-apply the recovered committed entries now, before clients connect.
         self.runtime.on_turn()
+        await self._settle_solo_groups()
         for peer in self.nodes:
             if peer != self.node:
                 self.down_since[peer] = time.monotonic()
         self._resend_task = asyncio.create_task(self._resend_forever())
+
+    async def _settle_solo_groups(self) -> None:
+        """Groups whose only voter is this node (a single node's queues, classic
+        queues in a cluster) lead themselves at once and apply their whole log
+        before clients connect, so a declare after a restart counts every
+        message (the commit index on disk may lag the log a little). Bounded:
+        a node that cannot write goes on after STARTUP_APPLY_SECONDS."""
+        runtime = self.runtime
+        targets = {}
+        for group in list(runtime.groups):
+            configuration = runtime.configuration(group)
+            if configuration is not None and configuration[0] == (self.node,):
+                targets[group] = runtime.status(group).last_index
+                runtime.campaign(group)
+        deadline = time.monotonic() + STARTUP_APPLY_SECONDS
+        while time.monotonic() < deadline and runtime.failed is None:
+            if all((runtime.applied_index(group) or 0) >= last for group, last in targets.items()):
+                return
+            await asyncio.sleep(0.005)   # the groups' turns and WAL batches run meanwhile
+        log.warning("cluster.solo_groups_not_applied", groups=len(targets))
 
     async def stop(self) -> None:
         if self._resend_task is not None:
