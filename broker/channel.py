@@ -17,7 +17,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from pamqp import commands as spec
 
@@ -28,6 +28,7 @@ from broker.queue import Queue
 from protocol import codec
 from protocol.constants import (
     ACCESS_REFUSED,
+    INTERNAL_ERROR,
     NO_ROUTE,
     NOT_ALLOWED,
     NOT_FOUND,
@@ -74,6 +75,8 @@ class Channel(TopologyMethods):
         # WAL batch number -> publish seqs confirmed when that batch is durable
         self.durable_waits: dict[int, list[int]] = {}
         self.tx: list[tuple] | None = None
+        # commits waiting for their queues and the disk, answered in order
+        self.tx_commits: deque[PendingPublish] = deque()
         self.last_queue_name: str | None = None
         self.reply_to_token: str | None = None
         self.suspended = False
@@ -114,8 +117,13 @@ class Channel(TopologyMethods):
         self._route_and_enqueue(exchange, routing_key, mandatory, properties, body, ttl_ms, priority)
 
     def _route_and_enqueue(self, exchange, routing_key: str, mandatory: bool, properties: bytes, body: bytes,
-                           ttl_ms: int | None = None, priority: int = 0) -> int:
-        """Route and enqueue one message; returns the WAL batch that makes it durable (0: none)."""
+                           ttl_ms: int | None = None, priority: int = 0,
+                           tx_wait: "PendingPublish | None" = None) -> int:
+        """Route and enqueue one message; returns the WAL batch that makes it durable (0: none).
+
+        In a transaction's commit, ``tx_wait`` is the commit's own PendingPublish: every
+        quorum queue's apply of this message counts toward it (the confirm machinery, with
+        commit-ok in place of basic.ack), a refusal fails it; the caller waits for the batch."""
         seq = self.confirms.next_publish() if self.confirms is not None else 0
         if exchange.name == "" and routing_key.startswith(REPLY_TO_PREFIX):
             delivered = self.broker.deliver_reply(routing_key, properties, body)
@@ -124,7 +132,7 @@ class Channel(TopologyMethods):
         queues = self.vhost.route(exchange, routing_key, properties)
         accepted = True
         batch = 0
-        waiting: PendingPublish | None = None
+        waiting = tx_wait
         if queues:
             payload = (exchange.name, routing_key, properties, body)
             size = len(body)
@@ -140,6 +148,11 @@ class Channel(TopologyMethods):
                     accepted = False
                 elif taken > batch:
                     batch = taken
+        if tx_wait is not None:
+            tx_wait.ok = tx_wait.ok and accepted
+            if not queues:
+                self._after_route(0, False, True, mandatory, exchange.name, routing_key, properties, body)
+            return batch
         if waiting is not None:
             # confirmed once every quorum queue applied it (and the WAL batch, if any, is durable)
             waiting.ok = accepted
@@ -173,7 +186,12 @@ class Channel(TopologyMethods):
     def _publish_part_done(self, waiting: "PendingPublish", ok: bool) -> None:
         waiting.remaining -= 1
         waiting.ok = waiting.ok and ok
-        if waiting.remaining or not waiting.seq or self.closed or self.confirms is None:
+        if waiting.remaining or self.closed:
+            return
+        if waiting.on_done is not None:
+            waiting.on_done(waiting.ok)
+            return
+        if not waiting.seq or self.confirms is None:
             return
         self.confirms.settle(waiting.seq, waiting.ok)
         self.connection.want_flush(self)
@@ -327,27 +345,35 @@ class Channel(TopologyMethods):
             raise ChannelError(PRECONDITION_FAILED, f"unknown delivery tag {delivery_tag}", class_id, method_id)
         return [entry]
 
-    def _settle(self, taken: list, command_type: type) -> None:
-        """One command per (queue, consumer) for all the taken deliveries."""
+    def _settle(self, taken: list, command_type: type, tx_wait: "PendingPublish | None" = None) -> None:
+        """One command per (queue, consumer) for all the taken deliveries; in a
+        commit (``tx_wait``), a quorum queue's settle counts toward the commit-ok."""
         if not taken:
             return
         if len(taken) == 1:
             queue, consumer_tag, msg_id = taken[0]
             if not queue.deleted:
-                queue.apply(command_type((self.owner, consumer_tag), (msg_id,)))
+                self._apply_settle(queue, command_type((self.owner, consumer_tag), (msg_id,)), tx_wait)
         else:
             groups: dict[tuple, list[int]] = {}
             for queue, consumer_tag, msg_id in taken:
                 groups.setdefault((queue, consumer_tag), []).append(msg_id)
             for (queue, consumer_tag), msg_ids in groups.items():
                 if not queue.deleted:
-                    queue.apply(command_type((self.owner, consumer_tag), tuple(msg_ids)))
+                    self._apply_settle(queue, command_type((self.owner, consumer_tag), tuple(msg_ids)), tx_wait)
         if command_type is fifo.Settle:
             self.broker.counters.acknowledged += len(taken)
         if self.held:
             self._send_held()
         if self.suspended and self.global_prefetch_count:
             self._set_suspended(qos=len(self.unacked) >= self.global_prefetch_count)
+
+    def _apply_settle(self, queue: Queue, command: Any, tx_wait: "PendingPublish | None") -> None:
+        if tx_wait is None or not queue.replicated:
+            queue.apply(command)
+            return
+        tx_wait.remaining += 1
+        queue.apply(command, on_done=lambda _reply: self._publish_part_done(tx_wait, True))
 
     def _send_held(self) -> None:
         while self.held and (not self.global_prefetch_count or len(self.unacked) < self.global_prefetch_count):
@@ -514,20 +540,48 @@ class Channel(TopologyMethods):
         self.send(spec.Tx.SelectOk())
 
     def on_tx_commit(self, method: spec.Tx.Commit) -> None:
+        """Publish and settle the transaction's work; commit-ok once every quorum queue
+        it reached has applied its publishes and acks (committed on a majority, as a
+        confirm) and its persistent messages are on disk (AMQP 0-9-1 §1.9.2). As in
+        RabbitMQ, a publish a queue refused (reject-publish) fails the commit with
+        406 "partial tx completion" (the rest stays done). Commits answer in order."""
         if self.tx is None:
             raise ChannelError(PRECONDITION_FAILED, "channel is not transactional", 90, 20)
         pending, self.tx = self.tx, []
+        commit = PendingPublish(0)
+        commit.on_done = partial(self._on_commit_done, commit)
+        commit.remaining = 1  # held until everything below is submitted
+        self.tx_commits.append(commit)
         batch = 0
         for entry in pending:
             if entry[0] == "ack":
+                _, delivery_tag, multiple = entry
+                if delivery_tag in self.unacked or (multiple and delivery_tag == 0):
+                    self._settle(self._take_unacked(delivery_tag, multiple, 90, 20), fifo.Settle, commit)
                 continue
-            batch = max(batch, self._route_and_enqueue(*entry))
-        acked = [e for e in pending if e[0] == "ack"]
-        for _, delivery_tag, multiple in acked:
-            if delivery_tag in self.unacked or (multiple and delivery_tag == 0):
-                self._settle(self._take_unacked(delivery_tag, multiple, 90, 20), fifo.Settle)
-        # commit-ok once the transaction's persistent messages are on disk (AMQP 0-9-1 §1.9.2)
-        self._reply_when_durable(batch, spec.Tx.CommitOk())
+            batch = max(batch, self._route_and_enqueue(*entry, tx_wait=commit))
+        if batch:
+            commit.remaining += 1
+            self.broker.durability.committer.when_durable(batch, partial(self._on_commit_durable, commit))
+        self._publish_part_done(commit, True)
+
+    def _on_commit_durable(self, commit: "PendingPublish", ok: bool) -> None:
+        if not ok:
+            if not self.closed:
+                self.connection.close(INTERNAL_ERROR, "INTERNAL_ERROR - could not write the change to disk")
+            return
+        self._publish_part_done(commit, True)
+
+    def _on_commit_done(self, commit: "PendingPublish", ok: bool) -> None:
+        commit.finished = True
+        commits = self.tx_commits
+        while commits and commits[0].finished:
+            done = commits.popleft()
+            if not done.ok:
+                commits.clear()
+                self.fail(ChannelError(PRECONDITION_FAILED, "partial tx completion", 90, 20))
+                return
+            self.send(spec.Tx.CommitOk())
 
     def on_tx_rollback(self, method: spec.Tx.Rollback) -> None:
         if self.tx is None:
@@ -557,6 +611,7 @@ class Channel(TopologyMethods):
         self.consumers.clear()
         self.unacked.clear()
         self.held.clear()  # still checked out to this channel: owner_down returns them
+        self.tx_commits.clear()
         for queue in self.queues_used.values():
             if not queue.deleted:
                 queue.owner_down(self.owner)
@@ -567,14 +622,17 @@ class Channel(TopologyMethods):
 
 
 class PendingPublish:
-    """A confirmed publish waiting for its quorum queues (and WAL batch)."""
+    """A confirmed publish waiting for its quorum queues (and WAL batch); or, with
+    ``on_done``, a tx.commit waiting for all its publishes, settles and WAL batch."""
 
-    __slots__ = ("seq", "remaining", "ok")
+    __slots__ = ("seq", "remaining", "ok", "on_done", "finished")
 
     def __init__(self, seq: int) -> None:
         self.seq = seq
         self.remaining = 0
         self.ok = True
+        self.on_done: Callable[[bool], None] | None = None
+        self.finished = False
 
 
 def _parse_expiration(value: Any) -> int:

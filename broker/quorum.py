@@ -335,8 +335,9 @@ class QuorumQueue(Queue):
             self.enqueuers_by_key.pop(session.key, None)
 
     # -- commands from channels -----------------------------------------------------------
-    def apply(self, command: Any) -> Any:
-        """The channel's settle, return, discard and suspend, sent to the leader."""
+    def apply(self, command: Any, on_done: Callable[[Any], None] | None = None) -> Any:
+        """The channel's settle, return, discard and suspend, sent to the leader
+        (`on_done(reply)` once the leader applied it: a transaction's acks)."""
         now = _now_ms()
         match command:
             case fifo.Settle(consumer=(owner, tag), msg_ids=ids):
@@ -350,7 +351,7 @@ class QuorumQueue(Queue):
             case _:
                 raise AssertionError(f"a quorum queue is not given {command!r} this way")
         self._send_unsent()
-        self.cluster.submit(self.group, data)
+        self.cluster.submit(self.group, data, on_done)
         return 0
 
     def purge(self, on_done: Callable[[int], None]) -> None:

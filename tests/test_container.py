@@ -7,11 +7,20 @@ AMQP and HTTP to it.  They need root (rootful podman; apt-get to install podman 
 a fresh machine) and FAIL, not skip, when that is missing, so a broken image cannot
 hide behind a skip.  ``WARREN_SKIP_CONTAINER=1`` skips them for fast local runs.
 
+``test_compose_runs_a_three_node_cluster`` runs docker-compose.yml itself with
+podman-compose (installed at run time into a venv of its own): three nodes form a
+cluster on the compose network, a quorum queue gets three replicas, a message goes
+in through one node and out through another. Docker Hub's Prometheus image is out
+of reach here, so a small override file swaps in deploy/prometheus-standin (the
+same config mount and flags; it scrapes the targets, it is not Prometheus) and
+free host ports; everything else is the compose file as shipped.
+
 The other tests check docker-compose.yml, deploy/prometheus.yml and
 deploy/warren.toml without running anything.
 """
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import os
@@ -419,6 +428,185 @@ def test_stops_promptly_on_sigterm(image: str) -> None:
         assert code == "0", f"exit code {code} after SIGTERM; logs:\n{logs}"
     finally:
         _remove_container(name)
+
+
+# ---------------------------------------------------------------------------
+# docker-compose.yml, running: podman-compose, three nodes and the Prometheus stand-in
+
+# podman-compose reads the compose file as `docker compose` does. It is installed at
+# run time into a venv of the test's own (like podman itself, by container-base.sh),
+# so the package's test extras stay free of a tool only this test uses.
+PODMAN_COMPOSE = "podman-compose==1.6.0"
+COMPOSE_NODES = ["warren1", "warren2", "warren3"]
+
+
+@pytest.fixture(scope="module")
+def podman_compose(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    venv = tmp_path_factory.mktemp("podman-compose") / "venv"
+    _run([sys.executable, "-m", "venv", str(venv)], timeout=120)
+    _run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet",
+          "--disable-pip-version-check", PODMAN_COMPOSE], timeout=600)
+    # podman's global flags for this machine (runc, cgroupfs), as PODMAN has them
+    return [str(venv / "bin" / "podman-compose"), "--podman-args", " ".join(PODMAN[1:])]
+
+
+def _free_ports(count: int) -> list[int]:
+    ports: set[int] = set()
+    while len(ports) < count:
+        ports.add(_free_port())
+    return sorted(ports)
+
+
+def _compose_override(warren_image: str, standin_image: str, ports: list[int]) -> str:
+    """What differs from docker-compose.yml here: locally built images instead of
+    Docker Hub's, and free host ports instead of 5672-5674, 15692-15694, 9090."""
+    lines = ["services:"]
+    for offset, node in enumerate(COMPOSE_NODES):
+        lines += [
+            f"  {node}:",
+            f"    image: {warren_image}",
+            "    ports: !override",
+            f'      - "{ports[offset]}:5672"',
+            f'      - "{ports[3 + offset]}:15692"',
+        ]
+    lines += [
+        "  prometheus:",
+        f"    image: {standin_image}",
+        "    ports: !override",
+        f'      - "{ports[6]}:9090"',
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _compose_logs(project: str) -> str:
+    names = _run(PODMAN + ["ps", "-a", "--filter", f"label=io.podman.compose.project={project}",
+                           "--format", "{{.Names}}"], timeout=60, check=False).stdout.split()
+    return "\n".join(f"--- {name} ---\n{_container_logs(name)}" for name in names) or "(no containers)"
+
+
+def _wait(what: str, check: Callable[[], Any], timeout: float, project: str) -> Any:
+    deadline = time.monotonic() + timeout
+    last_error: BaseException | None = None
+    while True:
+        try:
+            result = check()
+            if result:
+                return result
+        except Exception as exc:  # noqa: BLE001 - keep the last one for the message
+            last_error = exc
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what} not seen after {timeout:.0f} s (last error: {last_error!r}); "
+                        f"logs:\n{_compose_logs(project)}")
+        time.sleep(0.2)  # polling a condition with a deadline
+
+
+def _api(port: int, path: str, password: str) -> Any:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}")
+    credentials = base64.b64encode(f"admin:{password}".encode()).decode()
+    request.add_header("Authorization", f"Basic {credentials}")
+    with urllib.request.urlopen(request, timeout=5) as response:
+        return json.loads(response.read())
+
+
+def _admin_connection(port: int, password: str) -> pika.BlockingConnection:
+    return pika.BlockingConnection(pika.ConnectionParameters(
+        host="127.0.0.1", port=port, credentials=pika.PlainCredentials("admin", password),
+        connection_attempts=1, socket_timeout=10, blocked_connection_timeout=30))
+
+
+@container
+@slow_timeout
+def test_compose_runs_a_three_node_cluster(image: str, podman_compose: list[str], tmp_path: Path) -> None:
+    """docker-compose.yml as it is, under podman-compose: the three nodes find each
+    other on the compose network and form one cluster; a quorum queue declared
+    through warren1 gets a replica on each node; a message published through
+    warren2 is consumed through warren3; the Prometheus stand-in, given the
+    compose file's own config mount and flags, scrapes all three nodes."""
+    started = time.monotonic()
+    project = f"warrenpytest{uuid.uuid4().hex[:10]}"
+    # Tags of this test's own: a concurrent rebuild of IMAGE cannot change them under it.
+    warren_image = f"localhost/warren:{project}"
+    standin_image = f"localhost/prometheus-standin:{project}"
+    _run(PODMAN + ["tag", image, warren_image], timeout=60)
+    _run(PODMAN + ["build", "--isolation", "chroot", "--network", "host", "--format", "docker",
+                   "--build-arg", f"BASE_IMAGE={BASE_IMAGE}", "--tag", standin_image,
+                   str(REPO / "deploy" / "prometheus-standin")], timeout=300)
+    ports = _free_ports(7)
+    override = tmp_path / "compose.override.yml"
+    override.write_text(_compose_override(warren_image, standin_image, ports))
+    password = "pw-" + uuid.uuid4().hex[:12]
+    env = {**os.environ, "WARREN_ADMIN_PASSWORD": password, "WARREN_CLUSTER_SECRET": uuid.uuid4().hex}
+    compose = podman_compose + ["-p", project, "-f", str(REPO / "docker-compose.yml"), "-f", str(override)]
+    amqp = dict(zip(COMPOSE_NODES, ports[:3]))
+    metrics = dict(zip(COMPOSE_NODES, ports[3:6]))
+    everyone = [f"warren@{node}" for node in COMPOSE_NODES]
+    try:
+        _run(compose + ["up", "-d", "--no-build"], timeout=300, env=env)
+        for node in COMPOSE_NODES:
+            _wait(f"{node} to see all three nodes running",
+                  lambda n=node: _api(metrics[n], "/api/overview", password)["running_nodes"] == everyone,
+                  timeout=90, project=project)
+        clustered = time.monotonic()
+
+        queue = "compose-quorum"
+        with _admin_connection(amqp["warren1"], password) as connection:
+            connection.channel().queue_declare(queue, durable=True, arguments={"x-queue-type": "quorum"})
+
+        def placed(node: str) -> dict | None:
+            view = next((q for q in _api(metrics[node], "/api/queues", password) if q["name"] == queue), None)
+            return view if view and view["leader"] and sorted(view["members"]) == everyone else None
+
+        for node in COMPOSE_NODES:
+            view = _wait(f"{node} to list {queue} with a leader and three members", lambda n=node: placed(n),
+                         timeout=60, project=project)
+            assert view["type"] == "quorum", view
+
+        bodies = [f"through warren2 #{number}".encode() for number in range(10)]
+        with _admin_connection(amqp["warren2"], password) as connection:
+            channel = connection.channel()
+            channel.confirm_delivery()
+            for body in bodies:
+                channel.basic_publish("", queue, body, pika.BasicProperties(delivery_mode=2), mandatory=True)
+        received = []
+        with _admin_connection(amqp["warren3"], password) as connection:
+            channel = connection.channel()
+            for method, _, body in channel.consume(queue, inactivity_timeout=15):
+                assert method is not None, f"consuming through warren3 stalled after {received}"
+                received.append(body)
+                channel.basic_ack(method.delivery_tag)
+                if len(received) == len(bodies):
+                    break
+            channel.cancel()
+        assert received == bodies
+
+        def scraped() -> bool:
+            targets = _api_plain(ports[6], "/api/v1/targets")["data"]["activeTargets"]
+            health = {t["labels"]["instance"]: t["health"] for t in targets if t["labels"]["job"] == "warren"}
+            return health == {f"{node}:15692": "up" for node in COMPOSE_NODES}
+
+        _wait("the Prometheus stand-in to scrape warren1-3:15692", scraped, timeout=60, project=project)
+        print(f"\n[container] compose: cluster of three in {clustered - started:.1f} s, "
+              f"test done in {time.monotonic() - started:.1f} s", file=sys.stderr)
+    finally:
+        down = _run(compose + ["down", "--volumes", "--timeout", "10"], timeout=180, check=False, env=env)
+        left = _run(PODMAN + ["ps", "-aq", "--filter", f"label=io.podman.compose.project={project}"],
+                    timeout=60, check=False).stdout.split()
+        if left:  # down failed part way: remove what is left of this project
+            _run(PODMAN + ["rm", "--force", "--time", "5", *left], timeout=120, check=False)
+            _run(PODMAN + ["volume", "rm", "--force",
+                           *[f"{project}_{name}" for name in (*[f"{n}-data" for n in COMPOSE_NODES],
+                                                               "prometheus-data")]],
+                 timeout=60, check=False)
+            _run(PODMAN + ["network", "rm", "--force", f"{project}_default"], timeout=60, check=False)
+        _run(PODMAN + ["untag", warren_image, warren_image], timeout=60, check=False)
+        _run(PODMAN + ["rmi", standin_image], timeout=60, check=False)
+        assert down.returncode == 0, f"podman-compose down failed:\n{_tail(down.stdout)}\n{_tail(down.stderr)}"
+        assert not left, f"podman-compose down left containers {left}"
+
+
+def _api_plain(port: int, path: str) -> Any:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
+        return json.loads(response.read())
 
 
 # ---------------------------------------------------------------------------
