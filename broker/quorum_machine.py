@@ -256,6 +256,8 @@ class QuorumMachine:
         # node -> incarnations a NODE_UP declared dead, oldest first (at most RETIRED_MAX)
         self._retired: dict[str, list[str]] = {}
         self._index: int | None = None   # the log index of the command being applied
+        # owner -> (its latest basic.get request id, the answer), so a resent one is answered again
+        self._gets: dict[str, tuple[int, fifo.Dequeued | None]] = {}
 
     # --- reading -------------------------------------------------------------------
     @property
@@ -493,14 +495,22 @@ class QuorumMachine:
 
     def _on_dequeue(self, command: list, effects: list) -> fifo.Dequeued | None:
         _, owner, request_id, _, no_ack = command
+        last = self._gets.get(owner)
+        if last is not None and request_id <= last[0]:
+            # A resent basic.get (its answer was lost with a leader): the same answer,
+            # not a second message. A node numbers its requests upwards.
+            effects.append(Got(owner, request_id, last[1]))
+            return last[1]
         # basic.get's pseudo-consumer (owner, None), as broker/queue.py has it
         dequeued = self._fifo_apply(_time(command), fifo.Dequeue((owner, None), no_ack), effects)
+        self._gets[owner] = (request_id, dequeued)
         effects.append(Got(owner, request_id, dequeued))
         return dequeued
 
     def _down_owners(self, command: list, owners: list, effects: list) -> int:
         returned = 0
         for owner in owners:
+            self._gets.pop(owner, None)
             touched = [c for c in self._fifo.consumers if c[0] == owner]
             returned += self._fifo_apply(_time(command), fifo.Down(owner), effects, touched)
         return returned
@@ -583,12 +593,16 @@ class QuorumMachine:
         suspected = [[list(c), active] for c, active in self._suspected.items()]
         nodes = list(self._suspected_nodes.items())
         retired = list(self._retired.items())
+        gets = [[owner, request_id, None if got is None else [got.msg_id, got.payload if type(got.payload) is int
+                                                              else list(got.payload), got.redelivered,
+                                                              got.message_count, got.delivery_count]]
+                for owner, (request_id, got) in self._gets.items()]
         return _pack([SNAPSHOT_VERSION, self.next_msg_id, _fifo_to_wire(self._fifo), sessions, seqs,
-                      suspected, nodes, retired])
+                      suspected, nodes, retired, gets])
 
     @classmethod
     def restore(cls, data: bytes) -> QuorumMachine:
-        version, next_msg_id, state, sessions, seqs, suspected, nodes, retired = msgpack.unpackb(data, raw=False)
+        version, next_msg_id, state, sessions, seqs, suspected, nodes, retired, gets = msgpack.unpackb(data, raw=False)
         assert version == SNAPSHOT_VERSION, f"unknown snapshot version {version}"
         machine = cls()
         machine._fifo = _fifo_from_wire(state)
@@ -601,6 +615,12 @@ class QuorumMachine:
         machine._suspected = {tuple(consumer): active for consumer, active in suspected}
         machine._suspected_nodes = {node: incarnations for node, incarnations in nodes}
         machine._retired = {node: incarnations for node, incarnations in retired}
+        for owner, request_id, got in gets:
+            if got is not None:
+                msg_id, payload, redelivered, count, delivery_count = got
+                got = fifo.Dequeued(msg_id, payload if type(payload) is int else tuple(payload), redelivered,
+                                    count, delivery_count)
+            machine._gets[owner] = (request_id, got)
         return machine
 
 

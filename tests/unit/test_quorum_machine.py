@@ -729,3 +729,22 @@ def test_the_release_cursor_promotes_a_candidate_once_nothing_refers_below_it():
     assert cursor.offer(5, machine)[0] == 5, "nothing kept: the state now, newer than every candidate"
     assert candidate_at_3 != machine.snapshot()
     assert not cursor.candidates
+
+
+def test_a_resent_basic_get_gets_the_same_answer_not_a_second_message():
+    replica = Replica()
+    replica.publish(P1, 1, b"first")
+    replica.publish(P1, 2, b"second")
+    owner = "n1/i1/ch1"
+    get = qm.encode_dequeue(owner, 7, 100, False)
+    first, _ = replica.run(get)
+    again, effects = replica.run(get)            # the same request, sent again after a leader change
+    assert first.payload[3] == b"first" and again == first
+    assert [e.dequeued for e in effects if isinstance(e, Got)] == [first]
+    assert replica.machine.ready_count == 1, "the resent get took a second message"
+    restored = QuorumMachine.restore(replica.machine.snapshot())
+    assert restored.apply(qm.decode(get))[0] == first, "a snapshot forgot the answer"
+    later, _ = replica.run(qm.encode_dequeue(owner, 8, 100, False))
+    assert later.payload[3] == b"second"
+    replica.run(qm.encode_down(owner, 100))
+    assert owner not in replica.machine._gets
