@@ -115,7 +115,7 @@ class Metadata:
             "qmembers": self._apply_members, "qrelease": self._apply_release,
             "qleaving": self._apply_leaving, "qlead": self._apply_lead,
         }
-        cluster.meta_handlers.update({kind: self._answering_index(handler) for kind, handler in handlers.items()})
+        cluster.meta_handlers.update({kind: self.answering_index(handler) for kind, handler in handlers.items()})
         # (index, on_done, result): answers that came from the group's leader before this node applied the index
         self._awaiting_local_apply: list[tuple[int, Callable[[Any], None], Any]] = []
         # group -> nodes removed from its members that may still hold a replica
@@ -136,7 +136,7 @@ class Metadata:
         before this node: then the answer waits here)."""
         self.cluster.submit(META, _pack(command), lambda answer: self._on_answer(answer, on_done))
 
-    def _answering_index(self, handler: Callable[[list, int], Any]) -> Callable[[list, int], Any]:
+    def answering_index(self, handler: Callable[[list, int], Any]) -> Callable[[list, int], Any]:
         def apply(command: list, index: int) -> Any:
             result = handler(command, index)
             if self._awaiting_local_apply:
@@ -213,6 +213,10 @@ class Metadata:
         queue = vhost.queues.get(name) if vhost is not None else None
         if not isinstance(queue, QuorumQueue):
             return None
+        return self.drop_queue(vhost, queue)
+
+    def drop_queue(self, vhost: "VirtualHost", queue: QuorumQueue) -> int:
+        """Delete a replicated queue here (its replica too); its message count."""
         count = queue.message_count
         vhost.delete_queue_now(queue)
         self.cluster.queues.pop(queue.group, None)
