@@ -14,6 +14,8 @@ name], ["xdecl", vhost, name, type, auto_delete, internal, arguments],
 ["xdel", vhost, name, if_unused], ["bind" | "unbind", vhost, source,
 destination kind, destination, routing_key, arguments, class_id, method_id].
 An apply that fails answers [reply_code, reply_text, class_id, method_id].
+Users, vhosts and permissions are commands of this group too; their
+handlers are in broker/definitions.py.
 
 Quorum queue membership (warrenctl add_member, delete_member, grow, shrink,
 rebalance; broker/management.py). The metadata group holds each queue's

@@ -116,6 +116,9 @@ def test_runtime_user_logs_in_and_is_refused_outside_its_permissions(node):
         connect(node, "bob", "wrong-password", "dev")
     # bob is no administrator: he may not change users
     assert "not tagged 'administrator'" in refused(node, "add_user", "eve", "x", user="bob", password=BOB_PASSWORD)
+    ok(node, "set_user_tags", "bob", "administrator", "monitoring")
+    assert ["bob", "[administrator,monitoring]"] in rows(ok(node, "list_users"))
+    assert ctl(node, "add_vhost", "bobs", user="bob", password=BOB_PASSWORD).returncode == 0
 
     ok(node, "change_password", "bob", "n3w-pw")
     with pytest.raises(pika.exceptions.ProbableAuthenticationError):
