@@ -4,15 +4,18 @@ from __future__ import annotations
 import secrets
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import structlog
 
+from broker.auth import AccessControl
 from broker.cluster import Cluster
+from broker.definitions import Definitions
 from broker.durability import Durability
 from broker.metadata import Metadata
 from broker.vhost import VirtualHost
 from config import Settings
+from protocol.constants import CONNECTION_FORCED
 
 if TYPE_CHECKING:
     from broker.channel import Channel
@@ -40,9 +43,13 @@ class Broker:
         self.settings = settings
         self.version = VERSION
         self.durability = Durability(settings)
+        # The config's vhosts, users and permissions: what a fresh node starts with; the
+        # metadata log's definitions replace them at recovery (broker/durability.py).
         self.vhosts = {name: VirtualHost(name, self.durability) for name in settings.vhosts}
+        self.access = AccessControl.from_settings(settings)
         self.cluster = Cluster(self)
         self.metadata = Metadata(self, self.cluster)
+        self.definitions = Definitions(self, self.metadata)
         self.durability.raft_visit = self.cluster.runtime.recover_visit
         self.durability.raft_rollover = self.cluster.runtime.prepare_rollover
         self.connections: set["AMQPConnection"] = set()
@@ -62,6 +69,24 @@ class Broker:
         if connection in self.connections:
             self.connections.discard(connection)
             self.counters.connections_closed += 1
+
+    def add_vhost(self, name: str) -> VirtualHost:
+        """A new vhost with the default exchanges (amq.direct, ...), as the config's."""
+        assert name not in self.vhosts, f"vhost {name} exists"
+        vhost = self.vhosts[name] = VirtualHost(name, self.durability)
+        return vhost
+
+    def remove_vhost(self, name: str) -> None:
+        """Forget a vhost and its permissions (its queues were deleted first)."""
+        self.vhosts.pop(name, None)
+        self.access.delete_vhost(name)
+
+    def close_connections(self, which: Callable[["AMQPConnection"], bool], reply_text: str) -> int:
+        """Close the matching connections with 320 CONNECTION_FORCED; how many."""
+        closing = [connection for connection in self.connections if which(connection)]
+        for connection in closing:
+            connection.close(CONNECTION_FORCED, reply_text)
+        return len(closing)
 
     @property
     def channel_count(self) -> int:

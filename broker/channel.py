@@ -89,6 +89,10 @@ class Channel(TopologyMethods):
         self.commands_paused = False
         self._last_time_mark = 0.0
         self.closed = False
+        # the user's permissions on the vhost as this channel opened, and what they allowed
+        self.permission = self.broker.access.permission(connection.user_name, self.vhost.name)
+        self.access_granted: set[tuple[str, str, str]] = set()
+        self.publish_permitted: set[str] = set()
 
     # -- output -----------------------------------------------------------
     def send(self, method: Any) -> None:
@@ -99,6 +103,8 @@ class Channel(TopologyMethods):
                    properties: bytes, body: bytes) -> None:
         if immediate:
             raise AMQPConnectionError(NOT_IMPLEMENTED, "immediate=true", 60, 40)
+        if exchange_name not in self.publish_permitted:
+            self.check_publish(exchange_name)
         exchange = self.vhost.exchanges.get(exchange_name)
         if exchange is None:
             raise ChannelError(NOT_FOUND, f"no exchange '{exchange_name}' in vhost '{self.vhost.name}'", 60, 40)
@@ -431,7 +437,7 @@ class Channel(TopologyMethods):
         if method.queue == REPLY_TO_QUEUE:
             self._consume_reply_to(method, tag)
             return
-        queue = self._queue_for(method.queue, 60, 20)
+        queue = self._readable_queue(method.queue, 60, 20)
         arguments = method.arguments or {}
         priority = arguments.get("x-priority", 0)
         if isinstance(priority, bool) or not isinstance(priority, int):
@@ -482,7 +488,7 @@ class Channel(TopologyMethods):
         self.connection.want_flush(self)
 
     def on_basic_get(self, method: spec.Basic.Get) -> None:
-        queue = self._queue_for(method.queue, 60, 70)
+        queue = self._readable_queue(method.queue, 60, 70)
         self.queues_used[id(queue)] = queue
         queue.touch()
         if queue.replicated:

@@ -12,13 +12,45 @@ from typing import Any, Callable
 from pamqp import commands as spec
 
 from broker import fifo
+from broker.auth import refused_text
 from broker.metadata import raise_if_error
 from broker.queue import Queue
-from protocol.constants import INTERNAL_ERROR, NOT_FOUND
+from protocol.constants import ACCESS_REFUSED, INTERNAL_ERROR, NOT_FOUND
 from protocol.errors import ChannelError
+
+# what a channel remembers of its permission checks (RabbitMQ keeps a few per channel)
+ACCESS_GRANTED_MAX = 1024
 
 
 class TopologyMethods:
+    # -- permissions (RabbitMQ's rabbit_access_control: configure / write / read) ----------
+    def check_access(self, permission: str, kind: str, name: str, class_id: int, method_id: int) -> None:
+        """403 ACCESS_REFUSED unless the channel's user may `permission` the
+        resource; a granted check is remembered for the channel's life."""
+        key = (permission, kind, name)
+        if key in self.access_granted:
+            return
+        resource = "amq.default" if kind == "exchange" and name == "" else name
+        if self.permission is None or not self.permission.allows(permission, resource):
+            raise ChannelError(ACCESS_REFUSED, refused_text(permission, kind, name, self.vhost.name,
+                                                            self.connection.user_name), class_id, method_id)
+        if len(self.access_granted) >= ACCESS_GRANTED_MAX:
+            self.access_granted.clear()
+        self.access_granted.add(key)
+
+    def check_publish(self, exchange_name: str) -> None:
+        """basic.publish needs write on the exchange; the hot path asks once per exchange."""
+        self.check_access("write", "exchange", exchange_name, 60, 40)
+        if len(self.publish_permitted) >= ACCESS_GRANTED_MAX:
+            self.publish_permitted.clear()
+        self.publish_permitted.add(exchange_name)
+
+    def _readable_queue(self, name: str, class_id: int, method_id: int) -> Queue:
+        """The queue basic.consume / basic.get / queue.purge use: read permission on it."""
+        name = self._queue_name(name, class_id, method_id)
+        self.check_access("read", "queue", name, class_id, method_id)
+        return self._queue_for(name, class_id, method_id)
+
     def _reply_when_journaled(self, before: int, reply: Any | None) -> None:
         if reply is None:  # nowait
             return
@@ -63,6 +95,8 @@ class TopologyMethods:
             self.send(reply)
 
     def on_exchange_declare(self, method: spec.Exchange.Declare) -> None:
+        if not method.passive and method.exchange:
+            self.check_access("configure", "exchange", method.exchange, 40, 10)
         before = self.broker.durability.last_meta_batch
         replicate = None
         reply = None if method.nowait else spec.Exchange.DeclareOk()
@@ -73,6 +107,8 @@ class TopologyMethods:
             self._reply_when_journaled(before, reply)
 
     def on_exchange_delete(self, method: spec.Exchange.Delete) -> None:
+        if method.exchange:
+            self.check_access("configure", "exchange", method.exchange, 40, 20)
         before = self.broker.durability.last_meta_batch
         reply = None if method.nowait else spec.Exchange.DeleteOk()
         replicate = None
@@ -85,6 +121,9 @@ class TopologyMethods:
 
     def _bind(self, bound: bool, source: str, kind: str, destination: str, routing_key: str,
               arguments: dict | None, class_id: int, method_id: int, reply: Any | None) -> None:
+        # as RabbitMQ's binding_action: write on the destination, read on the source
+        self.check_access("write", kind, destination, class_id, method_id)
+        self.check_access("read", "exchange", source, class_id, method_id)
         before = self.broker.durability.last_meta_batch
         replicate = None
         if self.broker.metadata.replicates_binding(self.vhost, source, kind, destination):
@@ -106,7 +145,8 @@ class TopologyMethods:
 
     def on_queue_declare(self, method: spec.Queue.Declare) -> None:
         before = self.broker.durability.last_meta_batch
-        queue = self.vhost.declare_queue(method, self.connection.id, partial(self._declare_quorum_queue, method))
+        queue = self.vhost.declare_queue(method, self.connection.id, partial(self._declare_quorum_queue, method),
+                                         partial(self.check_access, "configure", "queue", class_id=50, method_id=10))
         if queue is None:
             return  # a new quorum queue: declare-ok once the metadata group made it
         self.last_queue_name = queue.name
@@ -147,7 +187,7 @@ class TopologyMethods:
                    50, 50, spec.Queue.UnbindOk())
 
     def on_queue_purge(self, method: spec.Queue.Purge) -> None:
-        queue = self._queue_for(method.queue, 50, 30)
+        queue = self._readable_queue(method.queue, 50, 30)
         if queue.replicated:
             queue.purge(lambda count: None if method.nowait or self.closed else self.send(spec.Queue.PurgeOk(count)))
             return
@@ -157,6 +197,7 @@ class TopologyMethods:
 
     def on_queue_delete(self, method: spec.Queue.Delete) -> None:
         name = self._queue_name(method.queue, 50, 40)
+        self.check_access("configure", "queue", name, 50, 40)
         before = self.broker.durability.last_meta_batch
         replicate = self._replicate(["qdel", self.vhost.name, name], None,
                                     lambda count: None if method.nowait else spec.Queue.DeleteOk(count or 0))

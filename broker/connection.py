@@ -298,7 +298,7 @@ class AMQPConnection(asyncio.Protocol):
         self.client_properties = method.client_properties or {}
         self.client_capabilities = self.client_properties.get("capabilities") or {}
         try:
-            user = authenticate(self.broker.settings, method.mechanism, method.response, self.peer_host)
+            user = authenticate(self.broker.access, method.mechanism, method.response, self.peer_host)
         except AuthenticationError as error:
             log.warning("connection.auth_failed", peer=self.peer, mechanism=method.mechanism, reason=str(error))
             raise AMQPConnectionError(
@@ -329,7 +329,8 @@ class AMQPConnection(asyncio.Protocol):
         vhost = self.broker.vhosts.get(method.virtual_host)
         if vhost is None:
             raise AMQPConnectionError(NOT_ALLOWED, f"vhost {method.virtual_host} not found", 10, 40)
-        if method.virtual_host not in self.user.vhosts:
+        if self.broker.access.permission(self.user_name, method.virtual_host) is None:
+            # RabbitMQ's check_vhost_access: no permissions at all on the vhost
             raise AMQPConnectionError(
                 NOT_ALLOWED, f"access to vhost '{method.virtual_host}' refused for user '{self.user_name}'", 10, 40)
         self.vhost = vhost
@@ -342,7 +343,7 @@ class AMQPConnection(asyncio.Protocol):
 
     def _on_update_secret(self, method: spec.Connection.UpdateSecret) -> None:
         try:
-            authenticate(self.broker.settings, "PLAIN", b"\0" + self.user_name.encode() + b"\0" +
+            authenticate(self.broker.access, "PLAIN", b"\0" + self.user_name.encode() + b"\0" +
                          (method.new_secret.encode() if isinstance(method.new_secret, str) else method.new_secret),
                          self.peer_host)
         except AuthenticationError:

@@ -20,6 +20,18 @@ the change on every node; each queue's Raft group follows at once):
 
 ``grow``, ``shrink`` and ``rebalance`` take ``--vhost-pattern`` and
 ``--queue-pattern`` (regular expressions, whole names).
+
+Users, vhosts and permissions, as rabbitmqctl's (they return once the
+metadata Raft group has committed the change and this node applied it; every
+node of the cluster makes it; they need a user tagged administrator):
+
+* ``add_user <name> <password>``, ``delete_user <name>``,
+  ``change_password <name> <password>``, ``set_user_tags <name> [<tag> ...]``,
+  ``list_users``;
+* ``add_vhost <name>``, ``delete_vhost <name>``, ``list_vhosts``;
+* ``set_permissions [-p <vhost>] <user> <conf> <write> <read>``,
+  ``clear_permissions [-p <vhost>] <user>``, ``list_permissions [-p <vhost>]``
+  (the vhost defaults to /).
 """
 from __future__ import annotations
 
@@ -40,6 +52,9 @@ COMMANDS = {
     "list_exchanges": ("/api/exchanges", ["name", "type", "durable", "auto_delete", "internal"]),
     "list_bindings": ("/api/bindings", ["source", "destination_kind", "destination", "routing_key"]),
     "list_connections": ("/api/connections", ["peer", "user", "vhost", "channels", "blocked", "client"]),
+    "list_users": ("/api/users", ["user", "tags"]),
+    "list_vhosts": ("/api/vhosts", ["name"]),
+    "list_permissions": ("/api/permissions", ["user", "configure", "write", "read"]),
 }
 # command -> (path, required arguments, optional arguments)
 ACTIONS = {
@@ -48,6 +63,25 @@ ACTIONS = {
     "grow": ("/api/queues/grow", ["node", "selector"], []),
     "shrink": ("/api/queues/shrink", ["node"], []),
     "rebalance": ("/api/queues/rebalance", [], ["type"]),
+    "add_user": ("/api/users/add", ["name", "password"], []),
+    "delete_user": ("/api/users/delete", ["name"], []),
+    "change_password": ("/api/users/password", ["name", "password"], []),
+    "set_user_tags": ("/api/users/tags", ["name"], ["tags..."]),
+    "add_vhost": ("/api/vhosts/add", ["name"], []),
+    "delete_vhost": ("/api/vhosts/delete", ["name"], []),
+    "set_permissions": ("/api/permissions/set", ["user", "configure", "write", "read"], []),
+    "clear_permissions": ("/api/permissions/clear", ["user"], []),
+}
+# what a definitions command prints when done, as rabbitmqctl's progress lines
+DONE_MESSAGES = {
+    "add_user": 'Added user "{name}"',
+    "delete_user": 'Deleted user "{name}"',
+    "change_password": 'Changed the password of user "{name}"',
+    "set_user_tags": 'Set the tags of user "{name}" to {tags}',
+    "add_vhost": 'Added vhost "{name}"',
+    "delete_vhost": 'Deleted vhost "{name}"',
+    "set_permissions": 'Set permissions for user "{user}" in vhost "{vhost}"',
+    "clear_permissions": 'Cleared permissions for user "{user}" in vhost "{vhost}"',
 }
 MEMBER_ROW_COLUMNS = ["vhost", "name", "size", "result"]
 REQUEST_TIMEOUT_SECONDS = 10
@@ -59,17 +93,22 @@ EX_UNAVAILABLE = 69
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="warrenctl",
-        description="Inspect a running Warren node, or change quorum queue membership (over its HTTP port, "
-                    "default 15692).",
+        description="Inspect a running Warren node, change quorum queue membership, users, vhosts and "
+                    "permissions (over its HTTP port, default 15692).",
         epilog="add_member [--vhost /] <queue> <node>; delete_member [--vhost /] <queue> <node>; "
-               "grow <node> <all|even>; shrink <node>; rebalance [all|quorum]")
+               "grow <node> <all|even>; shrink <node>; rebalance [all|quorum]; "
+               "add_user <name> <password>; delete_user <name>; change_password <name> <password>; "
+               "set_user_tags <name> [<tag> ...]; list_users; add_vhost <name>; delete_vhost <name>; list_vhosts; "
+               "set_permissions [-p <vhost>] <user> <conf> <write> <read>; clear_permissions [-p <vhost>] <user>; "
+               "list_permissions [-p <vhost>]")
     parser.add_argument("command", choices=sorted(COMMANDS | ACTIONS), help="what to show or do")
     parser.add_argument("args", nargs="*", metavar="argument",
                         help="list_* commands: the columns to show; the others: their arguments")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=int(os.environ.get("WARREN_METRICS_PORT", "15692")))
     parser.add_argument("--vhost", "-p", default=None,
-                        help="list_* commands: only this vhost; add_member, delete_member: the queue's (default /)")
+                        help="list_* commands: only this vhost (list_permissions: default /); add_member, "
+                             "delete_member: the queue's, set_permissions, clear_permissions: the vhost (default /)")
     parser.add_argument("--vhost-pattern", default=None, help="grow, shrink, rebalance: vhosts matching this")
     parser.add_argument("--queue-pattern", default=None, help="grow, shrink, rebalance: queues matching this")
     parser.add_argument("--user", default=os.environ.get("WARREN_CTL_USER", "guest"))
@@ -91,13 +130,15 @@ def main(argv: list[str] | None = None) -> int:
         return _http_error(args, error)
     except (urllib.error.URLError, OSError) as error:
         return _unreachable(args, error)
-    if args.vhost is not None and isinstance(data, list):
-        data = [row for row in data if row.get("vhost") == args.vhost]
+    vhost = args.vhost if args.vhost is not None or args.command != "list_permissions" else "/"
+    if vhost is not None and isinstance(data, list) and args.command not in ("list_users", "list_vhosts"):
+        data = [row for row in data if row.get("vhost") == vhost]
     if args.formatter == "json" or default_columns is None:
         print(json.dumps(data, indent=None if args.formatter == "json" else 2, default=str))
         return 0
     columns = args.args or default_columns
-    unknown = [c for c in columns if data and c not in data[0]]
+    known = data[0] if data else {}
+    unknown = [c for c in columns if data and c not in known]
     if unknown:
         print(f"warrenctl: unknown column(s) {', '.join(unknown)}", file=sys.stderr)
         return EX_USAGE
@@ -108,11 +149,17 @@ def main(argv: list[str] | None = None) -> int:
 def change(args: argparse.Namespace, password: str) -> int:
     """The membership commands: POST the arguments, print the node's answer."""
     path, required, optional = ACTIONS[args.command]
-    if not len(required) <= len(args.args) <= len(required) + len(optional):
+    many = optional[-1:] == ["tags..."]
+    if not len(required) <= len(args.args) <= (len(required) + len(optional) if not many else len(args.args)):
         usage = " ".join([f"<{a}>" for a in required] + [f"[{a}]" for a in optional])
         print(f"warrenctl: usage: warrenctl {args.command} {usage}", file=sys.stderr)
         return EX_USAGE
     body: dict[str, Any] = dict(zip(required + optional, args.args))
+    if many:
+        body.pop("tags...", None)
+        body["tags"] = args.args[len(required):]
+    if args.command in ("set_permissions", "clear_permissions"):
+        body["vhost"] = args.vhost if args.vhost is not None else "/"
     if args.command in ("add_member", "delete_member"):
         body["op"] = "add" if args.command == "add_member" else "delete"
         body["vhost"] = args.vhost if args.vhost is not None else "/"
@@ -127,6 +174,8 @@ def change(args: argparse.Namespace, password: str) -> int:
         return _unreachable(args, error)
     if args.formatter == "json":
         print(json.dumps(result, default=str))
+    elif args.command in DONE_MESSAGES:
+        print(DONE_MESSAGES[args.command].format(**{**body, "tags": _cell(body.get("tags"))}))
     elif args.command == "add_member":
         print(f"Added a replica of queue {body['queue']} in vhost {body['vhost']} on node {body['node']}; "
               f"members: {_cell(result['members'])}")

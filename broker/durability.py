@@ -2,9 +2,10 @@
 
 Two kinds of log share the WAL (``storage.wal``):
 
-* the metadata log (id 0): durable exchanges, queues and bindings, one
-  msgpack record per change, and at every WAL rollover one ``snapshot``
-  record of the whole durable topology, which supersedes everything before it;
+* the metadata log (id 0): durable exchanges, queues and bindings, users,
+  vhosts and permissions (`definitions`), one msgpack record per change, and
+  at every WAL rollover one ``snapshot`` record of the whole durable topology
+  and the definitions, which supersedes everything before it;
 * one log per durable queue: ``[ENQUEUE, exchange, routing_key, properties,
   body]`` at the message's id (a persistent message only), and
   ``[REMOVE, [msg_id, ...]]`` when messages are settled, discarded, dropped or
@@ -13,6 +14,13 @@ Two kinds of log share the WAL (``storage.wal``):
 
 Recovery applies the last snapshot and the metadata records after it, then
 rebuilds each durable queue from its live messages in id order.
+
+Definitions: the config's users, vhosts and permissions are only the seed of
+a fresh node. A log without definitions (a new data directory, or one written
+before definitions were journaled) gets a ``definitions`` record of the
+config's at the end of recovery; from then on the log is the truth: its
+definitions replace the config's at every start, and the config's users and
+vhosts are not read again (README "Users and vhosts").
 Non-durable queues and transient messages are never written, as in RabbitMQ.
 """
 from __future__ import annotations
@@ -24,6 +32,7 @@ import msgpack
 import structlog
 from prometheus_client import Histogram
 
+from broker.auth import Permission, UserRecord
 from broker.exchanges import Binding, Exchange, make_exchange
 from broker.queue import Queue
 from broker.vhost import NullJournal
@@ -76,6 +85,8 @@ class Durability:
         self.recovery_seconds = 0.0
         # the WAL batch holding the newest metadata record (topology replies wait for it)
         self.last_meta_batch = 0
+        # recovery found users, vhosts and permissions in the log (else the config's seed them)
+        self.definitions_recovered = False
         # per-log release cursors of the last rollover, read back from its snapshot
         self._recovered_cursors: dict[int, int] = {}
         self.entries_per_fsync = Histogram(
@@ -97,6 +108,11 @@ class Durability:
         journaled just before): a restart need not apply it again."""
         self.meta_applied_index = index
         self._meta(["meta_applied", index])
+
+    def definitions_changed(self, entry: list) -> None:
+        """A user, vhost or permission changed (broker/definitions.py); one record."""
+        assert entry[0] in _DEFINITION_RECORDS, f"not a definitions record: {entry[0]!r}"
+        self._meta(entry)
 
     def exchange_declared(self, vhost: "VirtualHost", exchange: Exchange) -> None:
         if exchange.durable:
@@ -172,12 +188,17 @@ class Durability:
         # The cursors go into the snapshot: a segment file may keep dead entries below
         # its log's cursor next to live ones, and recovery must skip those.
         first = records.encode(METADATA_LOG_ID, 0, self.meta_index,
-                               _pack(["snapshot", snapshot, self.next_log_id, cursors, self.meta_applied_index]))
+                               _pack(["snapshot", snapshot, self.next_log_id, cursors, self.meta_applied_index,
+                                      self._definitions()]))
         if self.raft_rollover is not None:
             raft_cursors, raft_records = self.raft_rollover()
             cursors.update(raft_cursors)
             first += raft_records
         return cursors, first
+
+    def _definitions(self) -> dict:
+        assert self.broker is not None, "definitions before the broker was attached"
+        return self.broker.access.definitions(list(self.broker.vhosts))
 
     def _on_batch_written(self, written: BatchWritten) -> None:
         """A batch is durable: its messages' bodies may now be read back from disk
@@ -215,6 +236,10 @@ class Durability:
         self._replay_metadata(broker, scan.metadata)
         for vhost in broker.vhosts.values():
             vhost.journal = self
+        if not self.definitions_recovered:
+            # a fresh node: the config's users, vhosts and permissions are its seed
+            self._meta(["definitions", self._definitions()])
+            self.definitions_recovered = True
         self.queues_by_log = {q.log_id: q for v in broker.vhosts.values() for q in v.queues.values()
                               if q.log_id is not None}
         messages = 0
@@ -239,10 +264,15 @@ class Durability:
         if kind == "meta_applied":
             self.meta_applied_index = max(self.meta_applied_index, entry[1])
             return
+        if kind in _DEFINITION_RECORDS:
+            self._apply_definitions_record(broker, entry)
+            return
         if kind == "snapshot":
             _, snapshot, next_log_id, cursors, *rest = entry
             if rest:
                 self.meta_applied_index = max(self.meta_applied_index, rest[0])
+            if len(rest) > 1:
+                self._apply_definitions_record(broker, ["definitions", rest[1]])
             self.next_log_id = max(self.next_log_id, next_log_id)
             self._recovered_cursors = {int(log_id): cursor for log_id, cursor in cursors.items()}
             for vhost_name, rows in snapshot.items():
@@ -277,6 +307,35 @@ class Durability:
             case _:
                 raise AssertionError(f"unknown metadata record {kind!r}")
 
+    def _apply_definitions_record(self, broker: "Broker", entry: list) -> None:
+        access = broker.access
+        match entry:
+            case ["definitions", definitions]:
+                # the whole set: replaces what the config seeded (and any earlier records)
+                self.definitions_recovered = True
+                access.load(definitions)
+                wanted = definitions["vhosts"]
+                for name in [name for name in broker.vhosts if name not in wanted]:
+                    broker.remove_vhost(name)
+                for name in wanted:
+                    if name not in broker.vhosts:
+                        broker.add_vhost(name).journal = NullJournal()
+            case ["user", name, password_hash, tags]:
+                access.put_user(UserRecord(name, password_hash, tuple(tags)))
+            case ["user_deleted", name]:
+                access.delete_user(name)
+            case ["vhost", name]:
+                if name not in broker.vhosts:
+                    broker.add_vhost(name).journal = NullJournal()
+            case ["vhost_deleted", name]:
+                broker.remove_vhost(name)
+            case ["permission", user, vhost, configure, write, read]:
+                access.set_permission(user, vhost, Permission(configure, write, read))
+            case ["permission_cleared", user, vhost]:
+                access.clear_permission(user, vhost)
+            case _:
+                raise AssertionError(f"malformed definitions record {entry!r}")
+
     def _restore_queue_declaration(self, vhost: "VirtualHost", row: list) -> None:
         name, log_id, auto_delete, arguments, *replicated = row
         if replicated:  # a quorum queue: [group, members]; its Raft group recovers its messages
@@ -302,6 +361,10 @@ class Durability:
     async def close(self) -> None:
         await self.committer.drain()
         self.store.close()
+
+
+_DEFINITION_RECORDS = ("definitions", "user", "user_deleted", "vhost", "vhost_deleted", "permission",
+                       "permission_cleared")
 
 
 def _exchange_row(exchange: Exchange) -> list:

@@ -4,9 +4,12 @@
 prometheus plugin. ``/api/...`` are the management views (GET) and changes
 (POST with a JSON body: quorum queue membership; the reply waits until the
 metadata Raft group has applied the change) of ``broker.management``, as
-JSON, behind HTTP Basic authentication against the configured users, with
-the same loopback rule as AMQP logins. A change refused answers 400/404 (503
-when the metadata group does not commit it in time) with {"error": text}.
+JSON, behind HTTP Basic authentication against the node's users (as AMQP
+logins: the same password hashes and loopback rule); users, vhosts and
+permissions (`management.ADMIN_PATHS`) need the "administrator" tag, else
+403. A change refused answers 400/404 (503 when the metadata group does not
+commit it in time) with {"error": text}. Request bodies (which may hold a
+new password) are never logged.
 """
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import CollectorRegistry
 
 from broker import management
-from broker.auth import AuthenticationError, authenticate
+from broker.auth import ADMINISTRATOR, AuthenticationError, UserRecord, authenticate
 from broker.metrics import BrokerCollector
 
 if TYPE_CHECKING:
@@ -30,7 +33,7 @@ REQUEST_MAX_BYTES = 16384
 REQUEST_TIMEOUT_SECONDS = 10
 # The JSON body of a POST.
 BODY_MAX_BYTES = 65536
-STATUS_LINES = {200: b"200 OK", 400: b"400 Bad Request", 404: b"404 Not Found",
+STATUS_LINES = {200: b"200 OK", 400: b"400 Bad Request", 403: b"403 Forbidden", 404: b"404 Not Found",
                 503: b"503 Service Unavailable"}
 
 Response = tuple[bytes, bytes, bytes, bytes]   # status line, content type, body, extra header lines
@@ -74,8 +77,9 @@ def _respond(broker: "Broker", registry: CollectorRegistry, head: bytes, peer_ho
         if path in management.ACTIONS:
             return b"405 Method Not Allowed", b"text/plain", b"POST only\n", b"\r\nAllow: POST"
         return b"404 Not Found", b"text/plain", b"not found\n", b""
-    if not _authorized(broker, lines[1:], peer_host):
-        return _unauthorized()
+    refused = _refused(broker, path, lines[1:], peer_host)
+    if refused is not None:
+        return refused
     body = json.dumps(view(broker), default=str).encode()
     return b"200 OK", b"application/json", body, b""
 
@@ -93,8 +97,9 @@ async def _respond_post(broker: "Broker", reader: asyncio.StreamReader, head: by
     if length is None or length > BODY_MAX_BYTES:
         return _error(400, f"a JSON body of at most {BODY_MAX_BYTES} bytes, with its Content-Length, is required")
     raw = await asyncio.wait_for(reader.readexactly(length), timeout=REQUEST_TIMEOUT_SECONDS)
-    if not _authorized(broker, lines[1:], peer_host):
-        return _unauthorized()
+    refused = _refused(broker, path, lines[1:], peer_host)
+    if refused is not None:
+        return refused
     try:
         body = json.loads(raw) if raw.strip() else {}
     except ValueError:
@@ -130,21 +135,30 @@ def _unauthorized() -> Response:
             b'\r\nWWW-Authenticate: Basic realm="warren"')
 
 
-def _authorized(broker: "Broker", header_lines: list[bytes], peer_host: str) -> bool:
+def _refused(broker: "Broker", path: str, header_lines: list[bytes], peer_host: str) -> Response | None:
+    """None if the request's user may use `path`, else the 401 or 403 answer."""
+    user = _authorized(broker, header_lines, peer_host)
+    if user is None:
+        return _unauthorized()
+    if path in management.ADMIN_PATHS and ADMINISTRATOR not in user.tags:
+        return _error(403, f"user '{user.name}' is not tagged '{ADMINISTRATOR}'")
+    return None
+
+
+def _authorized(broker: "Broker", header_lines: list[bytes], peer_host: str) -> UserRecord | None:
     for line in header_lines:
         name, _, value = line.partition(b":")
         if name.strip().lower() != b"authorization":
             continue
         scheme, _, encoded = value.strip().partition(b" ")
         if scheme.lower() != b"basic":
-            return False
+            return None
         try:
             user, _, password = base64.b64decode(encoded, validate=True).partition(b":")
         except ValueError:
-            return False
+            return None
         try:
-            authenticate(broker.settings, "PLAIN", b"\0" + user + b"\0" + password, peer_host)
+            return authenticate(broker.access, "PLAIN", b"\0" + user + b"\0" + password, peer_host)
         except AuthenticationError:
-            return False
-        return True
-    return False
+            return None
+    return None

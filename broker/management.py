@@ -5,11 +5,15 @@ under /api/ with HTTP Basic authentication against the configured users.
 
 Changes (`ACTIONS`, served as POST with a JSON body, same authentication)
 are quorum queue membership commands named after rabbitmq-queues':
-add_member, delete_member, grow, shrink, rebalance. They go through the
-metadata Raft group (broker/metadata.py) and answer once it has committed
-and applied them: the members are then changed on every node, and each
-queue's Raft group follows in the background. A change that cannot be made
-raises `ManagementError` (an HTTP status and one line of text).
+add_member, delete_member, grow, shrink, rebalance; and users, vhosts and
+permissions named after rabbitmqctl's (broker/definitions.py): add_user,
+delete_user, change_password, set_user_tags, add_vhost, delete_vhost,
+set_permissions, clear_permissions. They go through the metadata Raft group
+(broker/metadata.py) and answer once it has committed and this node applied
+them: the change is then made on every node (each queue's Raft group follows
+a membership change in the background). A change that cannot be made raises
+`ManagementError` (an HTTP status and one line of text). `ADMIN_PATHS` (the
+users, vhosts and permissions) need a user tagged "administrator".
 """
 from __future__ import annotations
 
@@ -18,6 +22,8 @@ import re
 import time
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
+from broker.auth import hash_password
+from broker.definitions import DefinitionError
 from broker.metadata import MembershipError
 
 if TYPE_CHECKING:
@@ -97,12 +103,29 @@ def connections(broker: "Broker") -> list[dict[str, Any]]:
             for c in broker.connections]
 
 
+def users(broker: "Broker") -> list[dict[str, Any]]:
+    """Names and tags; never a password or its hash."""
+    return [{"user": u.name, "tags": list(u.tags)} for u in broker.access.users.values()]
+
+
+def vhosts(broker: "Broker") -> list[dict[str, Any]]:
+    return [{"name": name} for name in broker.vhosts]
+
+
+def permissions(broker: "Broker") -> list[dict[str, Any]]:
+    return [{"vhost": vhost, "user": user, "configure": p.configure, "write": p.write, "read": p.read}
+            for (user, vhost), p in broker.access.permissions.items()]
+
+
 VIEWS: dict[str, Callable[["Broker"], Any]] = {
     "/api/overview": overview,
     "/api/queues": queues,
     "/api/exchanges": exchanges,
     "/api/bindings": bindings,
     "/api/connections": connections,
+    "/api/users": users,
+    "/api/vhosts": vhosts,
+    "/api/permissions": permissions,
 }
 
 
@@ -298,9 +321,90 @@ async def rebalance(broker: "Broker", body: dict) -> dict[str, Any]:
             "leaders": [{"node": node, "quorum_leaders": count} for node, count in after.items()]}
 
 
+# -- changes: users, vhosts, permissions (broker/definitions.py) ---------------------------
+
+async def _define(broker: "Broker", command: list) -> dict[str, Any]:
+    try:
+        broker.definitions.check(command)
+    except DefinitionError as error:
+        raise ManagementError(error.status, error.text) from None
+    await _commit(broker, command)
+    return {"ok": True}
+
+
+def _password(body: dict) -> str:
+    # the password only ever leaves this function as its salted hash
+    return hash_password(_string(body, "password"))
+
+
+def _tags(body: dict) -> list[str]:
+    tags = body.get("tags", [])
+    if not isinstance(tags, list) or not all(isinstance(tag, str) and tag for tag in tags):
+        raise ManagementError(400, "'tags' must be a list of non-empty strings")
+    return tags
+
+
+async def add_user(broker: "Broker", body: dict) -> dict[str, Any]:
+    """{"name", "password", "tags": []}: rabbitmqctl add_user."""
+    return await _define(broker, ["user_add", _string(body, "name"), _password(body), _tags(body)])
+
+
+async def delete_user(broker: "Broker", body: dict) -> dict[str, Any]:
+    """{"name"}: rabbitmqctl delete_user; the user's connections are closed."""
+    return await _define(broker, ["user_del", _string(body, "name")])
+
+
+async def change_password(broker: "Broker", body: dict) -> dict[str, Any]:
+    """{"name", "password"}: rabbitmqctl change_password."""
+    return await _define(broker, ["user_pw", _string(body, "name"), _password(body)])
+
+
+async def set_user_tags(broker: "Broker", body: dict) -> dict[str, Any]:
+    """{"name", "tags": [...]}: rabbitmqctl set_user_tags."""
+    return await _define(broker, ["user_tags", _string(body, "name"), _tags(body)])
+
+
+async def add_vhost(broker: "Broker", body: dict) -> dict[str, Any]:
+    """{"name"}: rabbitmqctl add_vhost; it has the default exchanges (amq.direct, ...)."""
+    return await _define(broker, ["vhost_add", _string(body, "name")])
+
+
+async def delete_vhost(broker: "Broker", body: dict) -> dict[str, Any]:
+    """{"name"}: rabbitmqctl delete_vhost: its connections closed, its queues and exchanges deleted."""
+    return await _define(broker, ["vhost_del", _string(body, "name")])
+
+
+async def set_permissions(broker: "Broker", body: dict) -> dict[str, Any]:
+    """{"vhost": "/", "user", "configure", "write", "read"}: rabbitmqctl set_permissions."""
+    expressions = []
+    for key in ("configure", "write", "read"):
+        value = body.get(key)
+        if not isinstance(value, str):
+            raise ManagementError(400, f"'{key}' must be a string (a regular expression)")
+        expressions.append(value)
+    return await _define(broker, ["perm_set", _string(body, "user"), _string(body, "vhost", "/"), *expressions])
+
+
+async def clear_permissions(broker: "Broker", body: dict) -> dict[str, Any]:
+    """{"vhost": "/", "user"}: rabbitmqctl clear_permissions."""
+    return await _define(broker, ["perm_clear", _string(body, "user"), _string(body, "vhost", "/")])
+
+
 ACTIONS: dict[str, Callable[["Broker", dict], Awaitable[Any]]] = {
     "/api/queues/members": queue_members,
     "/api/queues/grow": grow,
     "/api/queues/shrink": shrink,
     "/api/queues/rebalance": rebalance,
+    "/api/users/add": add_user,
+    "/api/users/delete": delete_user,
+    "/api/users/password": change_password,
+    "/api/users/tags": set_user_tags,
+    "/api/vhosts/add": add_vhost,
+    "/api/vhosts/delete": delete_vhost,
+    "/api/permissions/set": set_permissions,
+    "/api/permissions/clear": clear_permissions,
 }
+# users, vhosts and permissions: seen and changed only by users tagged "administrator"
+ADMIN_PATHS = frozenset({"/api/users", "/api/permissions"} |
+                        {path for path in ACTIONS if path.startswith(("/api/users/", "/api/vhosts/",
+                                                                      "/api/permissions/"))})

@@ -14,6 +14,8 @@ name], ["xdecl", vhost, name, type, auto_delete, internal, arguments],
 ["xdel", vhost, name, if_unused], ["bind" | "unbind", vhost, source,
 destination kind, destination, routing_key, arguments, class_id, method_id].
 An apply that fails answers [reply_code, reply_text, class_id, method_id].
+Users, vhosts and permissions are commands of this group too; their
+handlers are in broker/definitions.py.
 
 Quorum queue membership (warrenctl add_member, delete_member, grow, shrink,
 rebalance; broker/management.py). The metadata group holds each queue's
@@ -115,7 +117,7 @@ class Metadata:
             "qmembers": self._apply_members, "qrelease": self._apply_release,
             "qleaving": self._apply_leaving, "qlead": self._apply_lead,
         }
-        cluster.meta_handlers.update({kind: self._answering_index(handler) for kind, handler in handlers.items()})
+        cluster.meta_handlers.update({kind: self.answering_index(handler) for kind, handler in handlers.items()})
         # (index, on_done, result): answers that came from the group's leader before this node applied the index
         self._awaiting_local_apply: list[tuple[int, Callable[[Any], None], Any]] = []
         # group -> nodes removed from its members that may still hold a replica
@@ -136,7 +138,7 @@ class Metadata:
         before this node: then the answer waits here)."""
         self.cluster.submit(META, _pack(command), lambda answer: self._on_answer(answer, on_done))
 
-    def _answering_index(self, handler: Callable[[list, int], Any]) -> Callable[[list, int], Any]:
+    def answering_index(self, handler: Callable[[list, int], Any]) -> Callable[[list, int], Any]:
         def apply(command: list, index: int) -> Any:
             result = handler(command, index)
             if self._awaiting_local_apply:
@@ -213,6 +215,10 @@ class Metadata:
         queue = vhost.queues.get(name) if vhost is not None else None
         if not isinstance(queue, QuorumQueue):
             return None
+        return self.drop_queue(vhost, queue)
+
+    def drop_queue(self, vhost: "VirtualHost", queue: QuorumQueue) -> int:
+        """Delete a replicated queue here (its replica too); its message count."""
         count = queue.message_count
         vhost.delete_queue_now(queue)
         self.cluster.queues.pop(queue.group, None)

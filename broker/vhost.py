@@ -155,9 +155,12 @@ class VirtualHost:
                 "does not match that of the original declaration.", class_id, method_id)
 
     def declare_queue(self, method: spec.Queue.Declare, owner: Hashable,
-                      replicate: Callable[[str, dict], bool] | None = None) -> Queue | None:
+                      replicate: Callable[[str, dict], bool] | None = None,
+                      authorize: Callable[[str], None] | None = None) -> Queue | None:
         """The queue; or None when a new quorum (or replicable durable) queue was
-        taken by `replicate(name, arguments)` (the metadata group creates it)."""
+        taken by `replicate(name, arguments)` (the metadata group creates it).
+        `authorize(name)` raises if the user may not configure the queue (called,
+        as RabbitMQ does, once a server-named queue has its name)."""
         name = method.queue
         arguments = dict(method.arguments or {})
         if method.passive:
@@ -166,6 +169,8 @@ class VirtualHost:
             raise ChannelError(ACCESS_REFUSED, f"queue name '{name}' contains reserved prefix 'amq.*'", 50, 10)
         if not name:
             name = "amq.gen-" + secrets.token_urlsafe(16)
+        if authorize is not None:
+            authorize(name)
         queue_arguments.validate_queue_arguments(arguments, name, self.name)
         existing = self.queues.get(name)
         if existing is not None:

@@ -6,11 +6,12 @@ with a message that names the field (``load_settings`` raises ConfigError).
 """
 from __future__ import annotations
 
+import base64
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator
+from pydantic import BaseModel, Field, SecretStr, ValidationError, ValidationInfo, field_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -24,11 +25,37 @@ class ConfigError(Exception):
 
 
 class User(BaseModel):
+    """A user a fresh node starts with (see broker/auth.py and README "Users")."""
+
     name: str = Field(min_length=1)
-    password: SecretStr
+    # Instead of `password`: RabbitMQ's rabbit_password_hashing_sha256 hash (base64 of a
+    # 4-byte salt and sha256(salt + password)), so that the config holds no clear password.
+    password_hash: str | None = None
+    password: SecretStr | None = Field(None, validate_default=True)
     # vhosts this user may use; RabbitMQ's ".*" configure/write/read per vhost.
     vhosts: list[str] = ["/"]
+    # "administrator" may change users, vhosts and permissions with warrenctl.
     tags: list[str] = []
+
+    @field_validator("password_hash")
+    @classmethod
+    def _hash_form(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        try:
+            valid = len(base64.b64decode(value, validate=True)) == 36
+        except ValueError:
+            valid = False
+        if not valid:
+            raise ValueError("not a base64 salted SHA-256 hash (4-byte salt + 32-byte digest)")
+        return value
+
+    @field_validator("password")
+    @classmethod
+    def _one_password(cls, value: SecretStr | None, info: ValidationInfo) -> SecretStr | None:
+        if (value is None) == (info.data.get("password_hash") is None):
+            raise ValueError("a user needs exactly one of password and password_hash")
+        return value
 
 
 class ClusterNode(BaseModel):
@@ -54,7 +81,10 @@ class Settings(BaseSettings):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["json", "console"] = "json"
 
-    users: list[User] = [User(name="guest", password=SecretStr("guest"))]
+    # The users, vhosts and permissions a fresh node starts with (RabbitMQ's default user
+    # and load_definitions); after the first start they live in the metadata log and
+    # change with warrenctl (README "Users and vhosts").
+    users: list[User] = [User(name="guest", password=SecretStr("guest"), tags=["administrator"])]
     # Users that may only connect from loopback (RabbitMQ's loopback_users).
     loopback_users: list[str] = ["guest"]
     vhosts: list[str] = ["/"]
