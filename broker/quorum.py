@@ -223,6 +223,10 @@ class QuorumQueue(Queue):
         # What the old leader delivered may not have arrived: send it all again
         # (consumers drop sequences they have seen).
         self.perform(self.machine.checked_out_deliveries())
+        # This node is up as its current incarnation: what its channels of an earlier
+        # one (before a kill -9) held goes back; no other node says so for a group it
+        # is alone in.
+        self.cluster.submit(self.group, qm.encode_node_up(self.cluster.node, self.cluster.incarnation, _now_ms()))
         for peer in list(self.cluster.down_since):
             self.cluster.submit(self.group, qm.encode_node_down(peer, _now_ms()))
         for peer, incarnation in self.cluster.peer_incarnations.items():

@@ -141,3 +141,32 @@ def test_an_unused_quorum_queue_expires(server, name):
             probe.close()
             assert time.monotonic() < deadline, f"{name} with x-expires 300 ms still exists after 20 s"
             connection.sleep(0.1)  # polling for the deletion with a deadline
+
+
+def test_unacked_messages_come_back_after_kill_9(tmp_path):
+    """The channel holding them died with the node: the restarted node, leading
+    the queue alone, returns what its earlier incarnation's channels held."""
+    server = make_server(tmp_path).start()
+    try:
+        connection = pika.BlockingConnection(pika.URLParameters(server.url))
+        channel = connection.channel()
+        declare(channel, "held")
+        publish_confirmed(channel, "held", [b"m%d" % i for i in range(5)])
+        held = [channel.basic_get("held", auto_ack=False)[2] for _ in range(2)]
+        assert held == [b"m0", b"m1"]
+        server.stop(signal.SIGKILL)
+        server.start()
+        with pika.BlockingConnection(pika.URLParameters(server.url)) as connection:
+            channel = connection.channel()
+            back = []
+            deadline = time.monotonic() + 10
+            while len(back) < 5 and time.monotonic() < deadline:
+                method, _, body = channel.basic_get("held", auto_ack=True)
+                if method is None:
+                    connection.process_data_events(time_limit=0.05)   # the return is a Raft command
+                    continue
+                back.append(body)
+            assert sorted(back) == [b"m%d" % i for i in range(5)], \
+                f"after the restart only {back} came back: the killed channel's messages stayed checked out"
+    finally:
+        server.stop()
