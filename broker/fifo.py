@@ -24,7 +24,7 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Hashable
+from typing import Any, Callable, Hashable
 
 DROP_HEAD = "drop-head"
 REJECT_PUBLISH = "reject-publish"
@@ -282,6 +282,24 @@ def restore(state: FifoState, messages: list[tuple[int, Any, int]], priorities: 
             state.message_priorities[msg_id] = min(priority, max_priority)
     state.returns.extend(_heap_key(state, msg_id) for msg_id, _, _ in messages)
     heapq.heapify(state.returns)
+
+
+def drop_ready(state: FifoState, doomed: Callable[[Any], bool]) -> int:
+    """Remove every ready message whose payload is `doomed` (a restarted
+    node's transient messages); checked-out ones stay with their consumers.
+    Returns how many went."""
+    gone = [msg_id for msg_id in state.ready if doomed(state.messages[msg_id][0])]
+    gone += [key & MSG_ID_MASK for key in state.returns if doomed(state.messages[key & MSG_ID_MASK][0])]
+    if not gone:
+        return 0
+    doomed_ids = set(gone)
+    state.ready = deque(msg_id for msg_id in state.ready if msg_id not in doomed_ids)
+    state.returns = [key for key in state.returns if key & MSG_ID_MASK not in doomed_ids]
+    heapq.heapify(state.returns)
+    for msg_id in gone:
+        state.ready_bytes -= state.messages[msg_id][1]
+        _forget(state, msg_id)
+    return len(gone)
 
 
 def _would_overflow(state: FifoState, size: int) -> bool:

@@ -49,8 +49,11 @@ HELD_DELIVERIES_MAX = 10_000
 ENQUEUE_BATCH_MAX = 1024
 # Commands that count as using the queue for x-expires (as RabbitMQ: consumers, basic.get)
 USE_OPS = frozenset({qm.CHECKOUT, qm.CANCEL, qm.DEQUEUE})
-# Entries between snapshots at least (more when the queue holds many messages).
+# Entries, or bytes of entries, between snapshots at least (more when the queue
+# holds many messages).
 SNAPSHOT_ENTRIES_MIN = 4096
+SNAPSHOT_BYTES_MIN = 512 * 1024
+SNAPSHOT_BYTES_PER_MESSAGE = 64
 
 
 def _now_ms() -> int:
@@ -98,9 +101,11 @@ class QuorumQueue(Queue):
         self.requests = itertools.count(1)
         self.gone_handled: set[str] = set()
         self.applied_since_snapshot = 0
+        self.bytes_since_snapshot = 0
         self.truncation = qm.ReleaseCursor()
         self._recent_enqueue: tuple[int, list] | None = None   # (index, command): payload_of's cache
         self.expiring = False   # its x-expires deletion was submitted
+        self.transient_dropped = False   # DROP_TRANSIENT proposed in this incarnation
 
     # -- the replica ---------------------------------------------------------------
     def apply_entry(self, entry: "Entry", leading: bool) -> Any:
@@ -119,13 +124,18 @@ class QuorumQueue(Queue):
         if leading and effects:
             self.perform(effects)
         self.applied_since_snapshot += 1
-        if (self.applied_since_snapshot >= max(SNAPSHOT_ENTRIES_MIN, 2 * len(self.state.messages))
+        self.bytes_since_snapshot += len(entry.data)
+        held = len(self.state.messages)
+        if (self.applied_since_snapshot >= max(SNAPSHOT_ENTRIES_MIN, 2 * held)
+                or self.bytes_since_snapshot >= max(SNAPSHOT_BYTES_MIN, SNAPSHOT_BYTES_PER_MESSAGE * held)
                 or (self.truncation.candidates and not self.state.messages)):
-            # Amortised: a snapshot costs O(messages held) and comes after at least twice as
-            # many entries, so the log in memory and on disk stays within a constant of the state
-            # (once the release cursor can move: the oldest message kept holds the log after it).
-            # A queue that drained while a candidate waits is offered at once (it is cheap then).
+            # Amortised: a snapshot costs O(messages held) (a few tens of bytes each) and comes
+            # after at least twice as many entries or many times its size in log bytes, so the
+            # log in memory and on disk stays within a constant of the state (once the release
+            # cursor can move: the oldest message kept holds the log after it). A queue that
+            # drained while a candidate waits is offered at once (it is cheap then).
             self.applied_since_snapshot = 0
+            self.bytes_since_snapshot = 0
             compactable = self.truncation.offer(entry.index, self.machine)
             if compactable is not None:
                 self.cluster.runtime.compact(self.group, *compactable)
@@ -135,6 +145,7 @@ class QuorumQueue(Queue):
         self.machine = qm.QuorumMachine.restore(snapshot.data)
         self.state = self.machine.state
         self.applied_since_snapshot = 0
+        self.bytes_since_snapshot = 0
         self.truncation.reset()
 
     def payload_of(self, payload: Any) -> tuple | None:
@@ -144,7 +155,7 @@ class QuorumQueue(Queue):
         message that a later committed entry settles (`qm.ReleaseCursor`)."""
         if type(payload) is not int:
             return payload
-        index, slot = divmod(payload, qm.REF_SLOTS)
+        index, slot = qm.ref_location(payload)
         recent = self._recent_enqueue
         if recent is not None and recent[0] == index:
             command = recent[1]
@@ -227,6 +238,11 @@ class QuorumQueue(Queue):
         # one (before a kill -9) held goes back; no other node says so for a group it
         # is alone in.
         self.cluster.submit(self.group, qm.encode_node_up(self.cluster.node, self.cluster.incarnation, _now_ms()))
+        if self.queue_type == "classic" and not self.transient_dropped:
+            # A classic queue leads on its declaring node only: leading anew means that node
+            # (re)started, and a durable classic queue loses its transient messages then.
+            self.transient_dropped = True
+            self.cluster.submit(self.group, qm.encode_drop_transient(_now_ms()))
         for peer in list(self.cluster.down_since):
             self.cluster.submit(self.group, qm.encode_node_down(peer, _now_ms()))
         for peer, incarnation in self.cluster.peer_incarnations.items():

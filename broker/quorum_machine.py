@@ -52,6 +52,7 @@ from typing import Any
 import msgpack
 
 from broker import fifo
+from protocol import codec
 
 
 # -- opcodes (the first element of every command) ------------------------------------
@@ -72,15 +73,19 @@ class Op(IntEnum):
     TICK = 14        # [op, now_ms]
     # One channel's publishes of one event-loop turn: seqs first_seq, first_seq + 1, ...
     ENQUEUE_BATCH = 15   # [op, enqueuer, first_seq, now_ms, [[exchange, routing_key, properties, body, ttl_ms, priority], ...]]
+    # A classic queue's node restarted: its ready transient messages go (RabbitMQ's classic queues)
+    DROP_TRANSIENT = 16  # [op, now_ms]
 
 
 (ENQUEUE, CHECKOUT, CANCEL, SETTLE, RETURN, DISCARD, SUSPEND, DEQUEUE, PURGE, DOWN, NODE_DOWN, NODE_UP,
- NODE_GONE, TICK, ENQUEUE_BATCH) = (int(op) for op in Op)
+ NODE_GONE, TICK, ENQUEUE_BATCH, DROP_TRANSIENT) = (int(op) for op in Op)
 
 ARITY = {ENQUEUE: 10, CHECKOUT: 8, CANCEL: 4, SETTLE: 5, RETURN: 5, DISCARD: 5, SUSPEND: 5,
-         DEQUEUE: 5, PURGE: 4, DOWN: 3, NODE_DOWN: 3, NODE_UP: 4, NODE_GONE: 3, TICK: 2, ENQUEUE_BATCH: 5}
+         DEQUEUE: 5, PURGE: 4, DOWN: 3, NODE_DOWN: 3, NODE_UP: 4, NODE_GONE: 3, TICK: 2, ENQUEUE_BATCH: 5,
+         DROP_TRANSIENT: 2}
 # Where each command carries now_ms.
-TIME_FIELD = {ENQUEUE: 3, ENQUEUE_BATCH: 3, NODE_UP: 3, DOWN: 2, NODE_DOWN: 2, NODE_GONE: 2, TICK: 1}
+TIME_FIELD = {ENQUEUE: 3, ENQUEUE_BATCH: 3, NODE_UP: 3, DOWN: 2, NODE_DOWN: 2, NODE_GONE: 2, TICK: 1,
+              DROP_TRANSIENT: 1}
 TIME_FIELD_DEFAULT = 3
 
 # Out-of-order enqueues held per enqueuer; beyond it they are dropped (the sender resends).
@@ -89,7 +94,8 @@ HOLD_MAX = 4096
 RETIRED_MAX = 16
 SNAPSHOT_VERSION = 2
 # A message reference: index * REF_SLOTS + its position in the entry (an
-# ENQUEUE_BATCH carries at most REF_SLOTS messages).
+# ENQUEUE_BATCH carries at most REF_SLOTS messages), negated minus one for a
+# transient message (delivery_mode != 2): see `ref_location`.
 REF_SLOTS = 1 << 16
 
 
@@ -137,6 +143,23 @@ def decode(data: bytes) -> list:
     command = msgpack.unpackb(data, raw=False)
     assert isinstance(command, list) and command, "a command is a non-empty list"
     return command
+
+
+def ref_location(ref: int) -> tuple[int, int]:
+    """(log index, position in the entry) of a message reference."""
+    return divmod(ref if ref >= 0 else -ref - 1, REF_SLOTS)
+
+
+def is_transient(payload: Any) -> bool:
+    """A message kept as a reference or inline: not delivery_mode 2?"""
+    if type(payload) is int:
+        return payload < 0
+    return not _persistent(payload[2])
+
+
+def _persistent(properties: bytes) -> bool:
+    # the channel checked the properties at publish; fewer than 2 bytes: no flags (tests)
+    return len(properties) >= 2 and codec.is_persistent(properties)
 
 
 def message_payload(command: list, slot: int) -> tuple:
@@ -211,6 +234,10 @@ def encode_node_up(node: str, incarnation: str, now_ms: int) -> bytes:
 
 def encode_node_gone(node: str, now_ms: int) -> bytes:
     return _pack([NODE_GONE, node, now_ms])
+
+
+def encode_drop_transient(now_ms: int) -> bytes:
+    return _pack([DROP_TRANSIENT, now_ms])
 
 
 def encode_tick(now_ms: int) -> bytes:
@@ -303,7 +330,7 @@ class QuorumMachine:
         for the shell's occasional snapshot decisions."""
         refs = [payload for payload, _ in self._fifo.messages.values() if type(payload) is int]
         refs += [m[1] for session in self._sessions.values() for m in session.held.values() if type(m[1]) is int]
-        return min(refs) // REF_SLOTS if refs else None
+        return min(ref_location(ref)[0] for ref in refs) if refs else None
 
     def checked_out_deliveries(self) -> list[Delivery]:
         """Every delivery not settled or returned yet, with its original seq:
@@ -371,6 +398,8 @@ class QuorumMachine:
                 reply = self._on_node_gone(command, effects)
             case Op.TICK:
                 reply = self._fifo_apply(_time(command), fifo.Tick(), effects)
+            case Op.DROP_TRANSIENT:
+                reply = fifo.drop_ready(self._fifo, is_transient)
             case _:
                 raise AssertionError(f"unknown opcode {op!r}")
         return reply, effects
@@ -428,6 +457,8 @@ class QuorumMachine:
         else:
             assert slot < REF_SLOTS, f"an entry names at most {REF_SLOTS} messages"
             payload = self._index * REF_SLOTS + slot
+            if not _persistent(properties):
+                payload = -payload - 1
         return [now_ms, payload, len(body), ttl_ms, priority]
 
     def _on_enqueue(self, enqueuer: str, seq: int, message: list, effects: list) -> list[Applied]:

@@ -254,7 +254,7 @@ class QueueSimulation(Simulation):
     def body_of(self, node: SimNode, delivery: qm.Delivery) -> bytes | None:
         """The delivered message's body, read through its reference from the
         node's log; None if the log no longer has that entry."""
-        index, slot = divmod(delivery.payload, qm.REF_SLOTS)
+        index, slot = qm.ref_location(delivery.payload)
         raft_log = node.raft.log
         if not raft_log.snapshot_index < index <= raft_log.last_index():
             return None

@@ -107,6 +107,7 @@ def test_opcodes_are_distinct_ints_and_every_command_round_trips():
         qm.encode_tick(5): [qm.TICK, 5],
         qm.encode_enqueue_batch(P1, 3, 5, [["ex", "rk", b"p", b"b", None, 0]]):
             [qm.ENQUEUE_BATCH, P1, 3, 5, [["ex", "rk", b"p", b"b", None, 0]]],
+        qm.encode_drop_transient(5): [qm.DROP_TRANSIENT, 5],
     }
     for data, expected in commands.items():
         assert isinstance(data, bytes)
@@ -688,8 +689,8 @@ def test_with_log_indexes_messages_are_references_into_the_log():
     assert machine.oldest_ref_index() == 1
     _, effects = apply(3, qm.encode_checkout(*C1, 7, 10))
     refs = [d.payload for d in deliveries(effects)]
-    assert refs == [1 * qm.REF_SLOTS, 2 * qm.REF_SLOTS, 2 * qm.REF_SLOTS + 1], refs
-    bodies_read = [qm.message_payload(qm.decode(log[ref // qm.REF_SLOTS]), ref % qm.REF_SLOTS)[3] for ref in refs]
+    assert [qm.ref_location(ref) for ref in refs] == [(1, 0), (2, 0), (2, 1)], refs
+    bodies_read = [qm.message_payload(qm.decode(log[index]), slot)[3] for index, slot in map(qm.ref_location, refs)]
     assert bodies_read == [b"one", b"two", b"three"]
     # a snapshot keeps references, not bodies
     assert b"three" not in machine.snapshot()
@@ -709,7 +710,7 @@ def test_a_held_enqueue_refers_to_the_entry_it_came_in():
     assert machine.oldest_ref_index() == 2, "the held enqueue of entry 2 still needs it"
     restored = QuorumMachine.restore(machine.snapshot())
     _, effects = restored.apply(qm.decode(qm.encode_enqueue(P1, 2, 8, "", "q", b"", b"two")), 5)
-    assert [d.payload // qm.REF_SLOTS for d in deliveries(effects)] == [5, 2]
+    assert [qm.ref_location(d.payload)[0] for d in deliveries(effects)] == [5, 2]
 
 
 def test_the_release_cursor_promotes_a_candidate_once_nothing_refers_below_it():
@@ -748,3 +749,17 @@ def test_a_resent_basic_get_gets_the_same_answer_not_a_second_message():
     assert later.payload[3] == b"second"
     replica.run(qm.encode_down(owner, 100))
     assert owner not in replica.machine._gets
+
+
+def test_drop_transient_removes_ready_transient_messages_only():
+    machine = QuorumMachine()
+    persistent = b"\x10\x00\x02"   # content properties: delivery_mode 2
+    assert qm.is_transient(0) is False and qm.is_transient(-1) is True
+    machine.apply(qm.decode(qm.encode_enqueue(P1, 1, 5, "", "q", persistent, b"keep")), 1)
+    machine.apply(qm.decode(qm.encode_enqueue(P1, 2, 5, "", "q", b"\x00\x00", b"drop")), 2)
+    machine.apply(qm.decode(qm.encode_enqueue(P1, 3, 5, "", "q", b"\x00\x00", b"held")), 3)
+    _, effects = machine.apply(qm.decode(qm.encode_checkout(*C1, 6, 1)), 4)   # takes "keep"
+    machine.apply(qm.decode(qm.encode_settle(*C1, 7, [1])), 5)                 # takes "drop"
+    assert machine.apply(qm.decode(qm.encode_drop_transient(8)), 6)[0] == 1, "only the ready transient one"
+    assert machine.ready_count == 0 and machine.unacked_count == 1
+    assert machine.oldest_ref_index() == 2, "the checked-out transient message (entry 2) stays"
