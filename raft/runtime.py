@@ -348,18 +348,19 @@ class RaftRuntime:
 
     def entry_data(self, group_id: GroupId, index: int) -> bytes | None:
         """The data of the group's entry at `index`: from memory, or read
-        back from the WAL or a segment; None if this node no longer has it
-        (compacted away) or does not host the group."""
+        back from the WAL or a segment; None if it is not in the group's log
+        here (compacted away, not yet received) or the group is not hosted."""
         storage = self.groups.get(group_id)
         if storage is None or self.system is None:
             return None
         raft_log = self.system.groups[group_id].raft.log
-        if raft_log.snapshot_index < index <= raft_log.last_index():
-            data = raft_log.entries[index - raft_log.snapshot_index - 1].data
-            if data is not None:
-                return data
-        location = storage.locations.get(index)
-        return self.read_entry(location) if location is not None else None
+        if not raft_log.snapshot_index < index <= raft_log.last_index():
+            # Outside the log, a noted location may be of an entry a leader's snapshot replaced.
+            return None
+        data = raft_log.entries[index - raft_log.snapshot_index - 1].data
+        if data is not None:
+            return data
+        return self.read_entry(storage.locations[index])   # evicted entries are stable: located
 
     def leader_of(self, group_id: GroupId) -> str | None:
         """The leader this node knows of, None if none or not hosted here."""
