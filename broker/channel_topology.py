@@ -156,13 +156,12 @@ class TopologyMethods:
     def _declare_quorum_queue(self, method: spec.Queue.Declare, name: str, arguments: dict) -> bool:
         """Have the metadata group create the queue; False: not replicated, make it here.
         A quorum queue always is; so is a durable classic queue (not exclusive, not
-        auto-delete, no x-expires), on a single node too: the same machine on a Raft
-        group of one on this node, reachable from every node."""
+        auto-delete), on a single node too: the same machine on a Raft group of one
+        on this node, reachable from every node."""
         cluster = self.broker.cluster
         if arguments.get("x-queue-type") == "quorum":
             members = cluster.place_members(arguments.get("x-quorum-initial-group-size"))
-        elif (arguments.get("x-queue-type", "classic") == "classic"
-              and "x-expires" not in arguments):
+        elif arguments.get("x-queue-type", "classic") == "classic":
             members = [cluster.node]
         else:
             return False

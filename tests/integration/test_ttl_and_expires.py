@@ -79,11 +79,14 @@ def test_invalid_expiration_is_refused(fast_server, name):
     connection.close()
 
 
-def test_unused_queue_expires_but_not_while_consumed(fast_server, name):
+@pytest.mark.parametrize("durable", [False, True], ids=["transient", "durable-raft-group"])
+def test_unused_queue_expires_but_not_while_consumed(fast_server, name, durable):
+    """A durable classic queue is a Raft group of one: its leader expires it
+    through the metadata group."""
     connection = pika.BlockingConnection(pika.URLParameters(fast_server.url))
     channel = connection.channel()
-    channel.queue_declare(name + "-idle", arguments={"x-expires": 300})
-    channel.queue_declare(name + "-used", arguments={"x-expires": 300})
+    channel.queue_declare(name + "-idle", durable=durable, arguments={"x-expires": 300})
+    channel.queue_declare(name + "-used", durable=durable, arguments={"x-expires": 300})
     tag = channel.basic_consume(name + "-used", lambda *args: None)
 
     def gone(queue: str) -> bool:
