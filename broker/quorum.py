@@ -150,7 +150,7 @@ class QuorumQueue(Queue):
 
     def payload_of(self, payload: Any) -> tuple | None:
         """A message's (exchange, routing_key, properties, body): the machine
-        keeps a reference into the Raft log (`qm.message_ref`), read back from
+        keeps a reference into the Raft log (`qm.ref_location`), read back from
         the log in memory or on disk. None when the entry is gone: only for a
         message that a later committed entry settles (`qm.ReleaseCursor`)."""
         if type(payload) is not int:

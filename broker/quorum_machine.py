@@ -354,7 +354,7 @@ class QuorumMachine:
     def apply(self, command: list, index: int | None = None) -> tuple[Any, list]:
         """Apply one committed command; `index` is its Raft log index. With
         an index, messages are kept as references into the log (see
-        `message_ref`), without one (unit tests) with their payloads."""
+        `ref_location`), without one (unit tests) with their payloads."""
         self._index = index
         op = command[0]
         assert len(command) == ARITY.get(op, -1), f"malformed command {command!r}"
@@ -578,12 +578,18 @@ class QuorumMachine:
         self._retire(node, incarnation)
         dead = self._owners_on(node, lambda inc: inc != incarnation)
         self._down_owners(command, dead, effects)
+        self._forget_gets(node, lambda inc: inc != incarnation)
         for enqueuer in [e for e in self._sessions if owner_node(e) == node and owner_incarnation(e) != incarnation]:
             del self._sessions[enqueuer]
         for consumer in [c for c in self._suspected if owner_node(c[0]) == node]:
             active = self._suspected.pop(consumer)
             self._fifo_apply(_time(command), fifo.Suspend(consumer, active), effects, [consumer])
         return dead
+
+    def _forget_gets(self, node: str, dead) -> None:
+        """The basic.get answers kept for channels of the node's dead incarnations."""
+        for owner in [o for o in self._gets if owner_node(o) == node and dead(owner_incarnation(o))]:
+            del self._gets[owner]
 
     def _retire(self, node: str, incarnation: str) -> None:
         """Every other incarnation of the node that this queue knows of is dead.
@@ -612,8 +618,10 @@ class QuorumMachine:
         incarnations = self._suspected_nodes.pop(node, None)
         if incarnations is None:
             owners = self._owners_on(node)
+            self._forget_gets(node, lambda inc: True)
         else:
             owners = self._owners_on(node, lambda inc: inc in incarnations)
+            self._forget_gets(node, lambda inc: inc in incarnations)
         self._down_owners(command, owners, effects)
         return owners
 

@@ -749,6 +749,9 @@ def test_a_resent_basic_get_gets_the_same_answer_not_a_second_message():
     assert later.payload[3] == b"second"
     replica.run(qm.encode_down(owner, 100))
     assert owner not in replica.machine._gets
+    replica.run(qm.encode_dequeue(owner, 9, 100, True))
+    replica.run(qm.encode_node_up("n1", "i2", 100))   # n1 restarted: the channel of i1 is dead
+    assert owner not in replica.machine._gets
 
 
 def test_drop_transient_removes_ready_transient_messages_only():
