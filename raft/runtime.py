@@ -537,6 +537,7 @@ class RaftRuntime:
         assert storage.snapshot is None or snapshot.index > storage.snapshot.index
         self.committer.append(snapshot_record(storage.log_id, snapshot))
         storage.snapshot = snapshot
+        storage.prune_locations()   # O(the log after the snapshot), amortised by the snapshot period
 
     def run_deferred_compactions(self) -> None:
         """The `compact` calls made inside `apply`, now that the turn's
