@@ -1,9 +1,12 @@
 """Users, vhosts and permissions changed at runtime with warrenctl, against real nodes."""
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import signal
 import socket
+import shutil
 import subprocess
 import sys
 
@@ -240,17 +243,67 @@ def _non_loopback_address() -> str | None:
     return None if address.startswith("127.") else address
 
 
-def test_guest_is_refused_from_a_non_loopback_address_but_runtime_users_are_not(tmp_path):
+NETNS = "warren-users-test"
+_LOGIN = """
+import sys, pika
+host, port, user, password = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+try:
+    pika.BlockingConnection(pika.ConnectionParameters(
+        host, port, "/", pika.PlainCredentials(user, password), connection_attempts=1, socket_timeout=10)).close()
+    print("accepted")
+except pika.exceptions.ProbableAuthenticationError:
+    print("refused")
+"""
+
+
+@contextlib.contextmanager
+def _remote_client():
+    """(the server's address as the client sees it, the command prefix that runs
+    the client there): as root, a network namespace of this test's own joined to
+    this one by a veth pair, so the broker sees a non-loopback peer on any
+    machine; else this machine's own non-loopback address."""
+    ip = shutil.which("ip")
+    if os.geteuid() == 0 and ip is not None:
+        def run(*args: str) -> None:
+            subprocess.run([ip, *args], check=True, capture_output=True, timeout=10)
+        subprocess.run([ip, "netns", "del", NETNS], capture_output=True, timeout=10)   # a leftover
+        subprocess.run([ip, "link", "del", "wusr0"], capture_output=True, timeout=10)
+        run("netns", "add", NETNS)
+        try:
+            run("link", "add", "wusr0", "type", "veth", "peer", "name", "wusr1")
+            run("link", "set", "wusr1", "netns", NETNS)
+            run("addr", "add", "10.231.7.1/30", "dev", "wusr0")
+            run("link", "set", "wusr0", "up")
+            run("netns", "exec", NETNS, "ip", "addr", "add", "10.231.7.2/30", "dev", "wusr1")
+            run("netns", "exec", NETNS, "ip", "link", "set", "wusr1", "up")
+            run("netns", "exec", NETNS, "ip", "link", "set", "lo", "up")   # pika's loop wakes itself over it
+            yield "10.231.7.1", [ip, "netns", "exec", NETNS]
+        finally:
+            subprocess.run([ip, "link", "del", "wusr0"], capture_output=True, timeout=10)
+            subprocess.run([ip, "netns", "del", NETNS], capture_output=True, timeout=10)
+        return
     address = _non_loopback_address()
     if address is None:
-        pytest.skip("this machine has no non-loopback IPv4 address")
+        pytest.skip("neither root (for a network namespace) nor a non-loopback IPv4 address here")
+    yield address, []
+
+
+def _login_from(prefix: list[str], address: str, server, user: str, password: str) -> str:
+    done = subprocess.run([*prefix, sys.executable, "-c", _LOGIN, address, str(server.amqp_port), user, password],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, f"the remote client failed: {done.stderr}"
+    return done.stdout.strip()
+
+
+def test_guest_is_refused_from_a_non_loopback_address_but_runtime_users_are_not(tmp_path):
     server = make_server(tmp_path, WARREN_AMQP_HOST="0.0.0.0").start()
     try:
         ok(server, "add_user", "frank", "f-pw")
         ok(server, "set_permissions", "frank", ".*", ".*", ".*")
-        with pytest.raises(pika.exceptions.ProbableAuthenticationError):
-            connect(server, "guest", "guest", host=address)
-        connect(server, "frank", "f-pw", host=address).close()
+        with _remote_client() as (address, prefix):
+            assert _login_from(prefix, address, server, "guest", "guest") == "refused", \
+                "guest logged in from a non-loopback address"
+            assert _login_from(prefix, address, server, "frank", "f-pw") == "accepted"
         connect(server, "guest", "guest").close()
     finally:
         server.stop()
