@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import structlog
 
 from broker.auth import Permission, UserRecord, check_expression, valid_password_hash
+from broker.metadata import ChangeRefused
 from broker.quorum import QuorumQueue
 
 if TYPE_CHECKING:
@@ -40,16 +41,8 @@ if TYPE_CHECKING:
 log = structlog.get_logger("warren.definitions")
 
 
-class DefinitionError(Exception):
-    """A change that cannot be made: an HTTP status and rabbitmqctl's words."""
-
-    def __init__(self, status: int, text: str) -> None:
-        super().__init__(text)
-        self.status = status
-        self.text = text
-
-    def reply(self) -> dict:
-        return {"error": self.text, "status": self.status}
+class DefinitionError(ChangeRefused):
+    """A user, vhost or permission change that cannot be made (rabbitmqctl's words)."""
 
 
 def no_such_user(name: str) -> DefinitionError:

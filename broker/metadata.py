@@ -80,8 +80,8 @@ LEAVING_ANNOUNCE_MAX_SECONDS = 60.0
 APPLIED_AT = "@"
 
 
-class MembershipError(Exception):
-    """A membership change that cannot be made: an HTTP status and one line of text."""
+class ChangeRefused(Exception):
+    """A metadata change that cannot be made: an HTTP status and one line of text."""
 
     def __init__(self, status: int, text: str) -> None:
         super().__init__(text)
@@ -90,6 +90,10 @@ class MembershipError(Exception):
 
     def reply(self) -> dict:
         return {"error": self.text, "status": self.status}
+
+
+class MembershipError(ChangeRefused):
+    """A quorum queue membership change that cannot be made."""
 
 
 def _pack(value: Any) -> bytes:
