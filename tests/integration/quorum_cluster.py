@@ -40,15 +40,19 @@ def queue_view(server: ServerProcess, name: str) -> dict | None:
         return None
 
 
-def start_cluster(tmp_path, gone_seconds: float = 3.0) -> dict[str, ServerProcess]:
-    ports = {name: free_port() for name in NAMES}
+def start_nodes(tmp_path, names: list[str], secrets: dict[str, str], **env: str) -> dict[str, ServerProcess]:
+    """One server per name, each listing all of them as its cluster, with its own secret."""
+    ports = {name: free_port() for name in names}
     nodes = json.dumps([{"name": n, "host": "127.0.0.1", "port": p} for n, p in ports.items()])
-    servers = {}
-    for name in NAMES:
-        servers[name] = make_server(
-            tmp_path / name, WARREN_NODE_NAME=name, WARREN_CLUSTER_NODES=nodes,
-            WARREN_CLUSTER_HOST="127.0.0.1", WARREN_CLUSTER_PORT=str(ports[name]),
-            WARREN_CLUSTER_SECRET=SECRET, WARREN_CLUSTER_NODE_GONE_SECONDS=str(gone_seconds)).start()
+    return {name: make_server(
+        tmp_path / name, WARREN_NODE_NAME=name, WARREN_CLUSTER_NODES=nodes, WARREN_CLUSTER_HOST="127.0.0.1",
+        WARREN_CLUSTER_PORT=str(ports[name]), WARREN_CLUSTER_SECRET=secrets[name], **env).start()
+        for name in names}
+
+
+def start_cluster(tmp_path, gone_seconds: float = 3.0) -> dict[str, ServerProcess]:
+    servers = start_nodes(tmp_path, NAMES, {name: SECRET for name in NAMES},
+                          WARREN_CLUSTER_NODE_GONE_SECONDS=str(gone_seconds))
     for name, server in servers.items():
         wait_for(lambda s=server: api(s, "/api/overview")["running_nodes"] == NAMES, f"{name} to see all nodes")
     return servers

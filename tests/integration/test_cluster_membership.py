@@ -1,12 +1,11 @@
 """Three real warren-server processes form a cluster over the shared-secret links."""
 from __future__ import annotations
 
-import base64
 import json
 import signal
-import time
-import urllib.request
 
+from tests.integration.quorum_cluster import api, start_nodes
+from tests.integration.quorum_cluster import wait_for as shared_wait_for
 from tests.serverproc import free_port, make_server
 
 WAIT_SECONDS = 20.0
@@ -14,29 +13,15 @@ SECRET = "correct horse battery staple"
 
 
 def running_nodes(server) -> list[str]:
-    request = urllib.request.Request(f"http://127.0.0.1:{server.metrics_port}/api/overview")
-    request.add_header("Authorization", "Basic " + base64.b64encode(b"guest:guest").decode())
-    with urllib.request.urlopen(request, timeout=5) as response:
-        return json.loads(response.read())["running_nodes"]
+    return api(server, "/api/overview")["running_nodes"]
 
 
 def wait_for(predicate, what: str) -> None:
-    deadline = time.monotonic() + WAIT_SECONDS
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out after {WAIT_SECONDS}s waiting for {what}"
-        time.sleep(0.05)  # polling a condition with a deadline, not synchronising on time
+    shared_wait_for(predicate, what, WAIT_SECONDS)
 
 
 def start_cluster(tmp_path, names: list[str], secrets: dict[str, str]):
-    ports = {name: free_port() for name in names}
-    nodes = json.dumps([{"name": n, "host": "127.0.0.1", "port": p} for n, p in ports.items()])
-    servers = {}
-    for name in names:
-        servers[name] = make_server(
-            tmp_path / name, WARREN_NODE_NAME=name, WARREN_CLUSTER_NODES=nodes,
-            WARREN_CLUSTER_HOST="127.0.0.1", WARREN_CLUSTER_PORT=str(ports[name]),
-            WARREN_CLUSTER_SECRET=secrets[name], WARREN_CLUSTER_HEARTBEAT_SECONDS="0.2").start()
-    return servers
+    return start_nodes(tmp_path, names, secrets, WARREN_CLUSTER_HEARTBEAT_SECONDS="0.2")
 
 
 def test_nodes_see_each_other_and_a_killed_node_is_reported_down(tmp_path):

@@ -7,6 +7,7 @@ import time
 import pika
 import pytest
 
+from tests.integration.quorum_cluster import queue_view, wait_for
 from tests.serverproc import make_server
 
 QUORUM = {"x-queue-type": "quorum"}
@@ -115,6 +116,10 @@ def test_messages_survive_kill_9(tmp_path):
             declare(channel, "survivor")
             publish_confirmed(channel, "survivor", [b"p%d" % i for i in range(200)])
             drain(channel, "survivor", 50)
+            # acks are not confirmed: wait until they are applied (so on disk), else a restart
+            # rightly brings an unsettled one back (at-least-once)
+            wait_for(lambda: (queue_view(server, "survivor") or {}).get("messages_unacked") == 0,
+                     "the 50 acks to be applied")
         server.stop(signal.SIGKILL)
         server.start()
         with pika.BlockingConnection(pika.URLParameters(server.url)) as connection:

@@ -32,7 +32,7 @@ from raft.runtime import RaftRuntime
 from storage import records
 from storage.group_commit import GroupCommitter
 from storage.wal import LogStore
-from tests.integration.test_raft_runtime import FAST, until
+from tests.integration.test_raft_runtime import FAST, leaders, until
 from tests.serverproc import free_port
 
 SECRET = "raft-compaction-cookie"
@@ -148,18 +148,6 @@ class Node:
         return self.runtime.system.status(group_id).snapshot_index
 
 
-def leaders(nodes: list[Node]) -> dict[str, str] | None:
-    found = {}
-    for group_id in GROUPS:
-        metrics = [node.runtime.group_metrics(group_id) for node in nodes]
-        term = max(m.term for m in metrics)
-        leading = [node.name for node, m in zip(nodes, metrics) if m.role == "leader" and m.term == term]
-        if len(leading) != 1 or any(m.leader_id != leading[0] for m in metrics):
-            return None
-        found[group_id] = leading[0]
-    return found
-
-
 def caught_up(nodes: list[Node], expected: dict[str, list[bytes]]) -> bool:
     for group_id in GROUPS:
         count, digest = expected_state(expected[group_id])
@@ -175,7 +163,7 @@ def progress(nodes: list[Node], expected: dict[str, list[bytes]]) -> str:
 
 async def propose(nodes: list[Node], tag: str, count: int, expected: dict[str, list[bytes]]) -> None:
     by_name = {node.name: node for node in nodes}
-    current = leaders(nodes)
+    current = leaders(nodes, GROUPS)
     assert current is not None
     for number in range(count):
         for group_id in GROUPS:
@@ -186,7 +174,7 @@ async def propose(nodes: list[Node], tag: str, count: int, expected: dict[str, l
 
 
 async def settle(nodes: list[Node], expected: dict[str, list[bytes]]) -> None:
-    await until(lambda: leaders(nodes) is not None, "leaders", BOUND_SECONDS)
+    await until(lambda: leaders(nodes, GROUPS) is not None, "leaders", BOUND_SECONDS)
     await until(lambda: caught_up(nodes, expected), lambda: progress(nodes, expected), BOUND_SECONDS)
 
 
@@ -199,7 +187,7 @@ async def start_cluster(tmp_path) -> list[Node]:
         for group_id in GROUPS:
             assert node.runtime.add_group(group_id, NAMES)
     assert nodes[0].runtime.campaign(GROUPS[1])   # one group need not wait for a timeout
-    await until(lambda: leaders(nodes) is not None, "leaders", BOUND_SECONDS)
+    await until(lambda: leaders(nodes, GROUPS) is not None, "leaders", BOUND_SECONDS)
     return nodes
 
 
@@ -322,5 +310,5 @@ async def test_a_follower_down_while_the_others_compact_catches_up_through_insta
 
 
 async def propose_when_led(nodes: list[Node], tag: str, count: int, expected: dict[str, list[bytes]]) -> None:
-    await until(lambda: leaders(nodes) is not None, "leaders without the stopped node", BOUND_SECONDS)
+    await until(lambda: leaders(nodes, GROUPS) is not None, "leaders without the stopped node", BOUND_SECONDS)
     await propose(nodes, tag, count, expected)

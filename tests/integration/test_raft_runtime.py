@@ -131,10 +131,10 @@ class Node:
         return self.runtime.group_metrics(group_id).role
 
 
-def leaders(nodes: list[Node]) -> dict[str, str] | None:
+def leaders(nodes: list, groups: list[str] = GROUPS) -> dict[str, str] | None:
     """Each group's leader if every group has one that all `nodes` agree on."""
     found = {}
-    for group_id in GROUPS:
+    for group_id in groups:
         metrics = [node.runtime.group_metrics(group_id) for node in nodes]
         term = max(m.term for m in metrics)
         leading = [node.name for node, m in zip(nodes, metrics) if m.role == "leader" and m.term == term]
