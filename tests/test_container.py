@@ -124,10 +124,10 @@ def _container_logs(name: str) -> str:
     return f"{proc.stdout}{proc.stderr}".strip() or "(no output)"
 
 
-def _poll(
-    what: str, check: Callable[[], Any], timeout: float, container_name: str
-) -> Any:
-    """Call check() until it returns a truthy value; fail if the container dies."""
+def _retry(what: str, check: Callable[[], Any], timeout: float, logs: Callable[[], str],
+           still_up: Callable[[], None] = lambda: None, missing: str = "not ready") -> Any:
+    """Call check() until it returns a truthy value; fail with the logs after
+    `timeout` (or when still_up() fails)."""
     deadline = time.monotonic() + timeout
     last_error: BaseException | None = None
     while True:
@@ -137,18 +137,24 @@ def _poll(
                 return result
         except Exception as exc:  # noqa: BLE001 - keep the last one for the message
             last_error = exc
+        still_up()
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what} {missing} after {timeout:.0f} s (last error: {last_error!r}); logs:\n{logs()}")
+        time.sleep(0.2)  # polling a condition with a deadline
+
+
+def _poll(
+    what: str, check: Callable[[], Any], timeout: float, container_name: str
+) -> Any:
+    """Call check() until it returns a truthy value; fail if the container dies."""
+    def still_up() -> None:
         state = _container_state(container_name)
         if state != "running":
             pytest.fail(
                 f"container {container_name} is {state} while waiting for {what}; "
                 f"logs:\n{_container_logs(container_name)}"
             )
-        if time.monotonic() > deadline:
-            pytest.fail(
-                f"{what} not ready after {timeout:.0f} s (last error: {last_error!r}); "
-                f"logs:\n{_container_logs(container_name)}"
-            )
-        time.sleep(0.2)
+    return _retry(what, check, timeout, lambda: _container_logs(container_name), still_up)
 
 
 def _port_accepts(port: int) -> bool:
@@ -485,19 +491,7 @@ def _compose_logs(project: str) -> str:
 
 
 def _wait(what: str, check: Callable[[], Any], timeout: float, project: str) -> Any:
-    deadline = time.monotonic() + timeout
-    last_error: BaseException | None = None
-    while True:
-        try:
-            result = check()
-            if result:
-                return result
-        except Exception as exc:  # noqa: BLE001 - keep the last one for the message
-            last_error = exc
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what} not seen after {timeout:.0f} s (last error: {last_error!r}); "
-                        f"logs:\n{_compose_logs(project)}")
-        time.sleep(0.2)  # polling a condition with a deadline
+    return _retry(what, check, timeout, lambda: _compose_logs(project), missing="not seen")
 
 
 def _api(port: int, path: str, password: str) -> Any:

@@ -221,21 +221,28 @@ def test_unacked_messages_return_to_another_node_when_their_channel_closes(tmp_p
         stop_all(servers)
 
 
+def _held_by_a_follower_node(servers, name: str, tag: str):
+    """A queue whose UNACKED messages a consumer on a node that does not lead
+    it holds: (queue, leader, that node, the third node, bodies, its connection)."""
+    queue = unique(name)
+    declare_everywhere(servers, "a@local", queue)
+    leader = leader_of(servers, queue)
+    victim, survivor = [n for n in NAMES if n != leader]
+    bodies = [f"{tag}:{i}".encode() for i in range(UNACKED)]
+    publish_confirmed(servers[leader], "", queue, bodies)
+    connection = connect(servers[victim])
+    taken = take_unacked(connection.channel(), queue, UNACKED)
+    assert sorted(b for b, _ in taken) == sorted(bodies), f"{victim} took {taken}"
+    wait_for(lambda: (queue_view(servers[survivor], queue) or {}).get("messages_unacked") == UNACKED,
+             f"{survivor} to see {UNACKED} unacked in {queue}")
+    return queue, leader, victim, survivor, bodies, connection
+
+
 def test_unacked_messages_return_when_the_consumers_node_is_killed(tmp_path):
     gone = 2.0
     servers = start_cluster(tmp_path, gone_seconds=gone)
     try:
-        queue = unique("killed")
-        declare_everywhere(servers, "a@local", queue)
-        leader = leader_of(servers, queue)
-        victim, survivor = [n for n in NAMES if n != leader]
-        bodies = [f"k:{i}".encode() for i in range(UNACKED)]
-        publish_confirmed(servers[leader], "", queue, bodies)
-        connection = connect(servers[victim])
-        taken = take_unacked(connection.channel(), queue, UNACKED)
-        assert sorted(b for b, _ in taken) == sorted(bodies), f"{victim} took {taken}"
-        wait_for(lambda: (queue_view(servers[survivor], queue) or {}).get("messages_unacked") == UNACKED,
-                 f"{survivor} to see {UNACKED} unacked in {queue}")
+        queue, leader, victim, survivor, bodies, connection = _held_by_a_follower_node(servers, "killed", "k")
         killed_at = time.monotonic()
         servers[victim].stop(signal.SIGKILL)
         margin = 10.0
@@ -255,17 +262,7 @@ def test_unacked_messages_return_when_the_consumers_node_restarts_before_it_is_g
     gone = 60.0  # only the restart (a new incarnation) can return the messages in this test's time
     servers = start_cluster(tmp_path, gone_seconds=gone)
     try:
-        queue = unique("restarted")
-        declare_everywhere(servers, "a@local", queue)
-        leader = leader_of(servers, queue)
-        victim, survivor = [n for n in NAMES if n != leader]
-        bodies = [f"r:{i}".encode() for i in range(UNACKED)]
-        publish_confirmed(servers[leader], "", queue, bodies)
-        connection = connect(servers[victim])
-        taken = take_unacked(connection.channel(), queue, UNACKED)
-        assert sorted(b for b, _ in taken) == sorted(bodies), f"{victim} took {taken}"
-        wait_for(lambda: (queue_view(servers[survivor], queue) or {}).get("messages_unacked") == UNACKED,
-                 f"{survivor} to see {UNACKED} unacked in {queue}")
+        queue, leader, victim, survivor, bodies, connection = _held_by_a_follower_node(servers, "restarted", "r")
         killed_at = time.monotonic()
         servers[victim].stop(signal.SIGKILL)
         servers[victim].start()
