@@ -439,7 +439,7 @@ class RaftRuntime:
             locations = storage.locations
             for index, location in relocation.locations():
                 known = locations.get(index)
-                if known is not None and known.path != current_wal and known.path != location.path:
+                if known is not None and known.path != current_wal:
                     locations[index] = location
 
     def read_entry(self, location: Location) -> bytes:
