@@ -26,13 +26,13 @@ from pathlib import Path
 
 import msgpack
 
-from config.settings import ClusterNode, Settings
+from config.settings import ClusterNode
 from raft.messages import Entry, EntryKind, Snapshot
 from raft.runtime import RaftRuntime
 from storage import records
 from storage.group_commit import GroupCommitter
 from storage.wal import LogStore
-from tests.integration.test_raft_runtime import FAST, leaders, until
+from tests.integration.test_raft_runtime import FAST, leaders, node_settings, until
 from tests.serverproc import free_port
 
 SECRET = "raft-compaction-cookie"
@@ -84,9 +84,7 @@ class Node:
         self.name = name
         self.data_dir = data_dir
         self.seed = seed
-        port = next(member.port for member in members if member.name == name)
-        self.settings = Settings(node_name=name, cluster_nodes=members, cluster_host="127.0.0.1",
-                                 cluster_port=port, cluster_secret=SECRET, data_dir=data_dir)
+        self.settings = node_settings(name, members, data_dir, SECRET)
         self.runtime: RaftRuntime | None = None
         # group -> {index: data} of every snapshot this node compacted with or installed
         self.snapshots: dict[str, dict[int, bytes]] = defaultdict(dict)

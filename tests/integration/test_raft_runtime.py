@@ -69,6 +69,13 @@ async def until(predicate, what, timeout: float) -> float:
     return time.monotonic() - started
 
 
+def node_settings(name: str, members: list[ClusterNode], data_dir: Path, secret: str) -> Settings:
+    """A loopback cluster node's settings, its port taken from `members`."""
+    port = next(member.port for member in members if member.name == name)
+    return Settings(node_name=name, cluster_nodes=members, cluster_host="127.0.0.1", cluster_port=port,
+                    cluster_secret=secret, data_dir=data_dir)
+
+
 class Node:
     """One node: its LogStore, GroupCommitter and RaftRuntime, and what it applied."""
 
@@ -76,9 +83,7 @@ class Node:
         self.name = name
         self.data_dir = data_dir
         self.seed = seed
-        port = next(member.port for member in members if member.name == name)
-        self.settings = Settings(node_name=name, cluster_nodes=members, cluster_host="127.0.0.1",
-                                 cluster_port=port, cluster_secret=SECRET, data_dir=data_dir)
+        self.settings = node_settings(name, members, data_dir, SECRET)
         self.runtime: RaftRuntime | None = None
         self.applied: dict[str, list[bytes]] = defaultdict(list)
         self.last_index: dict[str, int] = defaultdict(int)
