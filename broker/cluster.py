@@ -48,6 +48,7 @@ from raft.transport import TransportLimits
 
 if TYPE_CHECKING:
     from broker.broker import Broker
+    from broker.metadata import Metadata
     from broker.quorum import QuorumQueue
 
 log = structlog.get_logger("warren.cluster")
@@ -60,6 +61,7 @@ DELIVER = 2    # [DELIVER, group, owner, tag, seq, msg_id, exchange, routing_key
 APPLIED = 3    # [APPLIED, group, enqueuer, first_seq, last_seq, [refused seqs]]
 RESEND = 4     # [RESEND, group, owner, tag, after_seq]: a consumer's node lost deliveries
 HELLO = 5      # [HELLO, incarnation]: sent to a peer whenever its link comes up
+METADATA_APPLIED = 6   # [METADATA_APPLIED, index]: how far the sender applied the metadata group
 
 STARTUP_APPLY_SECONDS = 10.0
 RESEND_SECONDS = 1.0
@@ -137,6 +139,8 @@ class Cluster:
         self.peer_incarnations: dict[str, str] = {}
         self.down_since: dict[str, float] = {}
         self.meta_handlers: dict[str, Callable[[list, int], Any]] = {}
+        self.metadata: "Metadata | None" = None   # set by Metadata, which handles the group's entries
+        self._meta_applied_noted = False
         self._resend_task: asyncio.Task | None = None
 
     # -- lifecycle -------------------------------------------------------------
@@ -165,6 +169,10 @@ class Cluster:
             if peer != self.node:
                 self.down_since[peer] = time.monotonic()
         self._resend_task = asyncio.create_task(self._resend_forever())
+        # Clients connect once this node knows what was declared while it was away.
+        waiting = self.settings.cluster_startup_catch_up_seconds
+        if self.multi_node and not await self.metadata.catch_up(waiting):
+            log.warning("cluster.metadata_not_caught_up", waited_seconds=waiting)
 
     async def _settle_solo_groups(self) -> None:
         """Groups whose only voter is this node (a single node's queues, classic
@@ -261,6 +269,7 @@ class Cluster:
             try:
                 self.resend()
                 self.check_gone_nodes()
+                self.metadata.release_answers()   # a wait for a lagging node is bounded
             except Exception:  # noqa: BLE001 -- housekeeping must go on; the bug is logged
                 log.exception("cluster.resend_failed")
 
@@ -293,7 +302,18 @@ class Cluster:
         handler = self.meta_handlers.get(command[0])
         result = handler(command, entry.index) if handler is not None else None
         self.broker.durability.meta_applied(entry.index)
+        if not self._meta_applied_noted:
+            self._meta_applied_noted = True   # once per turn, with the turn's last index
+            asyncio.get_running_loop().call_soon(self._note_meta_applied)
         return result
+
+    def _note_meta_applied(self) -> None:
+        self._meta_applied_noted = False
+        self.metadata.on_applied_here(self.broker.durability.meta_applied_index)
+
+    def running_peers(self) -> list[str]:
+        """The other nodes whose link is up."""
+        return [peer for peer in self.nodes if peer != self.node and peer not in self.down_since]
 
     def reply_done(self, origin: str, group: str, token: int, result: Any) -> None:
         if origin == self.node:
@@ -365,6 +385,8 @@ class Cluster:
             queue = self.queues.get(message[1])
             if queue is not None and self.is_leader(queue.group):
                 queue.resend_deliveries(message[2], message[3], message[4])
+        elif kind == METADATA_APPLIED:
+            self.metadata.on_peer_applied(peer, message[1])
         elif kind == HELLO:
             self.peer_incarnations[peer] = message[1]
             for queue in self.queues.values():
@@ -375,12 +397,14 @@ class Cluster:
         self.broker.peer_up(peer)
         self.down_since.pop(peer, None)
         self.app_send(peer, [HELLO, self.incarnation])
+        self.metadata.on_peer_up(peer)
         for queue in self.queues.values():
             queue.on_link_up(peer)
 
     def on_peer_down(self, peer: str) -> None:
         self.broker.peer_down(peer)
         self.down_since.setdefault(peer, time.monotonic())
+        self.metadata.on_peer_down(peer)
         for queue in self.queues.values():
             queue.on_node_down(peer)
 

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 import msgpack
@@ -57,7 +58,7 @@ from pamqp import commands as spec
 
 from broker import fifo
 from broker import quorum_machine as qm
-from broker.cluster import META
+from broker.cluster import META, METADATA_APPLIED
 from broker.quorum import QuorumQueue
 from protocol.errors import ChannelError
 
@@ -78,6 +79,23 @@ LEAVING_ANNOUNCE_SECONDS = 5.0
 LEAVING_ANNOUNCE_MAX_SECONDS = 60.0
 # An apply's reply is [APPLIED_AT, index, result]: the asking node answers once it applied `index` too.
 APPLIED_AT = "@"
+# A change is answered once every running node applied it, or after this long (a node
+# that is up but cannot apply, say cut off from the group's leader alone, holds no one back).
+SPREAD_WAIT_SECONDS = 10.0
+
+
+@dataclass(slots=True, eq=False)
+class AwaitingApply:
+    index: int
+    on_done: Callable[[Any], None]
+    result: Any
+    everywhere: bool
+    deadline: float
+
+
+def _apply_sync(command: list, index: int) -> None:
+    """The no-op of `Metadata.catch_up`."""
+    return None
 
 
 class ChangeRefused(Exception):
@@ -119,11 +137,13 @@ class Metadata:
             "xdecl": self._apply_exchange_declare, "xdel": self._apply_exchange_delete,
             "bind": self._apply_binding, "unbind": self._apply_binding,
             "qmembers": self._apply_members, "qrelease": self._apply_release,
-            "qleaving": self._apply_leaving, "qlead": self._apply_lead,
+            "qleaving": self._apply_leaving, "qlead": self._apply_lead, "sync": _apply_sync,
         }
         cluster.meta_handlers.update({kind: self.answering_index(handler) for kind, handler in handlers.items()})
-        # (index, on_done, result): answers that came from the group's leader before this node applied the index
-        self._awaiting_local_apply: list[tuple[int, Callable[[Any], None], Any]] = []
+        cluster.metadata = self
+        # answers that came from the group's leader before this node (or every running one) applied them
+        self._awaiting_apply: list[AwaitingApply] = []
+        self.peer_applied: dict[str, int] = {}   # how far each running peer has applied the group
         # group -> nodes removed from its members that may still hold a replica
         self.leaving: dict[str, set[str]] = {}
         # groups hosted here whose Raft configuration may differ from their members
@@ -136,37 +156,90 @@ class Metadata:
         self._ensure_reconciler()
 
     # -- asked by channels ---------------------------------------------------------
-    def submit(self, command: list, on_done: Callable[[Any], None]) -> None:
+    def submit(self, command: list, on_done: Callable[[Any], None], everywhere: bool = True) -> None:
         """Have the metadata group apply `command`; `on_done(reply)` once this
-        node has applied it too (the leader answers when it has, which may be
-        before this node: then the answer waits here)."""
-        self.cluster.submit(META, _pack(command), lambda answer: self._on_answer(answer, on_done))
+        node has applied it and (`everywhere`) so has every running node, as
+        RabbitMQ answers a declaration only once every running node can use it:
+        a client that declares through one node and publishes through another
+        never meets a name the other does not know yet. The leader answers when
+        it has applied it, which may be before this node: then the answer waits
+        here (`release_answers`)."""
+        self.cluster.submit(META, _pack(command), lambda answer: self._on_answer(answer, on_done, everywhere))
 
     def answering_index(self, handler: Callable[[list, int], Any]) -> Callable[[list, int], Any]:
         def apply(command: list, index: int) -> Any:
-            result = handler(command, index)
-            if self._awaiting_local_apply:
-                asyncio.get_running_loop().call_soon(self._release_answers)   # after meta_applied(index)
-            return [APPLIED_AT, index, result]
+            return [APPLIED_AT, index, handler(command, index)]
         return apply
 
-    def _on_answer(self, answer: Any, on_done: Callable[[Any], None]) -> None:
+    def _on_answer(self, answer: Any, on_done: Callable[[Any], None], everywhere: bool) -> None:
         if not (isinstance(answer, list) and len(answer) == 3 and answer[0] == APPLIED_AT):
             on_done(answer)   # None: the leader had applied it before a restart
             return
         _, index, result = answer
-        if index <= self.broker.durability.meta_applied_index:
-            on_done(result)
-        else:
-            self._awaiting_local_apply.append((index, on_done, result))
+        waiting = AwaitingApply(index, on_done, result, everywhere, time.monotonic() + SPREAD_WAIT_SECONDS)
+        if not self._applied_where_needed(waiting):
+            self._awaiting_apply.append(waiting)
+            return
+        on_done(result)
 
-    def _release_answers(self) -> None:
-        applied = self.broker.durability.meta_applied_index
-        ready = [waiting for waiting in self._awaiting_local_apply if waiting[0] <= applied]
+    def _applied_where_needed(self, waiting: "AwaitingApply") -> bool:
+        if self.broker.durability.meta_applied_index < waiting.index:
+            return False
+        if not waiting.everywhere:
+            return True
+        lagging = [peer for peer in self.cluster.running_peers() if self.peer_applied.get(peer, 0) < waiting.index]
+        if lagging and time.monotonic() >= waiting.deadline:
+            log.warning("metadata.change_not_applied_everywhere", index=waiting.index, lagging=lagging,
+                        waited_seconds=SPREAD_WAIT_SECONDS)
+            return True
+        return not lagging
+
+    def release_answers(self) -> None:
+        """Answer what every node it waits for has applied now: after a local
+        apply, a peer's METADATA_APPLIED, a peer going down, and now and then
+        (the wait is bounded)."""
+        if not self._awaiting_apply:
+            return
+        ready = [waiting for waiting in self._awaiting_apply if self._applied_where_needed(waiting)]
         if ready:
-            self._awaiting_local_apply = [waiting for waiting in self._awaiting_local_apply if waiting[0] > applied]
-            for _, on_done, result in ready:
-                on_done(result)
+            self._awaiting_apply = [waiting for waiting in self._awaiting_apply if waiting not in ready]
+            for waiting in ready:
+                waiting.on_done(waiting.result)
+
+    def on_applied_here(self, index: int) -> None:
+        """This node applied metadata entries up to `index` (once per turn):
+        tell every peer, and answer what waited for it."""
+        for peer in self.cluster.running_peers():
+            self.cluster.app_send(peer, [METADATA_APPLIED, index])
+        self.release_answers()
+
+    def on_peer_applied(self, peer: str, index: int) -> None:
+        self.peer_applied[peer] = max(self.peer_applied.get(peer, 0), index)
+        self.release_answers()
+
+    def on_peer_up(self, peer: str) -> None:
+        self.cluster.app_send(peer, [METADATA_APPLIED, self.broker.durability.meta_applied_index])
+
+    def on_peer_down(self, peer: str) -> None:
+        """A node that went down no longer holds answers back; when it is back it
+        says how far it got (and a restarted node catches up before it opens its
+        AMQP port: `catch_up`)."""
+        self.peer_applied.pop(peer, None)
+        self.release_answers()
+
+    async def catch_up(self, seconds: float) -> bool:
+        """A barrier through the group (Raft's read index, by a no-op entry):
+        True once this node applied everything committed before it started, so
+        a restarted node does not answer 404 or route past a queue declared
+        while it was away. False if no leader answered in `seconds` (no
+        majority: nothing new can be declared then either)."""
+        caught_up = asyncio.Event()
+        self.submit(["sync"], lambda _: caught_up.set(), everywhere=False)
+        try:
+            await asyncio.wait_for(caught_up.wait(), seconds)
+        except TimeoutError:
+            return False
+        return True
 
     def replicates_exchange(self, durable: bool) -> bool:
         return self.cluster.multi_node and durable

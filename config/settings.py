@@ -134,6 +134,9 @@ class Settings(BaseSettings):
     cluster_heartbeat_seconds: float = Field(0.25, gt=0)
     # How long a lost node's consumers keep their messages before they are returned.
     cluster_node_gone_seconds: float = Field(60.0, gt=0)
+    # How long a starting cluster node waits to catch up with the metadata group (it needs
+    # a majority of the nodes) before it opens its AMQP port anyway.
+    cluster_startup_catch_up_seconds: float = Field(30.0, ge=0)
     # Enqueues a channel may have in flight before it stops reading its socket.
     commands_soft_limit: int = Field(32, ge=1)
 

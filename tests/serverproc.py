@@ -35,9 +35,17 @@ class ServerProcess:
         return f"amqp://guest:guest@127.0.0.1:{self.amqp_port}/%2F"
 
     def start(self, args: tuple[str, ...] = ()) -> "ServerProcess":
+        return self.launch(args).wait_listening()
+
+    def launch(self, args: tuple[str, ...] = ()) -> "ServerProcess":
+        """Start the process without waiting for its port: a restarting cluster node
+        opens it only once it caught up with its peers, so they start together."""
         self._log = open(self.log_path, "wb")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "broker", *args], env=self.env, stdout=self._log, stderr=subprocess.STDOUT)
+        return self
+
+    def wait_listening(self) -> "ServerProcess":
         deadline = time.monotonic() + STARTUP_TIMEOUT_SECONDS
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -68,6 +76,15 @@ class ServerProcess:
                 self.process.wait(STOP_TIMEOUT_SECONDS)
         self._log.close()
         return self.process.returncode
+
+
+def start_together(servers) -> None:
+    """Launch every server, then wait for each: cluster nodes open their AMQP
+    ports only once they caught up with the metadata group, which needs a majority."""
+    for server in servers:
+        server.launch()
+    for server in servers:
+        server.wait_listening()
 
 
 def make_server(tmp_path: Path, **env_overrides: str) -> ServerProcess:

@@ -9,7 +9,7 @@ import urllib.request
 
 import pika
 
-from tests.serverproc import ServerProcess, free_port, make_server
+from tests.serverproc import ServerProcess, free_port, make_server, start_together
 
 WAIT_SECONDS = 30.0
 SECRET = "quorum test secret"
@@ -44,10 +44,12 @@ def start_nodes(tmp_path, names: list[str], secrets: dict[str, str], **env: str)
     """One server per name, each listing all of them as its cluster, with its own secret."""
     ports = {name: free_port() for name in names}
     nodes = json.dumps([{"name": n, "host": "127.0.0.1", "port": p} for n, p in ports.items()])
-    return {name: make_server(
+    servers = {name: make_server(
         tmp_path / name, WARREN_NODE_NAME=name, WARREN_CLUSTER_NODES=nodes, WARREN_CLUSTER_HOST="127.0.0.1",
-        WARREN_CLUSTER_PORT=str(ports[name]), WARREN_CLUSTER_SECRET=secrets[name], **env).start()
+        WARREN_CLUSTER_PORT=str(ports[name]), WARREN_CLUSTER_SECRET=secrets[name], **env)
         for name in names}
+    start_together(servers.values())
+    return servers
 
 
 def start_cluster(tmp_path, gone_seconds: float = 3.0) -> dict[str, ServerProcess]:

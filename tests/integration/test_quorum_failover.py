@@ -6,10 +6,10 @@ import signal
 
 import pika
 
-
 from tests.integration.quorum_cluster import (
     NAMES, Publisher, connect, declare_everywhere, leader_of, queue_view, start_cluster, stop_all, wait_for,
 )
+from tests.serverproc import start_together
 
 MESSAGES = 1500
 
@@ -89,8 +89,7 @@ def test_the_whole_cluster_restarts_with_its_queues_and_messages(tmp_path):
         assert publisher.error is None and len(publisher.confirmed) == 300, publisher.error
         for node, server in servers.items():
             server.stop(signal.SIGKILL if node == "a@local" else signal.SIGTERM)
-        for server in servers.values():
-            server.start()
+        start_together(servers.values())
         for node, server in servers.items():
             wait_for(lambda s=server: (queue_view(s, queue) or {}).get("leader"), f"{node} to know {queue}'s leader")
         with connect(servers["b@local"]) as connection:
