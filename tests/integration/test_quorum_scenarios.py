@@ -10,6 +10,7 @@ import time
 import uuid
 
 import pika
+import pytest
 
 from tests.integration.quorum_cluster import (
     NAMES,
@@ -151,11 +152,18 @@ def known_everywhere(servers, path: str, match, nodes=None) -> bool:
 
 
 # --------------------------------------------------------------------------------------
-def test_four_publishers_four_consumers_on_three_nodes(tmp_path):
+@pytest.mark.parametrize("restart_first", [False, True], ids=["declared-and-used-at-once", "after-a-restart"])
+def test_four_publishers_four_consumers_on_three_nodes(tmp_path, restart_first):
+    """Declared through a@local and used at once through every node (no wait until the
+    others know it: declare-ok means they do), also right after c@local restarted."""
     servers = start_cluster(tmp_path)
     try:
+        if restart_first:
+            servers["c@local"].stop()
+            servers["c@local"].start()
         queue = unique("many")
-        declare_everywhere(servers, "a@local", queue)
+        with connect(servers["a@local"]) as connection:
+            connection.channel().queue_declare(queue, durable=True, arguments={"x-queue-type": "quorum"})
         tags = [f"p{i}" for i in range(len(PUBLISH_NODES))]
         want = {f"{tag}:{n}".encode() for tag in tags for n in range(PER_PUBLISHER)}
         collector = Collector(want)
