@@ -354,16 +354,18 @@ def _with_death(properties: bytes, queue: Queue, reason: str, exchange: str, rou
             death["count"] = death.get("count", 1) + 1
             break
     else:
-        deaths.insert(0, {"count": 1, "reason": reason, "queue": queue.name, "exchange": exchange,
-                          "routing-keys": [routing_key],
-                          "time": datetime.fromtimestamp(time_ms // 1000, tz=timezone.utc)})
+        death = {"count": 1, "reason": reason, "queue": queue.name, "exchange": exchange,
+                 "routing-keys": [routing_key], "time": datetime.fromtimestamp(time_ms // 1000, tz=timezone.utc)}
+        if decoded.expiration is not None:
+            # RabbitMQ keeps the per-message TTL it removes below here (rabbit_dead_letter)
+            death["original-expiration"] = decoded.expiration
+        deaths.insert(0, death)
         headers.setdefault("x-first-death-reason", reason)
         headers.setdefault("x-first-death-queue", queue.name)
         headers.setdefault("x-first-death-exchange", exchange)
     headers["x-death"] = deaths
     decoded.headers = headers
-    if decoded.expiration is not None:
-        decoded.expiration = None  # RabbitMQ removes per-message TTL when dead-lettering
+    decoded.expiration = None  # as RabbitMQ: the dead-lettered copy does not expire again by the same TTL
     return codec.encode_properties(decoded)
 
 
