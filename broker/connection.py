@@ -342,12 +342,10 @@ class AMQPConnection(asyncio.Protocol):
                  client=str(self.client_properties.get("product", "")))
 
     def _on_update_secret(self, method: spec.Connection.UpdateSecret) -> None:
-        try:
-            authenticate(self.broker.access, "PLAIN", b"\0" + self.user_name.encode() + b"\0" +
-                         (method.new_secret.encode() if isinstance(method.new_secret, str) else method.new_secret),
-                         self.peer_host)
-        except AuthenticationError:
-            raise AMQPConnectionError(NOT_ALLOWED, "Refused to update secret", 10, 70) from None
+        """As RabbitMQ with its internal user store: a password cannot expire, so
+        rabbit_access_control:update_state keeps the user as it is and the new
+        secret is accepted unchecked (it is for token backends such as OAuth 2)."""
+        log.info("connection.secret_updated", peer=self.peer, user=self.user_name, reason=method.reason)
         self.write(codec.encode_method(0, spec.Connection.UpdateSecretOk()))
 
     # -- heartbeats (AMQP 0-9-1 §4.2.7) -----------------------------------
