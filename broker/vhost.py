@@ -148,11 +148,12 @@ class VirtualHost:
 
     def _check_exclusive(self, queue: Queue, owner: Hashable | None, class_id: int, method_id: int) -> None:
         if queue.exclusive_owner is not None and queue.exclusive_owner != owner:
-            raise ChannelError(
-                RESOURCE_LOCKED,
-                f"cannot obtain exclusive access to locked queue '{queue.name}' in vhost '{self.name}'. "
+            raise ChannelError(RESOURCE_LOCKED, self._locked_text(queue), class_id, method_id)
+
+    def _locked_text(self, queue: Queue) -> str:
+        return (f"cannot obtain exclusive access to locked queue '{queue.name}' in vhost '{self.name}'. "
                 "It could be originally declared on another connection or the exclusive property value "
-                "does not match that of the original declaration.", class_id, method_id)
+                "does not match that of the original declaration.")
 
     def declare_queue(self, method: spec.Queue.Declare, owner: Hashable,
                       replicate: Callable[[str, dict], bool] | None = None,
@@ -174,13 +175,7 @@ class VirtualHost:
         queue_arguments.validate_queue_arguments(arguments, name, self.name)
         existing = self.queues.get(name)
         if existing is not None:
-            self._check_exclusive(existing, owner, 50, 10)
-            if existing.durable != method.durable:
-                raise ChannelError(
-                    PRECONDITION_FAILED,
-                    f"inequivalent arg 'durable' for queue '{name}' in vhost '{self.name}': "
-                    f"received '{_erl(method.durable)}' but current is '{_erl(existing.durable)}'", 50, 10)
-            queue_arguments.check_equivalent(existing.arguments, arguments, name, self.name)
+            self._check_queue_equivalent(existing, method, arguments, owner)
             existing.touch()
             return existing
         self._check_queue_type_properties(method, arguments, name)
@@ -193,6 +188,22 @@ class VirtualHost:
         self.add_queue(queue)
         self.journal.queue_declared(self, queue)
         return queue
+
+    def _check_queue_equivalent(self, existing: Queue, method: spec.Queue.Declare, arguments: dict,
+                                owner: Hashable) -> None:
+        """RabbitMQ's rabbit_amqqueue:assert_equivalence, in its order: durable,
+        auto_delete, arguments, then exclusivity (strict: a redeclare must say
+        exclusive exactly when the queue is, else 405, from the owner too)."""
+        for field, received, current in (("durable", method.durable, existing.durable),
+                                         ("auto_delete", method.auto_delete, existing.auto_delete)):
+            if received != current:
+                raise ChannelError(
+                    PRECONDITION_FAILED,
+                    f"inequivalent arg '{field}' for queue '{existing.name}' in vhost '{self.name}': "
+                    f"received '{_erl(received)}' but current is '{_erl(current)}'", 50, 10)
+        queue_arguments.check_equivalent(existing.arguments, arguments, existing.name, self.name)
+        if existing.exclusive_owner != (owner if method.exclusive else None):
+            raise ChannelError(RESOURCE_LOCKED, self._locked_text(existing), 50, 10)
 
     def add_queue(self, queue: Queue) -> None:
         self.queues[queue.name] = queue
