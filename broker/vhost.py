@@ -77,14 +77,14 @@ class VirtualHost:
         metadata group makes) was called to create it everywhere."""
         name = method.exchange
         if method.passive:
+            _check_not_default_exchange(name, 40, 10)  # as RabbitMQ: a passive declare too
             return self.exchange(name)
         if method.exchange_type not in EXCHANGE_TYPES:
             raise ChannelError(
                 PRECONDITION_FAILED, f"invalid exchange type '{method.exchange_type}' for exchange "
                 f"'{name}' in vhost '{self.name}'", 40, 10)
         existing = self.exchanges.get(name)
-        if name == "":
-            raise ChannelError(ACCESS_REFUSED, "operation not permitted on the default exchange", 40, 10)
+        _check_not_default_exchange(name, 40, 10)
         if name.startswith("amq.") and existing is None:
             raise ChannelError(
                 ACCESS_REFUSED, f"exchange name '{name}' contains reserved prefix 'amq.*'", 40, 10)
@@ -266,8 +266,7 @@ class VirtualHost:
 
     def unbind(self, source: str, destination: Destination, routing_key: str, arguments: dict | None,
                owner: Hashable, class_id: int, method_id: int, replicate: Callable[[], None] | None = None) -> None:
-        if source == "":
-            raise ChannelError(ACCESS_REFUSED, "operation not permitted on the default exchange", class_id, method_id)
+        _check_not_default_exchange(source, class_id, method_id)
         exchange = self.exchanges.get(source)
         kind, name = destination
         target = self.queues.get(name) if kind == "queue" else self.exchanges.get(name)
@@ -284,8 +283,7 @@ class VirtualHost:
             self._maybe_auto_delete_exchange(exchange)
 
     def _binding_source(self, source: str, class_id: int, method_id: int) -> Exchange:
-        if source == "":
-            raise ChannelError(ACCESS_REFUSED, "operation not permitted on the default exchange", class_id, method_id)
+        _check_not_default_exchange(source, class_id, method_id)
         return self.exchange(source, class_id, method_id)
 
     def _binding_destination(self, destination: Destination, owner: Hashable, class_id: int, method_id: int) -> None:
@@ -293,9 +291,7 @@ class VirtualHost:
         if kind == "queue":
             self.queue(name, owner, class_id, method_id)
         else:
-            if name == "":
-                raise ChannelError(ACCESS_REFUSED, "operation not permitted on the default exchange",
-                                   class_id, method_id)
+            _check_not_default_exchange(name, class_id, method_id)
             self.exchange(name, class_id, method_id)
 
     # -- routing ----------------------------------------------------------
@@ -378,6 +374,12 @@ def _with_death(properties: bytes, queue: Queue, reason: str, exchange: str, rou
     decoded.headers = headers
     decoded.expiration = None  # as RabbitMQ: the dead-lettered copy does not expire again by the same TTL
     return codec.encode_properties(decoded)
+
+
+def _check_not_default_exchange(name: str, class_id: int, method_id: int) -> None:
+    """RabbitMQ's rabbit_channel:check_not_default_exchange."""
+    if name == "":
+        raise ChannelError(ACCESS_REFUSED, "operation not permitted on the default exchange", class_id, method_id)
 
 
 def _erl(value: Any) -> str:
