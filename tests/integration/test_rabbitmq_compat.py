@@ -106,6 +106,20 @@ def test_declare_of_the_direct_reply_to_queue_is_ok(connection, passive):
     assert channel.is_open
 
 
+def test_declare_of_a_reply_address_is_ok_while_its_channel_waits(connection, name, cleanup):
+    requester, responder = connection.channel(), connection.channel()
+    requester.basic_consume("amq.rabbitmq.reply-to", lambda *args: None, auto_ack=True)
+    requester.queue_declare(cleanup.queue(name))
+    requester.basic_publish("", name, b"ask", pika.BasicProperties(reply_to="amq.rabbitmq.reply-to"))
+    _, properties, _ = get_one(responder, name, auto_ack=True)
+    declared = responder.queue_declare(properties.reply_to, passive=True)
+    assert (declared.method.message_count, declared.method.consumer_count) == (0, 1)
+    requester.close()
+    with pytest.raises(ChannelClosedByBroker) as excinfo:
+        responder.queue_declare(properties.reply_to, passive=True)
+    assert_closed_by(excinfo.value, 404, f"no queue '{properties.reply_to}' in vhost '/'")
+
+
 # -- item 12: channel_max limits open channels, not channel numbers -----------
 def test_channel_number_above_channel_max_opens_while_under_the_count(server):
     with RawClient(server.amqp_port) as client:
