@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import fcntl
+import os
 import signal
 import sys
+from pathlib import Path
+from typing import IO
 
 import structlog
 import uvloop
@@ -25,6 +29,12 @@ log = structlog.get_logger("warren.server")
 # How long shutdown waits for clients to answer connection.close.
 SHUTDOWN_GRACE_SECONDS = 5.0
 LISTEN_BACKLOG = 1024
+# In the data directory: held locked (flock) by the server using it, naming its pid and node.
+DATA_DIR_LOCK_FILE = "warren.lock"
+
+
+class DataDirInUse(Exception):
+    """Another process holds the data directory's lock."""
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -56,6 +66,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"warren-server: data_dir {settings.data_dir}: {error.strerror}", file=sys.stderr)
         return 2
     try:
+        lock = lock_data_dir(settings.data_dir, settings.node_name)  # held until the process exits
+    except DataDirInUse as error:
+        print(f"warren-server: {error}", file=sys.stderr)
+        return 1
+    except OSError as error:
+        print(f"warren-server: data_dir {settings.data_dir}: cannot lock: {error.strerror}", file=sys.stderr)
+        return 2
+    try:
         return uvloop.run(serve(settings))
     except CorruptLog as error:
         log.error("server.start_failed", error=str(error))
@@ -65,6 +83,27 @@ def main(argv: list[str] | None = None) -> int:
         log.error("server.start_failed", error=str(error))
         print(f"warren-server: cannot start: {error}", file=sys.stderr)
         return 1
+    finally:
+        lock.close()
+
+
+def lock_data_dir(data_dir: Path, node_name: str) -> IO[str]:
+    """Lock the data directory for this process's life: two nodes appending to one
+    WAL corrupt each other's log and lose confirmed messages. The kernel drops an
+    flock when its holder dies, so a kill -9 leaves no stale lock."""
+    lock = open(data_dir / DATA_DIR_LOCK_FILE, "a+")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.seek(0)
+        holder = lock.read().strip() or "another process"
+        lock.close()
+        raise DataDirInUse(f"data_dir {data_dir} is in use by {holder}; "
+                           "a data directory serves one node at a time") from None
+    lock.truncate(0)
+    lock.write(f"pid {os.getpid()} (node {node_name})\n")
+    lock.flush()
+    return lock
 
 
 def _check_cluster_config(settings: Settings) -> None:

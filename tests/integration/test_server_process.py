@@ -371,3 +371,22 @@ def test_assertions_cannot_be_disabled(tmp_path):
     assert result.returncode != 0, "the server ran under python -O"
     assert "assert" in result.stderr, result.stderr
 
+
+
+# -- one server per data directory ---------------------------------------------
+
+def test_second_server_on_a_data_directory_in_use_exits_naming_the_holder(tmp_path):
+    """Two nodes writing one WAL lose confirmed messages: the second must refuse to start."""
+    first = make_server(tmp_path, WARREN_NODE_NAME="first@host").start()
+    try:
+        second = make_server(tmp_path, WARREN_NODE_NAME="second@host")  # the same tmp_path/data
+        assert second.data_dir == first.data_dir
+        result = run_broker(second.env)
+        assert result.returncode != 0, f"the second server exited 0: {result.stderr!r}"
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1, f"expected a one-line message, got {result.stderr!r}"
+        assert f"pid {first.process.pid}" in lines[0] and "first@host" in lines[0], lines[0]
+        connect(first).close()  # the first one still serves
+    finally:
+        assert first.stop() == 0, first.log()
+    make_server(tmp_path).start().stop()  # its stop released the directory
