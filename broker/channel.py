@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from pamqp import commands as spec
 
 from broker import fifo
-from broker.channel_topology import TopologyMethods
+from broker.channel_topology import REPLY_TO_QUEUE, TopologyMethods
 from broker.confirms import ConfirmTracker
 from broker.queue import Queue
 from protocol import codec
@@ -44,7 +44,6 @@ from protocol.errors import AMQPConnectionError, ChannelError
 if TYPE_CHECKING:
     from broker.connection import AMQPConnection
 
-REPLY_TO_QUEUE = "amq.rabbitmq.reply-to"
 DELIVERY_TIME_RESOLUTION_SECONDS = 0.1
 REPLY_TO_PREFIX = REPLY_TO_QUEUE + "."
 

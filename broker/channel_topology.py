@@ -18,6 +18,7 @@ from broker.queue import Queue
 from protocol.constants import ACCESS_REFUSED, INTERNAL_ERROR, NOT_FOUND
 from protocol.errors import ChannelError
 
+REPLY_TO_QUEUE = "amq.rabbitmq.reply-to"
 # what a channel remembers of its permission checks (RabbitMQ keeps a few per channel)
 ACCESS_GRANTED_MAX = 1024
 
@@ -144,6 +145,9 @@ class TopologyMethods:
                    40, 40, None if method.nowait else spec.Exchange.UnbindOk())
 
     def on_queue_declare(self, method: spec.Queue.Declare) -> None:
+        if method.queue.startswith(REPLY_TO_QUEUE):
+            self._declare_reply_to_queue(method)
+            return
         before = self.broker.durability.last_meta_batch
         queue = self.vhost.declare_queue(method, self.connection.id, partial(self._declare_quorum_queue, method),
                                          partial(self.check_access, "configure", "queue", class_id=50, method_id=10))
@@ -152,6 +156,25 @@ class TopologyMethods:
         self.last_queue_name = queue.name
         self._reply_when_journaled(before, None if method.nowait else spec.Queue.DeclareOk(
             queue.name, queue.message_count, queue.consumer_count))
+
+    def _declare_reply_to_queue(self, method: spec.Queue.Declare) -> None:
+        """rabbit_channel: every declare of the direct reply-to pseudo-queue is
+        passive, and one that exists "by definition has one consumer"."""
+        name = method.queue
+        if not self._reply_to_queue_exists(name):
+            raise ChannelError(NOT_FOUND, f"no queue '{name}' in vhost '{self.vhost.name}'", 50, 10)
+        self.last_queue_name = name
+        if not method.nowait:
+            self.send(spec.Queue.DeclareOk(name, 0, 1))
+
+    def _reply_to_queue_exists(self, name: str) -> bool:
+        if name == REPLY_TO_QUEUE:
+            return True
+        if not name.startswith(REPLY_TO_QUEUE + "."):
+            return False
+        # a channel's reply address: it exists while that channel waits for replies
+        replying = self.broker._reply_channels.get(name[len(REPLY_TO_QUEUE) + 1:])
+        return replying is not None and not replying.closed
 
     def _declare_quorum_queue(self, method: spec.Queue.Declare, name: str, arguments: dict) -> bool:
         """Have the metadata group create the queue; False: not replicated, make it here.

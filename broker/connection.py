@@ -77,6 +77,7 @@ class AMQPConnection(asyncio.Protocol):
         self.paused_channels: set[Channel] = set()
         self.heartbeat_seconds = 0
         self._last_received = time.monotonic()
+        self._held_unread = False  # reading was paused since the last resume
         self._wrote_since_tick = False
         self._timer: asyncio.TimerHandle | None = None
         self._closing = False
@@ -144,12 +145,22 @@ class AMQPConnection(asyncio.Protocol):
         for channel in list(self.channels.values()):
             channel.on_writes_paused_changed()
 
+    @property
+    def reading_paused(self) -> bool:
+        """We hold the socket unread: backpressure, a resource alarm or a channel over commands_soft_limit."""
+        return bool(self.writes_paused or self.blocked or self.paused_channels)
+
     def _update_reading(self) -> None:
         if self.transport is None or self.transport.is_closing():
             return
-        if self.writes_paused or self.blocked or self.paused_channels:
+        if self.reading_paused:
             self.transport.pause_reading()
+            self._held_unread = True
         else:
+            if self._held_unread:
+                # The peer's silence counts from here: what it sent meanwhile waits unread in our socket.
+                self._last_received = time.monotonic()
+                self._held_unread = False
             self.transport.resume_reading()
 
     def set_channel_paused(self, channel: Channel, paused: bool) -> None:
@@ -342,12 +353,10 @@ class AMQPConnection(asyncio.Protocol):
                  client=str(self.client_properties.get("product", "")))
 
     def _on_update_secret(self, method: spec.Connection.UpdateSecret) -> None:
-        try:
-            authenticate(self.broker.access, "PLAIN", b"\0" + self.user_name.encode() + b"\0" +
-                         (method.new_secret.encode() if isinstance(method.new_secret, str) else method.new_secret),
-                         self.peer_host)
-        except AuthenticationError:
-            raise AMQPConnectionError(NOT_ALLOWED, "Refused to update secret", 10, 70) from None
+        """As RabbitMQ with its internal user store: a password cannot expire, so
+        rabbit_access_control:update_state keeps the user as it is and the new
+        secret is accepted unchecked (it is for token backends such as OAuth 2)."""
+        log.info("connection.secret_updated", peer=self.peer, user=self.user_name, reason=method.reason)
         self.write(codec.encode_method(0, spec.Connection.UpdateSecretOk()))
 
     # -- heartbeats (AMQP 0-9-1 §4.2.7) -----------------------------------
@@ -358,8 +367,8 @@ class AMQPConnection(asyncio.Protocol):
     def _on_heartbeat_tick(self) -> None:
         if self.closed:
             return
-        if self.blocked or self.writes_paused:
-            self._last_received = time.monotonic()  # we stopped reading, not the peer
+        if self.reading_paused:
+            self._last_received = time.monotonic()  # we stopped reading, not the peer (as RabbitMQ)
         silent_for = time.monotonic() - self._last_received
         if silent_for > 2 * self.heartbeat_seconds:
             log.warning("connection.heartbeat_timeout", peer=self.peer, user=self.user_name,

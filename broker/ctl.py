@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import http.client
 import json
 import os
 import sys
@@ -88,6 +89,7 @@ REQUEST_TIMEOUT_SECONDS = 10
 CHANGE_TIMEOUT_SECONDS = 60   # the node waits up to 30 s for the metadata group
 EX_USAGE = 64
 EX_UNAVAILABLE = 69
+EX_PROTOCOL = 76  # sysexits: the remote end did not speak the protocol
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -115,6 +117,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--password", default=None,
                         help="password (default: $WARREN_CTL_PASSWORD, else guest)")
     parser.add_argument("--formatter", choices=("tsv", "json"), default="tsv")
+    parser.add_argument("--timeout", "-t", type=float, default=None, metavar="SECONDS",
+                        help=f"how long to wait for the node's answer (default {REQUEST_TIMEOUT_SECONDS} s, "
+                             f"{CHANGE_TIMEOUT_SECONDS} s for a change)")
     return parser.parse_intermixed_args(argv)
 
 
@@ -125,11 +130,9 @@ def main(argv: list[str] | None = None) -> int:
         return change(args, password)
     path, default_columns = COMMANDS[args.command]
     try:
-        data = fetch(args.host, args.port, path, args.user, password)
-    except urllib.error.HTTPError as error:
-        return _http_error(args, error)
-    except (urllib.error.URLError, OSError) as error:
-        return _unreachable(args, error)
+        data = fetch(args.host, args.port, path, args.user, password, args.timeout or REQUEST_TIMEOUT_SECONDS)
+    except Exception as error:
+        return _failed(args, error)
     vhost = args.vhost if args.vhost is not None or args.command != "list_permissions" else "/"
     if vhost is not None and isinstance(data, list) and args.command not in ("list_users", "list_vhosts"):
         data = [row for row in data if row.get("vhost") == vhost]
@@ -167,11 +170,9 @@ def change(args: argparse.Namespace, password: str) -> int:
         if getattr(args, key) is not None:
             body[key] = getattr(args, key)
     try:
-        result = post(args.host, args.port, path, body, args.user, password)
-    except urllib.error.HTTPError as error:
-        return _http_error(args, error)
-    except (urllib.error.URLError, OSError) as error:
-        return _unreachable(args, error)
+        result = post(args.host, args.port, path, body, args.user, password, args.timeout or CHANGE_TIMEOUT_SECONDS)
+    except Exception as error:
+        return _failed(args, error)
     if args.formatter == "json":
         print(json.dumps(result, default=str))
     elif args.command in DONE_MESSAGES:
@@ -187,6 +188,26 @@ def change(args: argparse.Namespace, password: str) -> int:
     else:
         _print_table(MEMBER_ROW_COLUMNS, result)
     return 0
+
+
+def _failed(args: argparse.Namespace, error: Exception) -> int:
+    """One line on stderr and an exit code for whatever went wrong talking to the node."""
+    where = f"{args.host}:{args.port}"
+    if isinstance(error, urllib.error.HTTPError):
+        return _http_error(args, error)
+    if isinstance(error, TimeoutError) or isinstance(getattr(error, "reason", None), TimeoutError):
+        print(f"warrenctl: {where}: no answer, timed out", file=sys.stderr)
+        return EX_UNAVAILABLE
+    if isinstance(error, http.client.HTTPException):  # before OSError: RemoteDisconnected is both
+        print(f"warrenctl: {where} is not an HTTP endpoint ({type(error).__name__}); warrenctl talks to "
+              "the node's metrics port (--port, default 15692), not its AMQP port", file=sys.stderr)
+        return EX_PROTOCOL
+    if isinstance(error, (urllib.error.URLError, OSError)):
+        return _unreachable(args, error)
+    if isinstance(error, ValueError):  # the body is not JSON
+        print(f"warrenctl: {where} answered HTTP but not as a Warren node (no JSON)", file=sys.stderr)
+        return EX_PROTOCOL
+    raise error
 
 
 def _http_error(args: argparse.Namespace, error: urllib.error.HTTPError) -> int:
@@ -217,15 +238,16 @@ def _request(host: str, port: int, path: str, user: str, password: str,
     return request
 
 
-def fetch(host: str, port: int, path: str, user: str, password: str) -> Any:
-    with urllib.request.urlopen(_request(host, port, path, user, password),
-                                timeout=REQUEST_TIMEOUT_SECONDS) as response:
+def fetch(host: str, port: int, path: str, user: str, password: str,
+          timeout: float = REQUEST_TIMEOUT_SECONDS) -> Any:
+    with urllib.request.urlopen(_request(host, port, path, user, password), timeout=timeout) as response:
         return json.loads(response.read())
 
 
-def post(host: str, port: int, path: str, body: dict, user: str, password: str) -> Any:
+def post(host: str, port: int, path: str, body: dict, user: str, password: str,
+         timeout: float = CHANGE_TIMEOUT_SECONDS) -> Any:
     request = _request(host, port, path, user, password, json.dumps(body).encode())
-    with urllib.request.urlopen(request, timeout=CHANGE_TIMEOUT_SECONDS) as response:
+    with urllib.request.urlopen(request, timeout=timeout) as response:
         return json.loads(response.read())
 
 

@@ -8,8 +8,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
+import fcntl
+import ipaddress
+import os
 import signal
+import socket
 import sys
+from pathlib import Path
+from typing import IO, Awaitable, Callable
 
 import structlog
 import uvloop
@@ -25,6 +32,16 @@ log = structlog.get_logger("warren.server")
 # How long shutdown waits for clients to answer connection.close.
 SHUTDOWN_GRACE_SECONDS = 5.0
 LISTEN_BACKLOG = 1024
+# In the data directory: held locked (flock) by the server using it, naming its pid and node.
+DATA_DIR_LOCK_FILE = "warren.lock"
+
+
+# A bind to an IPv6 address fails so on a host without IPv6 (kernel without it, or disabled).
+IPV6_UNAVAILABLE_ERRNOS = (errno.EAFNOSUPPORT, errno.EADDRNOTAVAIL, errno.EPROTONOSUPPORT)
+
+
+class DataDirInUse(Exception):
+    """Another process holds the data directory's lock."""
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -56,6 +73,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"warren-server: data_dir {settings.data_dir}: {error.strerror}", file=sys.stderr)
         return 2
     try:
+        lock = lock_data_dir(settings.data_dir, settings.node_name)  # held until the process exits
+    except DataDirInUse as error:
+        print(f"warren-server: {error}", file=sys.stderr)
+        return 1
+    except OSError as error:
+        print(f"warren-server: data_dir {settings.data_dir}: cannot lock: {error.strerror}", file=sys.stderr)
+        return 2
+    try:
         return uvloop.run(serve(settings))
     except CorruptLog as error:
         log.error("server.start_failed", error=str(error))
@@ -65,6 +90,27 @@ def main(argv: list[str] | None = None) -> int:
         log.error("server.start_failed", error=str(error))
         print(f"warren-server: cannot start: {error}", file=sys.stderr)
         return 1
+    finally:
+        lock.close()
+
+
+def lock_data_dir(data_dir: Path, node_name: str) -> IO[str]:
+    """Lock the data directory for this process's life: two nodes appending to one
+    WAL corrupt each other's log and lose confirmed messages. The kernel drops an
+    flock when its holder dies, so a kill -9 leaves no stale lock."""
+    lock = open(data_dir / DATA_DIR_LOCK_FILE, "a+")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.seek(0)
+        holder = lock.read().strip() or "another process"
+        lock.close()
+        raise DataDirInUse(f"data_dir {data_dir} is in use by {holder}; "
+                           "a data directory serves one node at a time") from None
+    lock.truncate(0)
+    lock.write(f"pid {os.getpid()} (node {node_name})\n")
+    lock.flush()
+    return lock
 
 
 def _check_cluster_config(settings: Settings) -> None:
@@ -106,18 +152,20 @@ async def serve(settings: Settings) -> int:
     broker.durability.recover(broker)
     # The Raft groups (metadata, quorum queues) and the links to the other nodes.
     await broker.cluster.start()
-    server = await loop.create_server(
-        lambda: AMQPConnection(broker), settings.amqp_host, settings.amqp_port,
-        reuse_address=True, backlog=LISTEN_BACKLOG)
-    metrics_server = None
+    servers = await listen(lambda host: loop.create_server(
+        lambda: AMQPConnection(broker), host, settings.amqp_port, reuse_address=True, backlog=LISTEN_BACKLOG),
+        settings.amqp_host, "amqp")
+    metrics_servers: list[asyncio.Server] = []
     if settings.metrics_port:
-        metrics_server = await start_http_server(broker, settings.metrics_host, settings.metrics_port)
+        metrics_servers = await listen(lambda host: start_http_server(broker, host, settings.metrics_port),
+                                       settings.metrics_host, "metrics")
     alarm_task = asyncio.create_task(_housekeeping_forever(broker))
-    log.info("server.started", node=settings.node_name, amqp=f"{settings.amqp_host}:{settings.amqp_port}",
-             metrics_port=settings.metrics_port, data_dir=str(settings.data_dir), version=VERSION)
+    log.info("server.started", node=settings.node_name, amqp=_addresses(servers),
+             metrics=_addresses(metrics_servers), data_dir=str(settings.data_dir), version=VERSION)
     await stop.wait()
     log.info("server.stopping", connections=len(broker.connections))
-    server.close()
+    for server in servers:
+        server.close()
     alarm_task.cancel()
     broker.shutdown_connections()
     deadline = loop.time() + SHUTDOWN_GRACE_SECONDS
@@ -125,7 +173,38 @@ async def serve(settings: Settings) -> int:
         await asyncio.sleep(0.05)
     await broker.cluster.stop()
     await broker.durability.close()
-    if metrics_server is not None:
-        metrics_server.close()
+    for server in metrics_servers:
+        server.close()
     log.info("server.stopped")
     return 0
+
+
+async def listen(start: Callable[[str], Awaitable[asyncio.Server]], hosts: str,
+                 listener: str) -> list[asyncio.Server]:
+    """One server per address of `hosts` (comma-separated). An IPv6 address the host
+    cannot bind (no IPv6) is skipped with a warning while another address listens."""
+    addresses = [host.strip() for host in hosts.split(",") if host.strip()]
+    servers = []
+    for host in addresses:
+        try:
+            servers.append(await start(host))
+        except OSError as error:
+            if not (_is_ipv6(host) and error.errno in IPV6_UNAVAILABLE_ERRNOS and len(addresses) > 1):
+                raise
+            log.warning("server.ipv6_unavailable", listener=listener, host=host, error=str(error))
+    if not servers:
+        raise OSError(errno.EADDRNOTAVAIL, f"no {listener} listener could bind any of {hosts}")
+    return servers
+
+
+def _addresses(servers: list[asyncio.Server]) -> list[str]:
+    """Where the servers listen, as "[::]:5672" and "0.0.0.0:5672"."""
+    return [f"[{name[0]}]:{name[1]}" if sock.family == socket.AF_INET6 else f"{name[0]}:{name[1]}"
+            for server in servers for sock in server.sockets for name in [sock.getsockname()]]
+
+
+def _is_ipv6(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).version == 6
+    except ValueError:
+        return False

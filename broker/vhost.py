@@ -77,14 +77,14 @@ class VirtualHost:
         metadata group makes) was called to create it everywhere."""
         name = method.exchange
         if method.passive:
+            _check_not_default_exchange(name, 40, 10)  # as RabbitMQ: a passive declare too
             return self.exchange(name)
         if method.exchange_type not in EXCHANGE_TYPES:
             raise ChannelError(
                 PRECONDITION_FAILED, f"invalid exchange type '{method.exchange_type}' for exchange "
                 f"'{name}' in vhost '{self.name}'", 40, 10)
         existing = self.exchanges.get(name)
-        if name == "":
-            raise ChannelError(ACCESS_REFUSED, "operation not permitted on the default exchange", 40, 10)
+        _check_not_default_exchange(name, 40, 10)
         if name.startswith("amq.") and existing is None:
             raise ChannelError(
                 ACCESS_REFUSED, f"exchange name '{name}' contains reserved prefix 'amq.*'", 40, 10)
@@ -148,11 +148,12 @@ class VirtualHost:
 
     def _check_exclusive(self, queue: Queue, owner: Hashable | None, class_id: int, method_id: int) -> None:
         if queue.exclusive_owner is not None and queue.exclusive_owner != owner:
-            raise ChannelError(
-                RESOURCE_LOCKED,
-                f"cannot obtain exclusive access to locked queue '{queue.name}' in vhost '{self.name}'. "
+            raise ChannelError(RESOURCE_LOCKED, self._locked_text(queue), class_id, method_id)
+
+    def _locked_text(self, queue: Queue) -> str:
+        return (f"cannot obtain exclusive access to locked queue '{queue.name}' in vhost '{self.name}'. "
                 "It could be originally declared on another connection or the exclusive property value "
-                "does not match that of the original declaration.", class_id, method_id)
+                "does not match that of the original declaration.")
 
     def declare_queue(self, method: spec.Queue.Declare, owner: Hashable,
                       replicate: Callable[[str, dict], bool] | None = None,
@@ -174,13 +175,7 @@ class VirtualHost:
         queue_arguments.validate_queue_arguments(arguments, name, self.name)
         existing = self.queues.get(name)
         if existing is not None:
-            self._check_exclusive(existing, owner, 50, 10)
-            if existing.durable != method.durable:
-                raise ChannelError(
-                    PRECONDITION_FAILED,
-                    f"inequivalent arg 'durable' for queue '{name}' in vhost '{self.name}': "
-                    f"received '{_erl(method.durable)}' but current is '{_erl(existing.durable)}'", 50, 10)
-            queue_arguments.check_equivalent(existing.arguments, arguments, name, self.name)
+            self._check_queue_equivalent(existing, method, arguments, owner)
             existing.touch()
             return existing
         self._check_queue_type_properties(method, arguments, name)
@@ -193,6 +188,22 @@ class VirtualHost:
         self.add_queue(queue)
         self.journal.queue_declared(self, queue)
         return queue
+
+    def _check_queue_equivalent(self, existing: Queue, method: spec.Queue.Declare, arguments: dict,
+                                owner: Hashable) -> None:
+        """RabbitMQ's rabbit_amqqueue:assert_equivalence, in its order: durable,
+        auto_delete, arguments, then exclusivity (strict: a redeclare must say
+        exclusive exactly when the queue is, else 405, from the owner too)."""
+        for field, received, current in (("durable", method.durable, existing.durable),
+                                         ("auto_delete", method.auto_delete, existing.auto_delete)):
+            if received != current:
+                raise ChannelError(
+                    PRECONDITION_FAILED,
+                    f"inequivalent arg '{field}' for queue '{existing.name}' in vhost '{self.name}': "
+                    f"received '{_erl(received)}' but current is '{_erl(current)}'", 50, 10)
+        queue_arguments.check_equivalent(existing.arguments, arguments, existing.name, self.name)
+        if existing.exclusive_owner != (owner if method.exclusive else None):
+            raise ChannelError(RESOURCE_LOCKED, self._locked_text(existing), 50, 10)
 
     def add_queue(self, queue: Queue) -> None:
         self.queues[queue.name] = queue
@@ -255,8 +266,7 @@ class VirtualHost:
 
     def unbind(self, source: str, destination: Destination, routing_key: str, arguments: dict | None,
                owner: Hashable, class_id: int, method_id: int, replicate: Callable[[], None] | None = None) -> None:
-        if source == "":
-            raise ChannelError(ACCESS_REFUSED, "operation not permitted on the default exchange", class_id, method_id)
+        _check_not_default_exchange(source, class_id, method_id)
         exchange = self.exchanges.get(source)
         kind, name = destination
         target = self.queues.get(name) if kind == "queue" else self.exchanges.get(name)
@@ -273,8 +283,7 @@ class VirtualHost:
             self._maybe_auto_delete_exchange(exchange)
 
     def _binding_source(self, source: str, class_id: int, method_id: int) -> Exchange:
-        if source == "":
-            raise ChannelError(ACCESS_REFUSED, "operation not permitted on the default exchange", class_id, method_id)
+        _check_not_default_exchange(source, class_id, method_id)
         return self.exchange(source, class_id, method_id)
 
     def _binding_destination(self, destination: Destination, owner: Hashable, class_id: int, method_id: int) -> None:
@@ -282,9 +291,7 @@ class VirtualHost:
         if kind == "queue":
             self.queue(name, owner, class_id, method_id)
         else:
-            if name == "":
-                raise ChannelError(ACCESS_REFUSED, "operation not permitted on the default exchange",
-                                   class_id, method_id)
+            _check_not_default_exchange(name, class_id, method_id)
             self.exchange(name, class_id, method_id)
 
     # -- routing ----------------------------------------------------------
@@ -354,17 +361,25 @@ def _with_death(properties: bytes, queue: Queue, reason: str, exchange: str, rou
             death["count"] = death.get("count", 1) + 1
             break
     else:
-        deaths.insert(0, {"count": 1, "reason": reason, "queue": queue.name, "exchange": exchange,
-                          "routing-keys": [routing_key],
-                          "time": datetime.fromtimestamp(time_ms // 1000, tz=timezone.utc)})
+        death = {"count": 1, "reason": reason, "queue": queue.name, "exchange": exchange,
+                 "routing-keys": [routing_key], "time": datetime.fromtimestamp(time_ms // 1000, tz=timezone.utc)}
+        if decoded.expiration is not None:
+            # RabbitMQ keeps the per-message TTL it removes below here (rabbit_dead_letter)
+            death["original-expiration"] = decoded.expiration
+        deaths.insert(0, death)
         headers.setdefault("x-first-death-reason", reason)
         headers.setdefault("x-first-death-queue", queue.name)
         headers.setdefault("x-first-death-exchange", exchange)
     headers["x-death"] = deaths
     decoded.headers = headers
-    if decoded.expiration is not None:
-        decoded.expiration = None  # RabbitMQ removes per-message TTL when dead-lettering
+    decoded.expiration = None  # as RabbitMQ: the dead-lettered copy does not expire again by the same TTL
     return codec.encode_properties(decoded)
+
+
+def _check_not_default_exchange(name: str, class_id: int, method_id: int) -> None:
+    """RabbitMQ's rabbit_channel:check_not_default_exchange."""
+    if name == "":
+        raise ChannelError(ACCESS_REFUSED, "operation not permitted on the default exchange", class_id, method_id)
 
 
 def _erl(value: Any) -> str:

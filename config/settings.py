@@ -72,9 +72,11 @@ class Settings(BaseSettings):
     )
 
     node_name: str = "warren@localhost"
-    amqp_host: str = "0.0.0.0"
+    # One address or several, comma-separated. The default, as RabbitMQ's listeners:
+    # every interface over IPv6 and IPv4 (IPv6 is skipped on a host without it).
+    amqp_host: str = Field("::,0.0.0.0", min_length=1)
     amqp_port: int = Field(5672, ge=0, le=65535)
-    metrics_host: str = "0.0.0.0"
+    metrics_host: str = Field("::,0.0.0.0", min_length=1)
     # 0 disables the Prometheus endpoint.
     metrics_port: int = Field(15692, ge=0, le=65535)
     data_dir: Path = Path("./warren-data")

@@ -12,7 +12,8 @@ what the wire protocol itself defines (AMQP 0-9-1 §2.3, §4.2):
 * content assembly: after basic.publish the channel expects exactly one
   content header and then body frames up to the announced size (505
   UNEXPECTED_FRAME otherwise);
-* frame limits: frame_max (501 FRAME_ERROR), max message size (406).
+* frame limits: a payload over frame_max (501 FRAME_ERROR; RabbitMQ lets a frame be 8 bytes
+  over), max message size (406), channel_max open channels (530).
 
 Events are tuples, first element the kind, because one is made per message:
   (EV_METHOD, channel, pamqp_method)
@@ -45,6 +46,7 @@ from protocol.constants import (
     FRAME_HEARTBEAT,
     FRAME_METHOD,
     FRAME_MIN_SIZE,
+    FRAME_OVERHEAD_BYTES,
     NOT_ALLOWED,
     NOT_IMPLEMENTED,
     PRECONDITION_FAILED,
@@ -136,9 +138,8 @@ class ServerConnection:
         unpack_header = _frame_header.unpack_from
         while end - pos >= 7:
             frame_type, channel, size = unpack_header(buf, pos)
-            if size + 8 > frame_max:
-                raise AMQPConnectionError(
-                    FRAME_ERROR, f"frame size {size + 8} larger than negotiated maximum {frame_max}")
+            if size > frame_max:
+                raise _frame_too_large(frame_type, size, frame_max)
             frame_end = pos + 7 + size
             if frame_end >= end:
                 break
@@ -228,14 +229,12 @@ class ServerConnection:
         if channel_state is None:
             if not isinstance(method, spec.Channel.Open):
                 raise AMQPConnectionError(CHANNEL_ERROR, "expected 'channel.open'", method_id >> 16, method_id & 0xFFFF)
+            # RabbitMQ 3.x (rabbit_reader:create_channel) limits how many channels are
+            # open, whatever their numbers; its error names no method.
             if len(self.channels) >= self.channel_max:
                 raise AMQPConnectionError(
                     NOT_ALLOWED, f"number of channels opened ({len(self.channels)}) has reached the "
-                    f"negotiated channel_max ({self.channel_max})", 20, 10)
-            if channel > self.channel_max:
-                raise AMQPConnectionError(
-                    NOT_ALLOWED, f"channel number {channel} exceeds the negotiated channel_max ({self.channel_max})",
-                    20, 10)
+                    f"negotiated channel_max ({self.channel_max})")
             self.channels[channel] = _CHANNEL_OPEN
         elif channel_state is _CHANNEL_CLOSING:
             # §4.2.6: after sending channel.close, discard all but close/close-ok.
@@ -359,6 +358,14 @@ class ServerConnection:
         self.state = CLOSING
         self._contents.clear()
         self.channels.clear()  # nothing on any channel matters any more
+
+
+def _frame_too_large(frame_type: int, size: int, frame_max: int) -> AMQPConnectionError:
+    """RabbitMQ's words. Its limit is frame_max - 8 for the payload plus a FRAME_SIZE_FUDGE of
+    8 more "since quite a few [clients] get it wrong": a payload up to frame_max passes."""
+    limit = frame_max - FRAME_OVERHEAD_BYTES
+    return AMQPConnectionError(
+        FRAME_ERROR, f"type {frame_type}, all octets = <<>>: {{frame_too_large,{size},{limit}}}")
 
 
 class BadProtocolHeader(Exception):

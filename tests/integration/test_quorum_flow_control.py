@@ -65,3 +65,50 @@ def test_a_publisher_is_held_back_while_its_queue_cannot_commit(tmp_path):
         for node in frozen:
             servers[node].process.send_signal(signal.SIGCONT)
         stop_all(servers)
+
+
+HEARTBEAT_SECONDS = 1
+# how long the publisher is held: more than the 2 heartbeat intervals after which a silent peer is dropped
+HELD_SECONDS = 4 * HEARTBEAT_SECONDS
+
+
+def test_a_held_publisher_is_not_dropped_as_a_heartbeat_timeout(tmp_path):
+    """RabbitMQ does not count the time flow control keeps a reader from reading."""
+    servers = start_cluster(tmp_path)
+    frozen: list[str] = []
+    try:
+        declare_everywhere(servers, "a@local", "flow-hb")
+        leader = leader_of(servers, "flow-hb")
+        errors: list[Exception] = []
+        done = threading.Event()
+
+        def publish() -> None:
+            try:
+                url = servers[leader].url + f"?heartbeat={HEARTBEAT_SECONDS}"
+                with pika.BlockingConnection(pika.URLParameters(url)) as connection:
+                    channel = connection.channel()
+                    for _ in range(MESSAGES):
+                        channel.basic_publish("", "flow-hb", BODY, pika.BasicProperties(delivery_mode=2))
+            except Exception as error:  # reported by the test thread below
+                errors.append(error)
+            done.set()
+
+        for node in servers:
+            if node != leader:
+                servers[node].process.send_signal(signal.SIGSTOP)
+                frozen.append(node)
+        threading.Thread(target=publish, daemon=True).start()
+        wait_for(lambda: api(servers[leader], "/api/overview")["quorum_enqueues_pending"] > 32,
+                 "the publisher to be held back by commands_soft_limit")
+        assert not done.wait(HELD_SECONDS), f"the publisher was not held back (errors: {errors})"
+        assert api(servers[leader], "/api/overview")["connections"] == 1, "the held publisher's connection was closed"
+        for node in frozen:
+            servers[node].process.send_signal(signal.SIGCONT)
+        frozen.clear()
+        assert done.wait(60), "the publisher never finished after the quorum came back"
+        assert not errors, f"the held publisher failed: {errors}"
+        assert "connection.heartbeat_timeout" not in servers[leader].log(), "the node took flow control for a dead peer"
+    finally:
+        for node in frozen:
+            servers[node].process.send_signal(signal.SIGCONT)
+        stop_all(servers)

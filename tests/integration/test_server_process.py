@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -371,3 +372,56 @@ def test_assertions_cannot_be_disabled(tmp_path):
     assert result.returncode != 0, "the server ran under python -O"
     assert "assert" in result.stderr, result.stderr
 
+
+
+# -- one server per data directory ---------------------------------------------
+
+def test_second_server_on_a_data_directory_in_use_exits_naming_the_holder(tmp_path):
+    """Two nodes writing one WAL lose confirmed messages: the second must refuse to start."""
+    first = make_server(tmp_path, WARREN_NODE_NAME="first@host").start()
+    try:
+        second = make_server(tmp_path, WARREN_NODE_NAME="second@host")  # the same tmp_path/data
+        assert second.data_dir == first.data_dir
+        result = run_broker(second.env)
+        assert result.returncode != 0, f"the second server exited 0: {result.stderr!r}"
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1, f"expected a one-line message, got {result.stderr!r}"
+        assert f"pid {first.process.pid}" in lines[0] and "first@host" in lines[0], lines[0]
+        connect(first).close()  # the first one still serves
+    finally:
+        assert first.stop() == 0, first.log()
+    make_server(tmp_path).start().stop()  # its stop released the directory
+
+
+# -- listeners -------------------------------------------------------------------
+
+def _accepts_ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+            return True
+    except OSError:
+        return False
+
+
+def _accepts(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=2):
+            return True
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not socket.has_ipv6 or not _accepts_ipv6_loopback(), reason="no IPv6 loopback here")
+def test_default_listeners_take_ipv6_and_ipv4(tmp_path):
+    """As RabbitMQ's default listeners ([::] and 0.0.0.0): a client may resolve localhost to ::1 first."""
+    server = make_server(tmp_path)
+    for variable in ("WARREN_AMQP_HOST", "WARREN_METRICS_HOST"):
+        del server.env[variable]
+    server.start()
+    try:
+        for host in ("::1", "127.0.0.1"):
+            assert _accepts(host, server.amqp_port), f"no AMQP listener on {host}"
+            assert _accepts(host, server.metrics_port), f"no metrics listener on {host}"
+    finally:
+        server.stop()

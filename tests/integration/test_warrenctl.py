@@ -2,12 +2,15 @@
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
+import threading
 import urllib.error
 import urllib.request
 
 import pika
+import pytest
 
 CTL_TIMEOUT_SECONDS = 30
 
@@ -60,3 +63,64 @@ def test_unreachable_node_exits_69(tmp_path):
     result = subprocess.run([sys.executable, "-m", "broker.ctl", "--port", str(free_port()), "status"],
                             capture_output=True, text=True, timeout=CTL_TIMEOUT_SECONDS)
     assert result.returncode == 69 and "cannot reach" in result.stderr, result
+
+
+class OneAnswerServer:
+    """A loopback TCP server that answers every connection with `reply` (None: reads and never answers)."""
+
+    def __init__(self, reply: bytes | None):
+        self.reply = reply
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.held: list[socket.socket] = []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return  # closed
+            self.held.append(client)
+            if self.reply is not None:
+                client.sendall(self.reply)
+                client.close()
+
+    def close(self) -> None:
+        self.listener.close()
+        for client in self.held:
+            client.close()
+
+
+def assert_one_line_failure(result: subprocess.CompletedProcess, expected: str) -> None:
+    assert result.returncode != 0, result
+    assert "Traceback" not in result.stderr, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("warrenctl: ") and expected in lines[0], result.stderr
+
+
+def ctl_at(port: int, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "broker.ctl", "--port", str(port), *args],
+                          capture_output=True, text=True, timeout=CTL_TIMEOUT_SECONDS)
+
+
+def test_pointed_at_the_amqp_port_is_a_one_line_error(server):
+    assert_one_line_failure(ctl_at(server.amqp_port, "status"), "not an HTTP endpoint")
+
+
+@pytest.mark.parametrize("reply", [b"HTTP/1.0 200 OK\r\n\r\n<html>not json</html>", b"SSH-2.0-OpenSSH_9.6\r\n"])
+def test_a_server_that_is_not_warren_is_a_one_line_error(reply):
+    other = OneAnswerServer(reply)
+    try:
+        assert_one_line_failure(ctl_at(other.port, "list_queues"), f"127.0.0.1:{other.port}")
+    finally:
+        other.close()
+
+
+def test_a_silent_server_times_out_with_a_one_line_error():
+    silent = OneAnswerServer(None)
+    try:
+        assert_one_line_failure(ctl_at(silent.port, "--timeout", "1", "status"), "timed out")
+        assert_one_line_failure(ctl_at(silent.port, "--timeout", "1", "add_vhost", "v"), "timed out")
+    finally:
+        silent.close()

@@ -204,12 +204,14 @@ def test_second_channel_open_is_channel_error():
         f"the error should blame channel.open (20, 10), blames {(error.class_id, error.method_id)}")
 
 
-def test_channel_number_above_channel_max_is_not_allowed():
-    conn = opened_connection()  # channel_max 16
-    assert methods(conn.receive_data(channel_open(16))) == [(16, "Channel.Open")], "channel 16 = channel_max refused"
+def test_channel_max_limits_open_channels_not_channel_numbers():
+    """RabbitMQ 3.x (rabbit_reader:create_channel): only the count of open channels is limited."""
+    conn = opened_connection(*range(1, 16))  # channel_max 16
+    assert methods(conn.receive_data(channel_open(65535))) == [(65535, "Channel.Open")], "channel 65535 refused"
     error = hard_error(conn, channel_open(17))
-    assert_reply(error, NOT_ALLOWED, "channel 17 above channel_max 16")
-    assert (error.class_id, error.method_id) == (20, 10), f"error blames {(error.class_id, error.method_id)}"
+    assert_reply(error, NOT_ALLOWED, "a 17th open channel with channel_max 16")
+    assert error.text == "number of channels opened (16) has reached the negotiated channel_max (16)", error.text
+    assert (error.class_id, error.method_id) == (0, 0), f"error blames {(error.class_id, error.method_id)}"
 
 
 def test_channels_are_independent():
@@ -361,16 +363,19 @@ def test_body_at_max_message_size_is_accepted():
 def test_frame_larger_than_frame_max_is_frame_error():
     conn = opened_connection(1)
     conn.receive_data(method(1, spec.Basic.Publish(exchange="", routing_key="q")) + content_header(1, 10000))
-    error = hard_error(conn, content_body(1, b"x" * (FRAME_MAX - 7)))  # 1 byte over
-    assert_reply(error, FRAME_ERROR, f"body frame of {FRAME_MAX + 1} bytes with frame_max {FRAME_MAX}")
+    error = hard_error(conn, content_body(1, b"x" * (FRAME_MAX + 1)))  # 9 bytes over: past RabbitMQ's fudge
+    assert_reply(error, FRAME_ERROR, f"body frame of {FRAME_MAX + 9} bytes with frame_max {FRAME_MAX}")
+    assert error.text == f"type 3, all octets = <<>>: {{frame_too_large,{FRAME_MAX + 1},{FRAME_MAX - 8}}}"
 
 
-def test_frame_of_exactly_frame_max_is_accepted():
+@pytest.mark.parametrize("over_bytes", [0, 1, 8])
+def test_frame_up_to_eight_bytes_over_frame_max_is_accepted(over_bytes):
+    """RabbitMQ's FRAME_SIZE_FUDGE: clients often count frame_max without the 8 bytes of framing."""
     conn = opened_connection(1)
-    body = b"x" * (FRAME_MAX - 8)
+    body = b"x" * (FRAME_MAX - 8 + over_bytes)
     events = conn.receive_data(method(1, spec.Basic.Publish(exchange="", routing_key="q"))
                                + content_header(1, len(body)) + content_body(1, body))
-    assert [len(e[7]) for e in events] == [len(body)], f"frame of exactly frame_max refused: {describe(events)}"
+    assert [len(e[7]) for e in events] == [len(body)], f"frame {over_bytes} over frame_max refused: {describe(events)}"
 
 
 def test_oversized_frame_is_refused_from_its_header_alone():
@@ -383,7 +388,7 @@ def test_oversized_frame_is_refused_from_its_header_alone():
 def test_frame_max_applies_before_tune_ok():
     conn = new_connection(frame_max=FRAME_MAX)
     conn.receive_data(PROTOCOL_HEADER)
-    error = hard_error(conn, struct.pack(">BHI", FRAME_METHOD, 0, FRAME_MAX))
+    error = hard_error(conn, struct.pack(">BHI", FRAME_METHOD, 0, FRAME_MAX + 1))
     assert_reply(error, FRAME_ERROR, "huge method frame during handshake")
 
 
