@@ -239,15 +239,28 @@ class QuorumQueue(Queue):
         # is alone in.
         self.cluster.submit(self.group, qm.encode_node_up(self.cluster.node, self.cluster.incarnation, _now_ms()))
         if self.queue_type == "classic" and not self.transient_dropped:
-            # A classic queue leads on its declaring node only: leading anew means that node
-            # (re)started, and a durable classic queue loses its transient messages then.
             self.transient_dropped = True
-            self.cluster.submit(self.group, qm.encode_drop_transient(_now_ms()))
+            self._drop_earlier_transients()
         for peer in list(self.cluster.down_since):
             self.cluster.submit(self.group, qm.encode_node_down(peer, _now_ms()))
         for peer, incarnation in self.cluster.peer_incarnations.items():
             if peer not in self.cluster.down_since:
                 self.cluster.submit(self.group, qm.encode_node_up(peer, incarnation, _now_ms()))
+
+    def _drop_earlier_transients(self) -> None:
+        """A durable classic queue loses its transient messages when its node restarts
+        (RabbitMQ). It is a group of one, led by its node only, so its first leadership in
+        this incarnation starts at a term no earlier incarnation had, and its first entry
+        of that term (the no-op, Raft §8) splits the log: every entry below it was written
+        before the restart, every entry of this incarnation (only a leader appends) is at
+        or above it. The command names that index rather than "now", so it drops exactly
+        the earlier incarnations' messages however it interleaves with the first publishes
+        (proposed at once by a client or a peer as soon as the group leads), and a resent
+        copy changes nothing. A new group's first term starts at index 1: nothing before it."""
+        log_ = self.cluster.runtime.system.groups[self.group].raft.log
+        term_start = log_.first_index_of_term(log_.last_index())
+        if term_start > 1:
+            self.cluster.submit(self.group, qm.encode_drop_transient_before(term_start, _now_ms()))
 
     def resend_deliveries(self, owner: str, tag: str, after_seq: int) -> None:
         if self.machine is not None:
