@@ -352,6 +352,11 @@ class QuorumMachine:
         what a new leader resends (consumers drop the seqs they saw)."""
         return [delivery for consumer in self._seqs for delivery in self.deliveries_since(consumer, 0)]
 
+    def checked_out_deliveries_on(self, node: str) -> list[Delivery]:
+        """`checked_out_deliveries` of the consumers on `node` only."""
+        return [delivery for consumer in self._seqs if owner_node(consumer[0]) == node
+                for delivery in self.deliveries_since(consumer, 0)]
+
     def deliveries_since(self, consumer, seq: int) -> list[Delivery]:
         """The consumer's deliveries still checked out with a seq above `seq`, in seq order."""
         consumer = tuple(consumer)
