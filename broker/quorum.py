@@ -17,12 +17,15 @@ effects:
 * consuming: deliveries carry a per-consumer sequence; this node hands them
   to the channel in order, drops what it has seen, holds what comes after a
   gap and asks the leader to send again what it has checked out after the
-  last one seen (RESEND). A new leader sends every checked-out message again;
+  last one seen (RESEND). A new leader sends every checked-out message again,
+  a leader sends a peer's consumers theirs again when the peer's link comes
+  up, and a consumers' node asks a new leader as soon as it learns of it;
 * sessions of lost nodes: the leader proposes NODE_DOWN when a node's link
   drops (its consumers keep their messages but get no more), NODE_UP with the
   node's incarnation when it is back (consumers of an earlier incarnation,
   i.e. of channels that died with a restart, are removed and their messages
-  returned), NODE_GONE when it stayed away `cluster_node_gone_seconds`.
+  returned), NODE_GONE when it stayed away `cluster_node_gone_seconds`;
+  only locally and in its own term (`_state_own_view`).
 """
 from __future__ import annotations
 
@@ -227,8 +230,10 @@ class QuorumQueue(Queue):
                 run.append(effect)
 
     def on_leader_change(self, leader_id: str | None, leading: bool) -> None:
-        if leader_id is not None:
+        if leader_id is not None and leader_id != self.leader_hint:
             self.leader_hint = leader_id
+            if not leading:
+                self._ask_for_checked_out(leader_id)
         if not leading or self.machine is None:
             return
         # What the old leader delivered may not have arrived: send it all again
@@ -237,17 +242,37 @@ class QuorumQueue(Queue):
         # This node is up as its current incarnation: what its channels of an earlier
         # one (before a kill -9) held goes back; no other node says so for a group it
         # is alone in.
-        self.cluster.submit(self.group, qm.encode_node_up(self.cluster.node, self.cluster.incarnation, _now_ms()))
+        self._state_own_view(qm.encode_node_up(self.cluster.node, self.cluster.incarnation, _now_ms()))
         if self.queue_type == "classic" and not self.transient_dropped:
-            # A classic queue leads on its declaring node only: leading anew means that node
-            # (re)started, and a durable classic queue loses its transient messages then.
             self.transient_dropped = True
-            self.cluster.submit(self.group, qm.encode_drop_transient(_now_ms()))
+            self._drop_earlier_transients()
         for peer in list(self.cluster.down_since):
-            self.cluster.submit(self.group, qm.encode_node_down(peer, _now_ms()))
+            self._state_own_view(qm.encode_node_down(peer, _now_ms()))
         for peer, incarnation in self.cluster.peer_incarnations.items():
             if peer not in self.cluster.down_since:
-                self.cluster.submit(self.group, qm.encode_node_up(peer, incarnation, _now_ms()))
+                self._state_own_view(qm.encode_node_up(peer, incarnation, _now_ms()))
+
+    def _ask_for_checked_out(self, leader: str) -> None:
+        """A new leader's resend of what its predecessor had checked out to this
+        node's consumers may have been lost (sent while the link was down): ask
+        it for everything after the last seq each consumer saw."""
+        for (owner, tag), consumer in self.local_consumers.items():
+            self.cluster.app_send(leader, [RESEND, self.group, owner, tag, consumer.last_seq])
+
+    def _drop_earlier_transients(self) -> None:
+        """A durable classic queue loses its transient messages when its node restarts
+        (RabbitMQ). It is a group of one, led by its node only, so its first leadership in
+        this incarnation starts at a term no earlier incarnation had, and its first entry
+        of that term (the no-op, Raft §8) splits the log: every entry below it was written
+        before the restart, every entry of this incarnation (only a leader appends) is at
+        or above it. The command names that index rather than "now", so it drops exactly
+        the earlier incarnations' messages however it interleaves with the first publishes
+        (proposed at once by a client or a peer as soon as the group leads), and a resent
+        copy changes nothing. A new group's first term starts at index 1: nothing before it."""
+        log_ = self.cluster.runtime.system.groups[self.group].raft.log
+        term_start = log_.first_index_of_term(log_.last_index())
+        if term_start > 1:
+            self.cluster.submit(self.group, qm.encode_drop_transient_before(term_start, _now_ms()))
 
     def resend_deliveries(self, owner: str, tag: str, after_seq: int) -> None:
         if self.machine is not None:
@@ -257,26 +282,39 @@ class QuorumQueue(Queue):
     def _leading(self) -> bool:
         return self.machine is not None and self.cluster.is_leader(self.group)
 
-    def on_node_down(self, peer: str) -> None:
+    def _state_own_view(self, data: bytes) -> None:
+        """NODE_DOWN, NODE_UP and NODE_GONE state this node's view of its peers, which
+        counts only while it leads: proposed here in its own term, never submitted
+        (so never forwarded to another leader, nor resent after a leader change). A
+        leader deposed without knowing it yet (paused, partitioned) proposes from a
+        stale view; Raft commits an entry of its term only if it still has a majority
+        in that term, so a stale one stays in its own log (and on followers still in
+        its term) until the real leader's log replaces it. Should a later leader's log
+        hold it and commit it, that leader's own view follows it: stated on its
+        election (on_leader_change), at later indexes."""
         if self._leading():
-            self.cluster.submit(self.group, qm.encode_node_down(peer, _now_ms()))
+            self.cluster.runtime.propose(self.group, data)
+
+    def on_node_down(self, peer: str) -> None:
+        self._state_own_view(qm.encode_node_down(peer, _now_ms()))
 
     def on_node_up(self, peer: str, incarnation: str) -> None:
         self.gone_handled.discard(peer)
-        if self._leading():
-            self.cluster.submit(self.group, qm.encode_node_up(peer, incarnation, _now_ms()))
+        self._state_own_view(qm.encode_node_up(peer, incarnation, _now_ms()))
 
     def on_node_gone(self, peer: str) -> None:
         if peer not in self.gone_handled and self._leading():
             self.gone_handled.add(peer)
-            self.cluster.submit(self.group, qm.encode_node_gone(peer, _now_ms()))
+            self._state_own_view(qm.encode_node_gone(peer, _now_ms()))
 
     def on_link_up(self, peer: str) -> None:
-        """Deliveries from `peer` may have been lost while the link was down."""
-        if self.leader_hint != peer:
-            return
-        for (owner, tag), consumer in self.local_consumers.items():
-            self.cluster.app_send(peer, [RESEND, self.group, owner, tag, consumer.last_seq])
+        """Deliveries between this node and `peer` may have been lost while the link
+        was down: as leader, send the peer's consumers everything checked out to them
+        again; as a consumers' node whose leader is `peer`, ask for it."""
+        if self._leading():
+            self.perform(self.machine.checked_out_deliveries_on(peer))
+        elif self.leader_hint == peer:
+            self._ask_for_checked_out(peer)
 
     # -- publishing --------------------------------------------------------------------
     def enqueue(self, payload: Any, size: int, ttl_ms: int | None = None, priority: int = 0) -> int | None:

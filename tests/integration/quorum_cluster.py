@@ -40,20 +40,30 @@ def queue_view(server: ServerProcess, name: str) -> dict | None:
         return None
 
 
-def start_nodes(tmp_path, names: list[str], secrets: dict[str, str], **env: str) -> dict[str, ServerProcess]:
-    """One server per name, each listing all of them as its cluster, with its own secret."""
-    ports = {name: free_port() for name in names}
-    nodes = json.dumps([{"name": n, "host": "127.0.0.1", "port": p} for n, p in ports.items()])
+def start_nodes(tmp_path, names: list[str], secrets: dict[str, str], ports: dict[str, int] | None = None,
+                peer_port=None, **env: str) -> dict[str, ServerProcess]:
+    """One server per name, each listing all of them as its cluster, with its own secret;
+    `ports`: each node's cluster port (free ones if None); `peer_port(node, peer)`: the
+    port `node` dials `peer` at (a proxy's: tests/integration/partition.py)."""
+    ports = ports or {name: free_port() for name in names}
+
+    def cluster_nodes(node: str) -> str:
+        return json.dumps([{"name": n, "host": "127.0.0.1", "port": p if peer_port is None else peer_port(node, n)}
+                           for n, p in ports.items()])
     servers = {name: make_server(
-        tmp_path / name, WARREN_NODE_NAME=name, WARREN_CLUSTER_NODES=nodes, WARREN_CLUSTER_HOST="127.0.0.1",
-        WARREN_CLUSTER_PORT=str(ports[name]), WARREN_CLUSTER_SECRET=secrets[name], **env)
+        tmp_path / name, WARREN_NODE_NAME=name, WARREN_CLUSTER_NODES=cluster_nodes(name),
+        WARREN_CLUSTER_HOST="127.0.0.1", WARREN_CLUSTER_PORT=str(ports[name]), WARREN_CLUSTER_SECRET=secrets[name],
+        **env)
         for name in names}
     start_together(servers.values())
     return servers
 
 
-def start_cluster(tmp_path, gone_seconds: float = 3.0) -> dict[str, ServerProcess]:
+def start_cluster(tmp_path, gone_seconds: float = 3.0, network=None) -> dict[str, ServerProcess]:
+    """Three nodes; with `network` (a partition.Network over NAMES) they dial each other through its proxies."""
     servers = start_nodes(tmp_path, NAMES, {name: SECRET for name in NAMES},
+                          ports=network.real_ports if network is not None else None,
+                          peer_port=network.peer_port if network is not None else None,
                           WARREN_CLUSTER_NODE_GONE_SECONDS=str(gone_seconds))
     for name, server in servers.items():
         wait_for(lambda s=server: api(s, "/api/overview")["running_nodes"] == NAMES, f"{name} to see all nodes")

@@ -565,3 +565,33 @@ def test_committed_transaction_survives_kill_9(tmp_path):
         restart(server, "sigkill")
         with connect(server) as connection:
             assert drain(connection.channel(), "q") == numbered(20), "committed messages lost by kill -9"
+
+
+def test_transient_messages_published_right_after_a_durable_queue_is_declared_are_kept(tmp_path):
+    """A new durable classic queue (a Raft group of one) must not drop what was
+    published and confirmed in this incarnation: only a restart drops transient
+    messages. The publishes go out at once, without waiting for the declare's
+    group to settle (they raced DROP_TRANSIENT on its first leadership)."""
+    from pamqp import commands as spec
+    from tests.integration.pika_raw_client import RawClient
+
+    count = 4
+    with running(tmp_path) as server:
+        for round_ in range(5):
+            queue = f"fresh-{round_}"
+            with RawClient(server.amqp_port) as client:
+                client.handshake()
+                client.open_channel()
+                client.send(1, spec.Confirm.Select())
+                client.expect(spec.Confirm.SelectOk)
+                client.send(1, spec.Queue.Declare(queue=queue, durable=True))
+                for i in range(count):
+                    client.publish(1, spec.Basic.Publish(exchange="", routing_key=queue), b"t%d" % i,
+                                   spec.Basic.Properties(delivery_mode=1))
+                client.expect(spec.Queue.DeclareOk)
+                acked = 0
+                while acked < count:
+                    ack = client.expect(spec.Basic.Ack)
+                    acked = ack.delivery_tag if ack.multiple else acked + 1
+            with connect(server) as connection:
+                assert message_count(connection, queue) == count, f"round {round_}: confirmed transient messages lost"

@@ -108,6 +108,7 @@ def test_opcodes_are_distinct_ints_and_every_command_round_trips():
         qm.encode_enqueue_batch(P1, 3, 5, [["ex", "rk", b"p", b"b", None, 0]]):
             [qm.ENQUEUE_BATCH, P1, 3, 5, [["ex", "rk", b"p", b"b", None, 0]]],
         qm.encode_drop_transient(5): [qm.DROP_TRANSIENT, 5],
+        qm.encode_drop_transient_before(7, 5): [qm.DROP_TRANSIENT_BEFORE, 7, 5],
     }
     for data, expected in commands.items():
         assert isinstance(data, bytes)
@@ -766,3 +767,16 @@ def test_drop_transient_removes_ready_transient_messages_only():
     assert machine.apply(qm.decode(qm.encode_drop_transient(8)), 6)[0] == 1, "only the ready transient one"
     assert machine.ready_count == 0 and machine.unacked_count == 1
     assert machine.oldest_ref_index() == 2, "the checked-out transient message (entry 2) stays"
+
+
+def test_drop_transient_before_keeps_the_transient_messages_of_later_entries():
+    """A restarted classic queue's drop names its new term's first index: a
+    transient message enqueued at or after it (this incarnation's) stays even
+    when its entry is applied before the drop."""
+    machine = QuorumMachine()
+    transient = b"\x00\x00"
+    machine.apply(qm.decode(qm.encode_enqueue(P1, 1, 5, "", "q", transient, b"old")), 2)
+    machine.apply(qm.decode(qm.encode_enqueue(P1, 2, 5, "", "q", transient, b"new")), 4)
+    assert machine.apply(qm.decode(qm.encode_drop_transient_before(4, 6)), 5)[0] == 1, "only entry 2's"
+    assert machine.ready_count == 1 and machine.oldest_ref_index() == 4
+    assert machine.apply(qm.decode(qm.encode_drop_transient_before(4, 7)), 6)[0] == 0, "a resend drops nothing"

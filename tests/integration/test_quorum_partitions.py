@@ -1,0 +1,263 @@
+"""Faults on three real nodes while publishers (confirms) and consumers (manual
+acks) on different nodes use one quorum queue: the leader's node paused
+(SIGSTOP) longer than the failure detector, then resumed; the leader's node
+cut off from the other two by a partition (tests/integration/partition.py),
+then healed. After the heal deliveries resume on every consumer within
+`RESUME_SECONDS` and every confirmed message is consumed; nothing is
+delivered that was never published."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pika
+import pytest
+
+from tests.integration.partition import Network
+from tests.integration.quorum_cluster import (
+    NAMES, api, connect, declare_everywhere, leader_of, queue_view, start_cluster, stop_all, wait_for,
+)
+from tests.serverproc import free_port
+
+# Longer than the failure detector (3 silent heartbeats of 0.25 s) and an election.
+FAULT_SECONDS = 3.0
+RESUME_SECONDS = 10.0     # deliveries resume on every consumer within this after the heal
+DRAIN_SECONDS = 30.0      # every confirmed message consumed within this after the publishers stop
+THREAD_JOIN_SECONDS = 30.0
+# Consumers' node-gone timeout kept long: what they hold must come back to them, not be returned.
+GONE_SECONDS = 60.0
+BURST = 60
+
+
+class StreamPublisher(threading.Thread):
+    """Publishes numbered persistent messages with confirms until stopped."""
+
+    def __init__(self, server, queue: str, tag: str, stop: threading.Event):
+        super().__init__(daemon=True, name=f"publisher-{tag}")
+        self.server, self.queue, self.tag, self.stop = server, queue, tag, stop
+        self.published: set[bytes] = set()
+        self.confirmed: set[bytes] = set()
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            with connect(self.server) as connection:
+                channel = connection.channel()
+                channel.confirm_delivery()
+                for number in range(10**9):
+                    if self.stop.is_set():
+                        return
+                    body = f"{self.tag}:{number}".encode()
+                    self.published.add(body)
+                    try:
+                        channel.basic_publish("", self.queue, body, pika.BasicProperties(delivery_mode=2))
+                    except pika.exceptions.NackError:
+                        continue
+                    self.confirmed.add(body)
+        except BaseException as error:  # noqa: BLE001 -- reported by the test
+            self.error = error
+
+
+class StreamConsumer(threading.Thread):
+    """Consumes with manual acks (prefetch 10) until stopped; notes when each message came."""
+
+    def __init__(self, server, queue: str, node: str, stop: threading.Event):
+        super().__init__(daemon=True, name=f"consumer-{node}")
+        self.server, self.queue, self.node, self.stop = server, queue, node, stop
+        self.received: list[tuple[float, bytes]] = []
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            with connect(self.server) as connection:
+                channel = connection.channel()
+                channel.basic_qos(prefetch_count=10)
+                for method, _, body in channel.consume(self.queue, inactivity_timeout=0.1):
+                    if method is not None:
+                        self.received.append((time.monotonic(), body))
+                        channel.basic_ack(method.delivery_tag)
+                    if self.stop.is_set():
+                        break
+                channel.cancel()
+        except BaseException as error:  # noqa: BLE001 -- reported by the test
+            self.error = error
+
+    def first_after(self, moment: float) -> float | None:
+        return next((at for at, _ in list(self.received) if at > moment), None)   # appended in time order
+
+
+def known_leader(servers, queue: str, among: list[str]) -> str | None:
+    try:
+        return leader_of(servers, queue, among)
+    except AssertionError:   # none known yet (an election)
+        return None
+
+
+def pause(servers, node: str) -> None:
+    os.kill(servers[node].process.pid, signal.SIGSTOP)
+
+
+def resume(servers, node: str) -> None:
+    os.kill(servers[node].process.pid, signal.SIGCONT)
+
+
+def report(servers, publishers, consumers, extra: str = "", queue: str = "faults") -> str:
+    lines = [extra]
+    for p in publishers:
+        lines.append(f"publisher {p.tag}: published {len(p.published)} confirmed {len(p.confirmed)} error {p.error!r}")
+    for c in consumers:
+        lines.append(f"consumer on {c.node}: received {len(c.received)} error {c.error!r}")
+    for name in NAMES:
+        lines.append(f"{name} view: {queue_view(servers[name], queue)}")
+        lines.append(f"--- {name} log (tail) ---\n{servers[name].log()}")
+    return "\n".join(lines)
+
+
+@pytest.mark.parametrize("fault", ["pause", "partition"])
+def test_deliveries_resume_and_confirmed_messages_are_consumed_after_a_fault_on_the_leaders_node(tmp_path, fault):
+    network = Network({name: free_port() for name in NAMES})
+    servers = start_cluster(tmp_path, gone_seconds=GONE_SECONDS, network=network)
+    stop_publishing, stop_consuming = threading.Event(), threading.Event()
+    publishers: list[StreamPublisher] = []
+    consumers: list[StreamConsumer] = []
+    leader = None
+    try:
+        queue = "faults"
+        declare_everywhere(servers, NAMES[0], queue)
+        leader = leader_of(servers, queue)
+        others = [n for n in NAMES if n != leader]
+        # A publisher on the leader's node and on another; a consumer on every node.
+        publishers = [StreamPublisher(servers[n], queue, f"p{i}", stop_publishing)
+                      for i, n in enumerate([leader, others[0]])]
+        consumers = [StreamConsumer(servers[n], queue, n, stop_consuming) for n in NAMES]
+        for thread in consumers + publishers:
+            thread.start()
+        wait_for(lambda: all(len(c.received) >= 20 for c in consumers), "every consumer to receive messages")
+
+        if fault == "pause":
+            pause(servers, leader)
+        else:
+            network.isolate(leader)
+        faulted_at = time.monotonic()
+        wait_for(lambda: known_leader(servers, queue, others) not in (None, leader), "a new leader on the other side")
+        wait_for(lambda: time.monotonic() - faulted_at >= FAULT_SECONDS, "the fault to last", FAULT_SECONDS + 1)
+        if fault == "pause":
+            resume(servers, leader)
+        else:
+            network.heal()
+        healed_at = time.monotonic()
+
+        try:
+            wait_for(lambda: all(c.first_after(healed_at) for c in consumers),
+                     "deliveries to resume on every consumer", RESUME_SECONDS)
+        except AssertionError as error:
+            raise AssertionError(report(servers, publishers, consumers, str(error))) from None
+        resumed_after = max(c.first_after(healed_at) for c in consumers) - healed_at
+
+        stop_publishing.set()
+        for publisher in publishers:
+            publisher.join(THREAD_JOIN_SECONDS)
+            assert not publisher.is_alive() and publisher.error is None, report(servers, publishers, consumers)
+        confirmed = set().union(*(p.confirmed for p in publishers))
+        published = set().union(*(p.published for p in publishers))
+
+        def consumed() -> set[bytes]:
+            return {body for c in consumers for _, body in list(c.received)}
+        try:
+            wait_for(lambda: confirmed <= consumed(), "every confirmed message to be consumed", DRAIN_SECONDS)
+        except AssertionError as error:
+            missing = sorted(confirmed - consumed())
+            raise AssertionError(report(servers, publishers, consumers,
+                                        f"{error}: {len(missing)} missing, e.g. {missing[:5]}")) from None
+        # A burst after all that: every consumer still gets its turn (a consumer that a stale
+        # view left suspended would get none of it, while the others drain everything).
+        burst = [f"burst:{n}".encode() for n in range(BURST)]
+        with connect(servers[others[0]]) as connection:
+            channel = connection.channel()
+            channel.confirm_delivery()
+            for body in burst:
+                channel.basic_publish("", queue, body, pika.BasicProperties(delivery_mode=2))
+        published |= set(burst)
+        confirmed |= set(burst)
+        got_burst = {c.node: lambda c=c: {body for _, body in list(c.received)} & set(burst) for c in consumers}
+        try:
+            wait_for(lambda: all(got() for got in got_burst.values()) and set(burst) <= consumed(),
+                     "every consumer to get some of a burst published after the fault", RESUME_SECONDS)
+        except AssertionError as error:
+            shares = {node: len(got()) for node, got in got_burst.items()}
+            raise AssertionError(report(servers, publishers, consumers, f"{error}: burst shares {shares}")) from None
+        stop_consuming.set()
+        for consumer in consumers:
+            consumer.join(THREAD_JOIN_SECONDS)
+            assert consumer.error is None, report(servers, publishers, consumers)
+        assert consumed() <= published, f"delivered but never published: {sorted(consumed() - published)[:5]}"
+        deliveries = sum(len(c.received) for c in consumers)
+        print(f"\n{fault}: leader {leader}; deliveries resumed on every consumer {resumed_after:.2f}s after the heal; "
+              f"published {len(published)}, confirmed {len(confirmed)}, consumed {len(consumed())} distinct "
+              f"({deliveries} deliveries)")
+    finally:
+        stop_publishing.set()
+        stop_consuming.set()
+        if leader is not None and fault == "pause":
+            resume(servers, leader)   # a stopped process cannot handle SIGTERM
+        stop_all(servers)
+        network.close()
+
+
+def test_deliveries_lost_in_a_partition_come_again_after_a_leader_change_and_the_heal(tmp_path):
+    """c, whose consumers' deliveries are lost in a partition, is cut off while the
+    leadership of a queue moves from a to b (rebalance); after the heal c's node
+    still names a as leader, and nothing arrives there unless b sends again what it
+    has checked out to c's consumers (or c asks b)."""
+    network = Network({name: free_port() for name in NAMES})
+    servers = start_cluster(tmp_path, gone_seconds=GONE_SECONDS, network=network)
+    a, b, c = NAMES
+    stop = threading.Event()
+    queues = ["move-1", "move-2"]   # both led by a: a rebalance over a and b moves one
+    consumers = [StreamConsumer(servers[c], queue, c, stop) for queue in queues]
+    try:
+        for queue in queues:
+            declare_everywhere(servers, a, queue)
+        assert {leader_of(servers, queue) for queue in queues} == {a}
+        for consumer in consumers:
+            consumer.start()
+        wait_for(lambda: all((queue_view(servers[a], q) or {}).get("consumers") == 1 for q in queues),
+                 "c's consumers to be known")
+        network.isolate(c)
+        bodies = {queue: [f"{queue}:{n}".encode() for n in range(5)] for queue in queues}
+        with connect(servers[b]) as connection:
+            channel = connection.channel()
+            channel.confirm_delivery()
+            for queue in queues:   # checked out to c's consumers at once, and lost
+                for body in bodies[queue]:
+                    channel.basic_publish("", queue, body, pika.BasicProperties(delivery_mode=2))
+        wait_for(lambda: c not in api(servers[a], "/api/overview")["running_nodes"], "a to see c down")
+        result = subprocess.run([sys.executable, "-m", "broker.ctl", "--port", str(servers[a].metrics_port),
+                                 "rebalance", "quorum"], capture_output=True, text=True, timeout=30)
+        assert result.returncode == 0, result
+        moved = wait_for(lambda: next((q for q in queues if known_leader(servers, q, [a, b]) == b), None),
+                         "one queue's leadership to move to b")
+        network.heal()
+        healed_at = time.monotonic()
+        consumer = consumers[queues.index(moved)]
+
+        def got() -> set[bytes]:
+            return {body for _, body in list(consumer.received)}
+        try:
+            wait_for(lambda: set(bodies[moved]) <= got(), f"c's consumer of {moved} to get its messages",
+                     RESUME_SECONDS)
+        except AssertionError as error:
+            raise AssertionError(f"{error}: got {sorted(got())}\n"
+                                 + report(servers, [], consumers, queue=moved)) from None
+        print(f"\nmoved {moved}: c's consumer got its {len(bodies[moved])} lost deliveries "
+              f"{consumer.first_after(healed_at) - healed_at:.2f}s after the heal")
+    finally:
+        stop.set()
+        for consumer in consumers:
+            consumer.join(THREAD_JOIN_SECONDS)
+        stop_all(servers)
+        network.close()
