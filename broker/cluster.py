@@ -68,13 +68,18 @@ RESEND_SECONDS = 1.0
 APP_FRAME_MESSAGES_MAX = 4096
 
 
-def well_formed(data: Any) -> bool:
-    """A queue command from a peer: a msgpack list with a known opcode and arity."""
+def forwardable_op(data: Any) -> int | None:
+    """The opcode of a queue command a peer may forward: a msgpack list with a known
+    opcode and arity, and not a liveness command (a node's up/down/gone is stated by
+    the current leader's own view only, never forwarded: issue 9, item 5). None if not."""
     try:
         command = qm.decode(data)
     except Exception:  # noqa: BLE001 -- anything undecodable is simply not well formed
-        return False
-    return isinstance(command[0], int) and qm.ARITY.get(command[0]) == len(command)
+        return None
+    op = command[0]
+    if not isinstance(op, int) or qm.ARITY.get(op) != len(command) or op in qm.LIVENESS_OPS:
+        return None
+    return op
 
 
 def unpack(data: bytes) -> Any:
@@ -365,7 +370,7 @@ class Cluster:
         kind = message[0]
         if kind == CMD:
             _, group, data, origin, token = message
-            if group != META and not well_formed(data):
+            if group != META and forwardable_op(data) is None:
                 log.warning("cluster.bad_command", peer=peer, group=group)
                 return
             self.propose(group, data, origin, token)

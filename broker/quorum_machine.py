@@ -92,6 +92,10 @@ TIME_FIELD = {ENQUEUE: 3, ENQUEUE_BATCH: 3, NODE_UP: 3, DOWN: 2, NODE_DOWN: 2, N
               DROP_TRANSIENT: 1, DROP_TRANSIENT_BEFORE: 2}
 TIME_FIELD_DEFAULT = 3
 
+# What one node states about others (a leader's own view, broker/quorum.py `_state_own_view`):
+# proposed only by the leader into its own log, never forwarded, so a peer that sends one is refused.
+LIVENESS_OPS = frozenset({NODE_DOWN, NODE_UP, NODE_GONE})
+
 # Out-of-order enqueues held per enqueuer; beyond it they are dropped (the sender resends).
 HOLD_MAX = 4096
 # Dead incarnations remembered per node, so that their late commands are refused.
