@@ -218,3 +218,14 @@ def test_real_prometheus_scrapes_raft_and_wal_metrics(node_and_prometheus) -> No
 
     print(f"\n[prometheus] via /api/v1/query: warren_raft_term={term:g}, warren_raft_commit_index "
           f"{commit_before:g} -> {commit_after:g} after {published} publishes, warren_wal_size_bytes={wal_bytes:g}")
+
+
+def test_compose_prometheus_config_is_valid(prometheus_binary: str) -> None:
+    """deploy/prometheus.yml, the config docker-compose.yml mounts, as Prometheus's own
+    promtool reads it (the package ships promtool beside prometheus)."""
+    promtool = Path(prometheus_binary).with_name("promtool")
+    assert promtool.exists(), f"no promtool beside {prometheus_binary}"
+    config = Path(__file__).resolve().parents[2] / "deploy" / "prometheus.yml"
+    proc = subprocess.run([str(promtool), "check", "config", str(config)], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, f"promtool check config {config}:\n{proc.stdout}\n{proc.stderr}"
