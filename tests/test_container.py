@@ -15,6 +15,9 @@ of reach here, so a small override file swaps in deploy/prometheus-standin (the
 same config mount and flags; it scrapes the targets, it is not Prometheus) and
 free host ports; everything else is the compose file as shipped.
 
+podman's configuration is the test's own (CONTAINERS_CONF, in its temporary
+directory); the host's /etc/containers/containers.conf is left as it was.
+
 The other tests check docker-compose.yml, deploy/prometheus.yml and
 deploy/warren.toml without running anything.
 """
@@ -202,8 +205,34 @@ def _remove_container(name: str) -> None:
 # fixtures
 
 
+HOST_CONTAINERS_CONF = Path("/etc/containers/containers.conf")
+
+
+def _file_state(path: Path) -> bytes | None:
+    return path.read_bytes() if path.is_file() else None
+
+
 @pytest.fixture(scope="module")
-def image(tmp_path_factory: pytest.TempPathFactory) -> str:
+def containers_conf(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """podman's configuration for these tests, in their temporary directory.
+
+    The sandbox forbids raising rlimits, so podman must not set default ulimits.
+    podman reads CONTAINERS_CONF instead of /etc/containers/containers.conf; it is
+    set in this process's environment for the module, so that every podman run
+    here (container-base.sh, podman-compose, _run) sees it. The host's own file is
+    left as it was, and checked to be so at the end."""
+    conf = tmp_path_factory.mktemp("containers") / "containers.conf"
+    conf.write_text("[containers]\ndefault_ulimits = []\n")
+    host_before = _file_state(HOST_CONTAINERS_CONF)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("CONTAINERS_CONF", str(conf))
+        yield conf
+    assert _file_state(HOST_CONTAINERS_CONF) == host_before, \
+        f"the container tests changed the host's {HOST_CONTAINERS_CONF}"
+
+
+@pytest.fixture(scope="module")
+def image(containers_conf: Path, tmp_path_factory: pytest.TempPathFactory) -> str:
     """Prepare the machine (podman, base images) and build the Dockerfile."""
     if os.geteuid() != 0:
         pytest.fail(
@@ -218,11 +247,13 @@ def image(tmp_path_factory: pytest.TempPathFactory) -> str:
             "debootstrap installed). Set WARREN_SKIP_CONTAINER=1 to skip them locally."
         )
 
+    # The script writes the pip.conf for builds where it is told (here: the test's
+    # temporary directory, as CONTAINERS_CONF is).
+    pip_conf = tmp_path_factory.mktemp("podman-build") / "pip.conf"
     started = time.monotonic()
-    _run(["bash", str(BASE_SCRIPT)], timeout=1500)
+    _run(["bash", str(BASE_SCRIPT)], timeout=1500, env={**os.environ, "PIP_CONF": str(pip_conf)})
     prepared = time.monotonic()
 
-    pip_conf = tmp_path_factory.mktemp("podman-build") / "pip.conf"
     build = PODMAN + [
         "build", "--isolation", "chroot", "--network", "host",
         # docker format keeps the HEALTHCHECK (OCI image config has no such field)
