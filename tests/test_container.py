@@ -10,10 +10,11 @@ hide behind a skip.  ``WARREN_SKIP_CONTAINER=1`` skips them for fast local runs.
 ``test_compose_runs_a_three_node_cluster`` runs docker-compose.yml itself with
 podman-compose (installed at run time into a venv of its own): three nodes form a
 cluster on the compose network, a quorum queue gets three replicas, a message goes
-in through one node and out through another. Docker Hub's Prometheus image is out
-of reach here, so a small override file swaps in deploy/prometheus-standin (the
-same config mount and flags; it scrapes the targets, it is not Prometheus) and
-free host ports; everything else is the compose file as shipped.
+in through one node and out through another, and the compose file's Prometheus
+(Debian's prometheus package, deploy/prometheus/Dockerfile, built FROM the
+debootstrap base) scrapes the three nodes: the test asks its HTTP API for the
+targets' ``up`` and a Warren metric. A small override file names the images the
+test built and free host ports; everything else is the compose file as shipped.
 
 podman's configuration is the test's own (CONTAINERS_CONF, in its temporary
 directory); the host's /etc/containers/containers.conf is left as it was.
@@ -36,6 +37,7 @@ import sys
 import time
 import tomllib
 import urllib.error
+import urllib.parse
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
@@ -50,6 +52,7 @@ BASE_SCRIPT = REPO / "deploy" / "container-base.sh"
 PODMAN = ["podman", "--runtime", "runc", "--cgroup-manager", "cgroupfs"]
 IMAGE = "localhost/warren:pytest"
 BASE_IMAGE = "localhost/python-base"
+BOOKWORM_IMAGE = "localhost/bookworm-min"  # the debootstrap image container-base.sh makes
 HOST_CA = Path("/etc/ssl/certs/ca-certificates.crt")
 TEST_USER = "warren-test"
 TEST_PASSWORD = "pytest-" + uuid.uuid4().hex[:12]
@@ -468,7 +471,7 @@ def test_stops_promptly_on_sigterm(image: str) -> None:
 
 
 # ---------------------------------------------------------------------------
-# docker-compose.yml, running: podman-compose, three nodes and the Prometheus stand-in
+# docker-compose.yml, running: podman-compose, three nodes and Prometheus
 
 # podman-compose reads the compose file as `docker compose` does. It is installed at
 # run time into a venv of the test's own (like podman itself, by container-base.sh),
@@ -494,9 +497,10 @@ def _free_ports(count: int) -> list[int]:
     return sorted(ports)
 
 
-def _compose_override(warren_image: str, standin_image: str, ports: list[int]) -> str:
-    """What differs from docker-compose.yml here: locally built images instead of
-    Docker Hub's, and free host ports instead of 5672-5674, 15692-15694, 9090."""
+def _compose_override(warren_image: str, prometheus_image: str, ports: list[int]) -> str:
+    """What differs from docker-compose.yml here: the images this test built from
+    local base images (the compose file would build them FROM Docker Hub's), and
+    free host ports instead of 5672-5674, 15692-15694, 9090."""
     lines = ["services:"]
     for offset, node in enumerate(COMPOSE_NODES):
         lines += [
@@ -508,7 +512,7 @@ def _compose_override(warren_image: str, standin_image: str, ports: list[int]) -
         ]
     lines += [
         "  prometheus:",
-        f"    image: {standin_image}",
+        f"    image: {prometheus_image}",
         "    ports: !override",
         f'      - "{ports[6]}:9090"',
     ]
@@ -545,20 +549,22 @@ def test_compose_runs_a_three_node_cluster(image: str, podman_compose: list[str]
     """docker-compose.yml as it is, under podman-compose: the three nodes find each
     other on the compose network and form one cluster; a quorum queue declared
     through warren1 gets a replica on each node; a message published through
-    warren2 is consumed through warren3; the Prometheus stand-in, given the
-    compose file's own config mount and flags, scrapes all three nodes."""
+    warren2 is consumed through warren3; Prometheus, built from
+    deploy/prometheus/Dockerfile and given the compose file's own config mount and
+    flags, reports the three targets up and the queue's Raft metrics from each
+    node through its /api/v1/query."""
     started = time.monotonic()
     project = f"warrenpytest{uuid.uuid4().hex[:10]}"
     # Tags of this test's own: a concurrent rebuild of IMAGE cannot change them under it.
     warren_image = f"localhost/warren:{project}"
-    standin_image = f"localhost/prometheus-standin:{project}"
+    prometheus_image = f"localhost/warren-prometheus:{project}"
     _run(PODMAN + ["tag", image, warren_image], timeout=60)
     _run(PODMAN + ["build", "--isolation", "chroot", "--network", "host", "--format", "docker",
-                   "--build-arg", f"BASE_IMAGE={BASE_IMAGE}", "--tag", standin_image,
-                   str(REPO / "deploy" / "prometheus-standin")], timeout=300)
+                   "--build-arg", f"BASE_IMAGE={BOOKWORM_IMAGE}", "--tag", prometheus_image,
+                   str(REPO / "deploy" / "prometheus")], timeout=600)
     ports = _free_ports(7)
     override = tmp_path / "compose.override.yml"
-    override.write_text(_compose_override(warren_image, standin_image, ports))
+    override.write_text(_compose_override(warren_image, prometheus_image, ports))
     password = "pw-" + uuid.uuid4().hex[:12]
     env = {**os.environ, "WARREN_ADMIN_PASSWORD": password, "WARREN_CLUSTER_SECRET": uuid.uuid4().hex}
     compose = podman_compose + ["-p", project, "-f", str(REPO / "docker-compose.yml"), "-f", str(override)]
@@ -604,14 +610,37 @@ def test_compose_runs_a_three_node_cluster(image: str, podman_compose: list[str]
             channel.cancel()
         assert received == bodies
 
-        def scraped() -> bool:
-            targets = _api_plain(ports[6], "/api/v1/targets")["data"]["activeTargets"]
-            health = {t["labels"]["instance"]: t["health"] for t in targets if t["labels"]["job"] == "warren"}
-            return health == {f"{node}:15692": "up" for node in COMPOSE_NODES}
+        targets = {f"{node}:15692" for node in COMPOSE_NODES}
 
-        _wait("the Prometheus stand-in to scrape warren1-3:15692", scraped, timeout=60, project=project)
+        def query(promql: str) -> dict[str, float]:
+            """{instance: value} of an instant query through Prometheus's API."""
+            answer = _api_plain(ports[6], "/api/v1/query?" + urllib.parse.urlencode({"query": promql}))
+            assert answer["status"] == "success", answer
+            return {r["metric"]["instance"]: float(r["value"][1]) for r in answer["data"]["result"]}
+
+        def all_up() -> dict[str, float] | None:
+            up = query('up{job="warren"}')
+            return up if up == {target: 1.0 for target in targets} else None
+
+        up = _wait('Prometheus: up{job="warren"} == 1 for warren1-3:15692', all_up, timeout=90, project=project)
+
+        # Every node holds a replica of the queue: three series, each a group of three
+        # members, with a commit index past the ten publishes.
+        selector = f'{{job="warren",vhost="/",queue="{queue}"}}'
+
+        def raft_seen() -> tuple[dict[str, float], dict[str, float]] | None:
+            members = query(f"warren_raft_members{selector}")
+            commit = query(f"warren_raft_commit_index{selector}")
+            if set(members) == targets and set(commit) == targets and min(commit.values()) >= len(bodies):
+                return members, commit
+            return None
+
+        members, commit = _wait(f"Prometheus: warren_raft_members and warren_raft_commit_index of {queue} "
+                                "from all three nodes", raft_seen, timeout=90, project=project)
+        assert set(members.values()) == {3.0}, members
         print(f"\n[container] compose: cluster of three in {clustered - started:.1f} s, "
-              f"test done in {time.monotonic() - started:.1f} s", file=sys.stderr)
+              f"test done in {time.monotonic() - started:.1f} s; Prometheus /api/v1/query: up={up}, "
+              f"warren_raft_members={members}, warren_raft_commit_index={commit}", file=sys.stderr)
     finally:
         down = _run(compose + ["down", "--volumes", "--timeout", "10"], timeout=180, check=False, env=env)
         left = _run(PODMAN + ["ps", "-aq", "--filter", f"label=io.podman.compose.project={project}"],
@@ -624,7 +653,7 @@ def test_compose_runs_a_three_node_cluster(image: str, podman_compose: list[str]
                  timeout=60, check=False)
             _run(PODMAN + ["network", "rm", "--force", f"{project}_default"], timeout=60, check=False)
         _run(PODMAN + ["untag", warren_image, warren_image], timeout=60, check=False)
-        _run(PODMAN + ["rmi", standin_image], timeout=60, check=False)
+        _run(PODMAN + ["rmi", prometheus_image], timeout=60, check=False)
         assert down.returncode == 0, f"podman-compose down failed:\n{_tail(down.stdout)}\n{_tail(down.stderr)}"
         assert not left, f"podman-compose down left containers {left}"
 
@@ -730,8 +759,11 @@ def test_compose_file_defines_three_nodes_and_prometheus() -> None:
     assert "WARREN_CLUSTER_SECRET" in environment
 
     prometheus = _yaml_block(services, "prometheus")
-    image = re.search(r"^\s*image:\s*(\S+)\s*$", "\n".join(prometheus), re.M)
-    assert image and image.group(1).startswith("prom/prometheus")
+    # built from Debian's package (deploy/prometheus/Dockerfile), not pulled from Docker Hub
+    build = "\n".join(_yaml_block(prometheus, "build"))
+    assert re.search(r"^\s*context:\s*deploy/prometheus\s*$", build, re.M), build
+    dockerfile = (REPO / "deploy" / "prometheus" / "Dockerfile").read_text()
+    assert re.search(r"apt-get install .*\bprometheus\b", dockerfile), "deploy/prometheus/Dockerfile"
     mounts = "\n".join(_yaml_block(prometheus, "volumes"))
     assert "./deploy/prometheus.yml:/etc/prometheus/prometheus.yml" in mounts
     assert (REPO / "deploy" / "prometheus.yml").is_file()
