@@ -201,7 +201,8 @@ def _start_container(image: str, name: str, amqp_port: int, metrics_port: int) -
 
 
 def _remove_container(name: str) -> None:
-    _run(PODMAN + ["rm", "--force", "--time", "5", name], timeout=60, check=False)
+    # --volumes: the anonymous volume of the image's VOLUME goes with it
+    _run(PODMAN + ["rm", "--force", "--volumes", "--time", "5", name], timeout=60, check=False)
 
 
 # ---------------------------------------------------------------------------
