@@ -21,7 +21,20 @@
 #       -v /etc/ssl/certs/ca-certificates.crt:/etc/host-ca.crt:ro \
 #       --build-arg BASE_IMAGE=localhost/python-base -t warren:dev .
 #
+# podman's configuration: this machine forbids raising rlimits, so podman must
+# not set default ulimits. The script does not touch /etc/containers: it reads
+# CONTAINERS_CONF, the file podman itself reads instead of containers.conf when
+# the variable is set (tests/test_container.py points it at its temporary dir).
+# If the file is missing, the script writes it with
+#     [containers]
+#     default_ulimits = []
+# and if CONTAINERS_CONF is unset it uses a file of its own, removed at exit.
+# Run podman afterwards with the same CONTAINERS_CONF exported.
+#
 # Environment overrides:
+#   CONTAINERS_CONF   podman's containers.conf for this run (see above)
+#   PIP_CONF          where to write the pip.conf to mount into builds
+#                     (default: /var/tmp/warren-pip.conf)
 #   DEBIAN_SUITE      suite for debootstrap (default: bookworm)
 #   BOOKWORM_IMAGE    name of the minbase image (default: localhost/bookworm-min)
 #   PYTHON_BASE_IMAGE name of the python base image (default: localhost/python-base)
@@ -31,8 +44,7 @@ set -Eeuo pipefail
 DEBIAN_SUITE="${DEBIAN_SUITE:-bookworm}"
 BOOKWORM_IMAGE="${BOOKWORM_IMAGE:-localhost/bookworm-min}"
 PYTHON_BASE_IMAGE="${PYTHON_BASE_IMAGE:-localhost/python-base}"
-CONTAINERS_CONF=/etc/containers/containers.conf
-PIP_CONF=/var/tmp/warren-pip.conf
+PIP_CONF="${PIP_CONF:-/var/tmp/warren-pip.conf}"
 HOST_CA=/etc/ssl/certs/ca-certificates.crt
 LOCK_FILE=/var/lock/warren-container-base.lock
 
@@ -62,7 +74,7 @@ if [ "${#missing[@]}" -gt 0 ]; then
     export DEBIAN_FRONTEND=noninteractive
     apt-get -q -o DPkg::Lock::Timeout=600 update >&2 \
         || die "apt-get update failed"
-    # With recommends, as in shared/CONTAINERS.md: that is the tried set.
+    # With recommends: that is the set this recipe was tried with.
     apt-get -q -y -o DPkg::Lock::Timeout=600 install podman runc debootstrap >&2 \
         || die "apt-get install ${missing[*]} failed"
 else
@@ -70,18 +82,19 @@ else
 fi
 export PATH="$PATH:/usr/sbin:/sbin"
 
-# --- 2. containers.conf --------------------------------------------------------
+# --- 2. containers.conf (CONTAINERS_CONF, never /etc/containers) ---------------
 # The sandbox forbids raising rlimits, so podman must not set default ulimits.
-wanted_conf=$'[containers]\ndefault_ulimits = []\n'
-if [ -f "$CONTAINERS_CONF" ] && [ "$(cat "$CONTAINERS_CONF")"$'\n' = "$wanted_conf" ]; then
-    log "$CONTAINERS_CONF already as wanted"
+own_conf=""
+if [ -z "${CONTAINERS_CONF:-}" ]; then
+    own_conf="$(mktemp /var/tmp/warren-containers-conf.XXXXXX)"
+    export CONTAINERS_CONF="$own_conf"
+    log "CONTAINERS_CONF unset: using $own_conf for this run only (export CONTAINERS_CONF=<file> first to keep it for your own podman runs)"
+fi
+export CONTAINERS_CONF
+if [ -s "$CONTAINERS_CONF" ] && [ -z "$own_conf" ]; then
+    log "using CONTAINERS_CONF=$CONTAINERS_CONF as it is"
 else
-    if [ -f "$CONTAINERS_CONF" ]; then
-        log "backing up existing $CONTAINERS_CONF to $CONTAINERS_CONF.bak"
-        cp -f "$CONTAINERS_CONF" "$CONTAINERS_CONF.bak"
-    fi
-    mkdir -p "$(dirname "$CONTAINERS_CONF")"
-    printf '%s' "$wanted_conf" > "$CONTAINERS_CONF" || die "cannot write $CONTAINERS_CONF"
+    printf '[containers]\ndefault_ulimits = []\n' > "$CONTAINERS_CONF" || die "cannot write $CONTAINERS_CONF"
     log "wrote $CONTAINERS_CONF"
 fi
 
@@ -100,7 +113,8 @@ image_exists() { "${PODMAN[@]}" image exists "$1"; }
 
 workdir=""
 cleanup() { if [ -n "$workdir" ] && [ -d "$workdir" ]; then rm -rf --one-file-system "$workdir"; fi; }
-trap cleanup EXIT
+cleanup_all() { cleanup; if [ -n "$own_conf" ]; then rm -f "$own_conf"; fi; }
+trap cleanup_all EXIT
 
 # --- 3. localhost/bookworm-min -------------------------------------------------------
 if [ "${WARREN_REBUILD_BASE:-0}" != 1 ] && image_exists "$BOOKWORM_IMAGE"; then

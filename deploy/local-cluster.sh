@@ -1,6 +1,6 @@
 #!/bin/bash
 # Three Warren nodes on this machine's loopback, for trying clustering and for
-# benchmarks beside a 3-node RabbitMQ (../shared/bench/rabbitmq-up.sh cluster).
+# benchmarks beside a 3-node RabbitMQ cluster.
 #
 #   deploy/local-cluster.sh start [DIR]   # nodes n1..n3: AMQP 5672-5674, metrics 15692-15694,
 #                                         # cluster ports 25672-25674; data and logs under DIR

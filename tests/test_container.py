@@ -10,10 +10,14 @@ hide behind a skip.  ``WARREN_SKIP_CONTAINER=1`` skips them for fast local runs.
 ``test_compose_runs_a_three_node_cluster`` runs docker-compose.yml itself with
 podman-compose (installed at run time into a venv of its own): three nodes form a
 cluster on the compose network, a quorum queue gets three replicas, a message goes
-in through one node and out through another. Docker Hub's Prometheus image is out
-of reach here, so a small override file swaps in deploy/prometheus-standin (the
-same config mount and flags; it scrapes the targets, it is not Prometheus) and
-free host ports; everything else is the compose file as shipped.
+in through one node and out through another, and the compose file's Prometheus
+(Debian's prometheus package, deploy/prometheus/Dockerfile, built FROM the
+debootstrap base) scrapes the three nodes: the test asks its HTTP API for the
+targets' ``up`` and a Warren metric. A small override file names the images the
+test built and free host ports; everything else is the compose file as shipped.
+
+podman's configuration is the test's own (CONTAINERS_CONF, in its temporary
+directory); the host's /etc/containers/containers.conf is left as it was.
 
 The other tests check docker-compose.yml, deploy/prometheus.yml and
 deploy/warren.toml without running anything.
@@ -33,6 +37,7 @@ import sys
 import time
 import tomllib
 import urllib.error
+import urllib.parse
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
@@ -47,6 +52,7 @@ BASE_SCRIPT = REPO / "deploy" / "container-base.sh"
 PODMAN = ["podman", "--runtime", "runc", "--cgroup-manager", "cgroupfs"]
 IMAGE = "localhost/warren:pytest"
 BASE_IMAGE = "localhost/python-base"
+BOOKWORM_IMAGE = "localhost/bookworm-min"  # the debootstrap image container-base.sh makes
 HOST_CA = Path("/etc/ssl/certs/ca-certificates.crt")
 TEST_USER = "warren-test"
 TEST_PASSWORD = "pytest-" + uuid.uuid4().hex[:12]
@@ -195,15 +201,42 @@ def _start_container(image: str, name: str, amqp_port: int, metrics_port: int) -
 
 
 def _remove_container(name: str) -> None:
-    _run(PODMAN + ["rm", "--force", "--time", "5", name], timeout=60, check=False)
+    # --volumes: the anonymous volume of the image's VOLUME goes with it
+    _run(PODMAN + ["rm", "--force", "--volumes", "--time", "5", name], timeout=60, check=False)
 
 
 # ---------------------------------------------------------------------------
 # fixtures
 
 
+HOST_CONTAINERS_CONF = Path("/etc/containers/containers.conf")
+
+
+def _file_state(path: Path) -> bytes | None:
+    return path.read_bytes() if path.is_file() else None
+
+
 @pytest.fixture(scope="module")
-def image(tmp_path_factory: pytest.TempPathFactory) -> str:
+def containers_conf(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """podman's configuration for these tests, in their temporary directory.
+
+    The sandbox forbids raising rlimits, so podman must not set default ulimits.
+    podman reads CONTAINERS_CONF instead of /etc/containers/containers.conf; it is
+    set in this process's environment for the module, so that every podman run
+    here (container-base.sh, podman-compose, _run) sees it. The host's own file is
+    left as it was, and checked to be so at the end."""
+    conf = tmp_path_factory.mktemp("containers") / "containers.conf"
+    conf.write_text("[containers]\ndefault_ulimits = []\n")
+    host_before = _file_state(HOST_CONTAINERS_CONF)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("CONTAINERS_CONF", str(conf))
+        yield conf
+    assert _file_state(HOST_CONTAINERS_CONF) == host_before, \
+        f"the container tests changed the host's {HOST_CONTAINERS_CONF}"
+
+
+@pytest.fixture(scope="module")
+def image(containers_conf: Path, tmp_path_factory: pytest.TempPathFactory) -> str:
     """Prepare the machine (podman, base images) and build the Dockerfile."""
     if os.geteuid() != 0:
         pytest.fail(
@@ -218,11 +251,13 @@ def image(tmp_path_factory: pytest.TempPathFactory) -> str:
             "debootstrap installed). Set WARREN_SKIP_CONTAINER=1 to skip them locally."
         )
 
+    # The script writes the pip.conf for builds where it is told (here: the test's
+    # temporary directory, as CONTAINERS_CONF is).
+    pip_conf = tmp_path_factory.mktemp("podman-build") / "pip.conf"
     started = time.monotonic()
-    _run(["bash", str(BASE_SCRIPT)], timeout=1500)
+    _run(["bash", str(BASE_SCRIPT)], timeout=1500, env={**os.environ, "PIP_CONF": str(pip_conf)})
     prepared = time.monotonic()
 
-    pip_conf = tmp_path_factory.mktemp("podman-build") / "pip.conf"
     build = PODMAN + [
         "build", "--isolation", "chroot", "--network", "host",
         # docker format keeps the HEALTHCHECK (OCI image config has no such field)
@@ -437,7 +472,7 @@ def test_stops_promptly_on_sigterm(image: str) -> None:
 
 
 # ---------------------------------------------------------------------------
-# docker-compose.yml, running: podman-compose, three nodes and the Prometheus stand-in
+# docker-compose.yml, running: podman-compose, three nodes and Prometheus
 
 # podman-compose reads the compose file as `docker compose` does. It is installed at
 # run time into a venv of the test's own (like podman itself, by container-base.sh),
@@ -463,9 +498,10 @@ def _free_ports(count: int) -> list[int]:
     return sorted(ports)
 
 
-def _compose_override(warren_image: str, standin_image: str, ports: list[int]) -> str:
-    """What differs from docker-compose.yml here: locally built images instead of
-    Docker Hub's, and free host ports instead of 5672-5674, 15692-15694, 9090."""
+def _compose_override(warren_image: str, prometheus_image: str, ports: list[int]) -> str:
+    """What differs from docker-compose.yml here: the images this test built from
+    local base images (the compose file would build them FROM Docker Hub's), and
+    free host ports instead of 5672-5674, 15692-15694, 9090."""
     lines = ["services:"]
     for offset, node in enumerate(COMPOSE_NODES):
         lines += [
@@ -477,7 +513,7 @@ def _compose_override(warren_image: str, standin_image: str, ports: list[int]) -
         ]
     lines += [
         "  prometheus:",
-        f"    image: {standin_image}",
+        f"    image: {prometheus_image}",
         "    ports: !override",
         f'      - "{ports[6]}:9090"',
     ]
@@ -514,20 +550,22 @@ def test_compose_runs_a_three_node_cluster(image: str, podman_compose: list[str]
     """docker-compose.yml as it is, under podman-compose: the three nodes find each
     other on the compose network and form one cluster; a quorum queue declared
     through warren1 gets a replica on each node; a message published through
-    warren2 is consumed through warren3; the Prometheus stand-in, given the
-    compose file's own config mount and flags, scrapes all three nodes."""
+    warren2 is consumed through warren3; Prometheus, built from
+    deploy/prometheus/Dockerfile and given the compose file's own config mount and
+    flags, reports the three targets up and the queue's Raft metrics from each
+    node through its /api/v1/query."""
     started = time.monotonic()
     project = f"warrenpytest{uuid.uuid4().hex[:10]}"
     # Tags of this test's own: a concurrent rebuild of IMAGE cannot change them under it.
     warren_image = f"localhost/warren:{project}"
-    standin_image = f"localhost/prometheus-standin:{project}"
+    prometheus_image = f"localhost/warren-prometheus:{project}"
     _run(PODMAN + ["tag", image, warren_image], timeout=60)
     _run(PODMAN + ["build", "--isolation", "chroot", "--network", "host", "--format", "docker",
-                   "--build-arg", f"BASE_IMAGE={BASE_IMAGE}", "--tag", standin_image,
-                   str(REPO / "deploy" / "prometheus-standin")], timeout=300)
+                   "--build-arg", f"BASE_IMAGE={BOOKWORM_IMAGE}", "--tag", prometheus_image,
+                   str(REPO / "deploy" / "prometheus")], timeout=600)
     ports = _free_ports(7)
     override = tmp_path / "compose.override.yml"
-    override.write_text(_compose_override(warren_image, standin_image, ports))
+    override.write_text(_compose_override(warren_image, prometheus_image, ports))
     password = "pw-" + uuid.uuid4().hex[:12]
     env = {**os.environ, "WARREN_ADMIN_PASSWORD": password, "WARREN_CLUSTER_SECRET": uuid.uuid4().hex}
     compose = podman_compose + ["-p", project, "-f", str(REPO / "docker-compose.yml"), "-f", str(override)]
@@ -573,14 +611,37 @@ def test_compose_runs_a_three_node_cluster(image: str, podman_compose: list[str]
             channel.cancel()
         assert received == bodies
 
-        def scraped() -> bool:
-            targets = _api_plain(ports[6], "/api/v1/targets")["data"]["activeTargets"]
-            health = {t["labels"]["instance"]: t["health"] for t in targets if t["labels"]["job"] == "warren"}
-            return health == {f"{node}:15692": "up" for node in COMPOSE_NODES}
+        targets = {f"{node}:15692" for node in COMPOSE_NODES}
 
-        _wait("the Prometheus stand-in to scrape warren1-3:15692", scraped, timeout=60, project=project)
+        def query(promql: str) -> dict[str, float]:
+            """{instance: value} of an instant query through Prometheus's API."""
+            answer = _api_plain(ports[6], "/api/v1/query?" + urllib.parse.urlencode({"query": promql}))
+            assert answer["status"] == "success", answer
+            return {r["metric"]["instance"]: float(r["value"][1]) for r in answer["data"]["result"]}
+
+        def all_up() -> dict[str, float] | None:
+            up = query('up{job="warren"}')
+            return up if up == {target: 1.0 for target in targets} else None
+
+        up = _wait('Prometheus: up{job="warren"} == 1 for warren1-3:15692', all_up, timeout=90, project=project)
+
+        # Every node holds a replica of the queue: three series, each a group of three
+        # members, with a commit index past the ten publishes.
+        selector = f'{{job="warren",vhost="/",queue="{queue}"}}'
+
+        def raft_seen() -> tuple[dict[str, float], dict[str, float]] | None:
+            members = query(f"warren_raft_members{selector}")
+            commit = query(f"warren_raft_commit_index{selector}")
+            if set(members) == targets and set(commit) == targets and min(commit.values()) >= len(bodies):
+                return members, commit
+            return None
+
+        members, commit = _wait(f"Prometheus: warren_raft_members and warren_raft_commit_index of {queue} "
+                                "from all three nodes", raft_seen, timeout=90, project=project)
+        assert set(members.values()) == {3.0}, members
         print(f"\n[container] compose: cluster of three in {clustered - started:.1f} s, "
-              f"test done in {time.monotonic() - started:.1f} s", file=sys.stderr)
+              f"test done in {time.monotonic() - started:.1f} s; Prometheus /api/v1/query: up={up}, "
+              f"warren_raft_members={members}, warren_raft_commit_index={commit}", file=sys.stderr)
     finally:
         down = _run(compose + ["down", "--volumes", "--timeout", "10"], timeout=180, check=False, env=env)
         left = _run(PODMAN + ["ps", "-aq", "--filter", f"label=io.podman.compose.project={project}"],
@@ -593,7 +654,7 @@ def test_compose_runs_a_three_node_cluster(image: str, podman_compose: list[str]
                  timeout=60, check=False)
             _run(PODMAN + ["network", "rm", "--force", f"{project}_default"], timeout=60, check=False)
         _run(PODMAN + ["untag", warren_image, warren_image], timeout=60, check=False)
-        _run(PODMAN + ["rmi", standin_image], timeout=60, check=False)
+        _run(PODMAN + ["rmi", prometheus_image], timeout=60, check=False)
         assert down.returncode == 0, f"podman-compose down failed:\n{_tail(down.stdout)}\n{_tail(down.stderr)}"
         assert not left, f"podman-compose down left containers {left}"
 
@@ -699,8 +760,11 @@ def test_compose_file_defines_three_nodes_and_prometheus() -> None:
     assert "WARREN_CLUSTER_SECRET" in environment
 
     prometheus = _yaml_block(services, "prometheus")
-    image = re.search(r"^\s*image:\s*(\S+)\s*$", "\n".join(prometheus), re.M)
-    assert image and image.group(1).startswith("prom/prometheus")
+    # built from Debian's package (deploy/prometheus/Dockerfile), not pulled from Docker Hub
+    build = "\n".join(_yaml_block(prometheus, "build"))
+    assert re.search(r"^\s*context:\s*deploy/prometheus\s*$", build, re.M), build
+    dockerfile = (REPO / "deploy" / "prometheus" / "Dockerfile").read_text()
+    assert re.search(r"apt-get install .*\bprometheus\b", dockerfile), "deploy/prometheus/Dockerfile"
     mounts = "\n".join(_yaml_block(prometheus, "volumes"))
     assert "./deploy/prometheus.yml:/etc/prometheus/prometheus.yml" in mounts
     assert (REPO / "deploy" / "prometheus.yml").is_file()
