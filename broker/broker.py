@@ -56,6 +56,7 @@ class Broker:
         self.counters = Counters()
         self._reply_channels: dict[str, "Channel"] = {}
         self.started_monotonic = time.monotonic()
+        self.listeners: dict[str, list[str]] = {}   # what the server bound, by listener (broker/server.py)
         self.memory_alarm = False
         self.disk_alarm = False
         # cluster peers whose authenticated link is up (node-pair failure detection)

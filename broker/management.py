@@ -40,8 +40,7 @@ def overview(broker: "Broker") -> dict[str, Any]:
         "uptime_seconds": round(time.monotonic() - broker.started_monotonic, 3),
         "cluster_nodes": broker.cluster.nodes,
         "running_nodes": sorted(broker.peers_up | {settings.node_name}),
-        "listeners": {"amqp": f"{settings.amqp_host}:{settings.amqp_port}",
-                      "metrics": f"{settings.metrics_host}:{settings.metrics_port}"},
+        "listeners": broker.listeners,   # the addresses bound: ["[::]:5672", "0.0.0.0:5672"]
         "alarms": [a for a, on in (("memory", broker.memory_alarm), ("disk", broker.disk_alarm)) if on],
         "connections": len(broker.connections),
         "channels": broker.channel_count,

@@ -160,8 +160,9 @@ async def serve(settings: Settings) -> int:
         metrics_servers = await listen(lambda host: start_http_server(broker, host, settings.metrics_port),
                                        settings.metrics_host, "metrics")
     alarm_task = asyncio.create_task(_housekeeping_forever(broker))
-    log.info("server.started", node=settings.node_name, amqp=_addresses(servers),
-             metrics=_addresses(metrics_servers), data_dir=str(settings.data_dir), version=VERSION)
+    broker.listeners = {"amqp": _addresses(servers), "metrics": _addresses(metrics_servers)}
+    log.info("server.started", node=settings.node_name, **broker.listeners, data_dir=str(settings.data_dir),
+             version=VERSION)
     await stop.wait()
     log.info("server.stopping", connections=len(broker.connections))
     for server in servers:

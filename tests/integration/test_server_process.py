@@ -22,6 +22,7 @@ import pytest
 from pamqp import commands as spec
 from pamqp.heartbeat import Heartbeat
 
+from tests.integration.quorum_cluster import api
 from tests.integration.raw_async_amqp import Closed, RawClient
 from tests.serverproc import free_port, make_server
 
@@ -423,5 +424,7 @@ def test_default_listeners_take_ipv6_and_ipv4(tmp_path):
         for host in ("::1", "127.0.0.1"):
             assert _accepts(host, server.amqp_port), f"no AMQP listener on {host}"
             assert _accepts(host, server.metrics_port), f"no metrics listener on {host}"
+        listeners = api(server, "/api/overview")["listeners"]
+        assert listeners["amqp"] == [f"[::]:{server.amqp_port}", f"0.0.0.0:{server.amqp_port}"], listeners
     finally:
         server.stop()
