@@ -29,6 +29,8 @@ class ServerProcess:
     env: dict
     process: subprocess.Popen | None = None
     log_path: Path = field(default_factory=lambda: Path(tempfile.mktemp(prefix="warren-log-")))
+    # what follows the interpreter: the server module, or a wrapper that patches something first
+    launch: tuple[str, ...] = ("-m", "broker")
 
     @property
     def url(self) -> str:
@@ -37,7 +39,7 @@ class ServerProcess:
     def start(self, args: tuple[str, ...] = ()) -> "ServerProcess":
         self._log = open(self.log_path, "wb")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "broker", *args], env=self.env, stdout=self._log, stderr=subprocess.STDOUT)
+            [sys.executable, *self.launch, *args], env=self.env, stdout=self._log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + STARTUP_TIMEOUT_SECONDS
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
