@@ -133,7 +133,7 @@ class Cluster:
         limits = TransportLimits.from_settings(settings)
         self.runtime = NodeRuntime(self, settings, broker.durability.committer, self.apply,
                                    install_snapshot=self.install_snapshot, on_role_change=self.on_role_change,
-                                   transport_limits=limits)
+                                   transport_limits=limits, vital_groups=frozenset({META}))
         self.queues: dict[str, "QuorumQueue"] = {}         # every quorum queue known here, by group id
         self.pending: dict[int, Pending] = {}
         self.tokens = itertools.count(1)

@@ -3,6 +3,12 @@
 Reads the config (``--config`` TOML file, WARREN_* environment), runs on
 uvloop, and shuts down gracefully on SIGTERM/SIGINT: every client connection
 gets connection.close 320 CONNECTION_FORCED before the process exits.
+
+If the node's Raft fails as a whole (its WAL lost a batch, or a failure no
+single group owns: raft/runtime.py, "Failure"), the node must not go on
+accepting clients it can no longer answer: it logs ``server.fatal``, shuts
+down the same way and exits with status 1, so that a supervisor restarts it
+(the restart rebuilds Raft from the WAL).
 """
 from __future__ import annotations
 
@@ -31,6 +37,8 @@ from storage.records import CorruptLog
 log = structlog.get_logger("warren.server")
 # How long shutdown waits for clients to answer connection.close.
 SHUTDOWN_GRACE_SECONDS = 5.0
+# Exit status after a fatal failure of the node's Raft (a supervisor restarts the node).
+FATAL_EXIT_STATUS = 1
 LISTEN_BACKLOG = 1024
 # In the data directory: held locked (flock) by the server using it, naming its pid and node.
 DATA_DIR_LOCK_FILE = "warren.lock"
@@ -149,6 +157,8 @@ async def serve(settings: Settings) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     broker = Broker(settings)
+    fatal: list[BaseException] = []
+    broker.cluster.runtime.on_fatal = lambda error: _on_fatal(error, fatal, stop)
     broker.durability.recover(broker)
     # The Raft groups (metadata, quorum queues) and the links to the other nodes.
     await broker.cluster.start()
@@ -177,7 +187,7 @@ async def serve(settings: Settings) -> int:
     for server in metrics_servers:
         server.close()
     log.info("server.stopped")
-    return 0
+    return FATAL_EXIT_STATUS if fatal else 0
 
 
 async def listen(start: Callable[[str], Awaitable[asyncio.Server]], hosts: str,
@@ -209,3 +219,10 @@ def _is_ipv6(host: str) -> bool:
         return ipaddress.ip_address(host).version == 6
     except ValueError:
         return False
+
+
+def _on_fatal(error: BaseException, fatal: list[BaseException], stop: asyncio.Event) -> None:
+    """The node's Raft stopped for good: stop the node rather than serve half alive."""
+    log.critical("server.fatal", reason="raft failed", error=repr(error), exit_status=FATAL_EXIT_STATUS)
+    fatal.append(error)
+    stop.set()

@@ -72,11 +72,29 @@ loop turns); `apply` then gets the committed entries from `snapshot.index +
 1` on. A group without a snapshot gets no call and is applied from index 1.
 A runtime that recovers a snapshot must have been given `install_snapshot`.
 
-Failure. A lost WAL batch (`ok=False`), or an exception out of
-`process_ready` (a bug, or the `apply` given raising), leaves the system's
-memory ahead of or out of step with the disk: the runtime logs it, stops
-ticking and processing (`failed` is set) and must be rebuilt from storage
-(stop it, recover a new one), as etcd-raft and ra crash and recover.
+Failure. What a client does must never stop the node's Raft, so failures
+are sorted by whom they belong to:
+
+* one group's: an exception out of its `apply`, `install_snapshot` or
+  `on_role_change`, out of the core while its Ready completes, or while its
+  records are encoded (`persist`), or its deferred compaction. The group is
+  failed (`RaftSystem.fail_group`: no longer hosted, as a crashed replica;
+  its records stay in the WAL and bring it back at the next start), logged
+  as `raft.group_failed` with its id, and every other group goes on. A group
+  in `vital_groups` (the broker's metadata group: the node is useless
+  without it) is the exception: its failure is the node's;
+* the node's: a lost WAL batch (`ok=False`: the storage all groups share),
+  or any exception out of `process_ready` or `tick` that no group owns. The
+  system's memory may now be ahead of or out of step with the disk: the
+  runtime logs `raft.fatal`, stops ticking and processing (`failed` is set)
+  and calls `on_fatal(error)`; the host must then stop the node (the server
+  exits non-zero so that its supervisor restarts it, which rebuilds Raft
+  from the WAL, as etcd-raft and ra crash and recover). It must never go on
+  serving without Raft.
+
+A group dropped (`remove_group`) while its Ready is being persisted or
+applied, e.g. a queue deleted right after it was declared, is neither
+written after its REMOVED record nor completed (`RaftSystem.still_hosted`).
 
 The runtime does not own the storage: the caller builds the `LogStore` and
 `GroupCommitter`, recovers the store, and drains and closes it after `stop()`.
@@ -129,7 +147,8 @@ class RaftRuntime:
                  *, tick_seconds: float = TICK_SECONDS, transport_limits: TransportLimits | None = None,
                  install_snapshot: Callable[[GroupId, Snapshot], None] | None = None,
                  on_role_change: Callable[[GroupId, Role, str | None, int], None] | None = None,
-                 **raft_options: Any) -> None:
+                 on_fatal: Callable[[BaseException], None] | None = None,
+                 vital_groups: frozenset[GroupId] = frozenset(), **raft_options: Any) -> None:
         assert tick_seconds > 0
         self.settings = settings
         self.node_name: str = settings.node_name
@@ -140,6 +159,9 @@ class RaftRuntime:
         self.transport_limits = transport_limits
         self.install_snapshot = install_snapshot
         self.on_role_change = on_role_change
+        # called once when the node's Raft fails as a whole (see the module docstring)
+        self.on_fatal = on_fatal
+        self.vital_groups = vital_groups
         self.raft_options = {"election_ticks": ELECTION_TICKS, "heartbeat_ticks": HEARTBEAT_TICKS, **raft_options}
         self.scan: RecoveryScan | None = RecoveryScan()
         self.groups: dict[GroupId, GroupStorage] = {}
@@ -177,7 +199,7 @@ class RaftRuntime:
         self.system = RaftSystem(
             self.node_name, self.rng, self.persist, self.send, self.apply_noting,
             install_snapshot=self.install_snapshot, on_role_change=self.on_role_change,
-            request_turn=self.request_turn, **self.raft_options)
+            request_turn=self.request_turn, on_group_failed=self.on_group_failed, **self.raft_options)
         scan, self.scan = self.scan, None
         self.next_group_number = scan.next_group_number()
         for recovered in scan.groups():
@@ -285,7 +307,7 @@ class RaftRuntime:
         if self.system is None or self.stopped or self.failed is not None:
             return False
         storage = self.groups.get(group_id)
-        if storage is None:
+        if storage is None or not self.hosted(group_id):
             return False
         status = self.system.status(group_id)
         if index <= status.snapshot_index:
@@ -323,18 +345,23 @@ class RaftRuntime:
             return False
         return self.system.transfer_leadership(group_id, to)
 
+    def hosted(self, group_id: GroupId) -> bool:
+        """Whether the group runs here: hosted, and not failed (a failed
+        group keeps its storage, for rollovers, but the system no longer has it)."""
+        return self.system is not None and group_id in self.system
+
     def configuration(self, group_id: GroupId) -> tuple[tuple[str, ...], bool] | None:
         """The group's voters as this node's log has them (the latest
         configuration, committed or not, thesis §4.1) and whether this node
         knows it committed; None if the group is not hosted here."""
-        if self.system is None or group_id not in self.groups:
+        if not self.hosted(group_id):
             return None
         raft = self.system.groups[group_id].raft
         return raft.voters, raft.config_index <= raft.commit_index
 
     def status(self, group_id: GroupId) -> Status | None:
         """The group's core status (`RaftNode.status()`), None if not hosted here."""
-        if self.system is None or group_id not in self.groups:
+        if not self.hosted(group_id):
             return None
         return self.system.status(group_id)
 
@@ -342,7 +369,7 @@ class RaftRuntime:
         """The index through which the group's entries were applied (its
         snapshot's index right after a restart); entries handed to `apply`
         count once their turn's Ready is done. None if not hosted here."""
-        if self.system is None or group_id not in self.groups:
+        if not self.hosted(group_id):
             return None
         return self.system.status(group_id).last_applied
 
@@ -351,7 +378,7 @@ class RaftRuntime:
         back from the WAL or a segment; None if it is not in the group's log
         here (compacted away, not yet received) or the group is not hosted."""
         storage = self.groups.get(group_id)
-        if storage is None or self.system is None:
+        if storage is None or not self.hosted(group_id):
             return None
         raft_log = self.system.groups[group_id].raft.log
         if not raft_log.snapshot_index < index <= raft_log.last_index():
@@ -364,7 +391,7 @@ class RaftRuntime:
 
     def leader_of(self, group_id: GroupId) -> str | None:
         """The leader this node knows of, None if none or not hosted here."""
-        if self.system is None or group_id not in self.groups:
+        if not self.hosted(group_id):
             return None
         return self.system.group_metrics(group_id).leader_id
 
@@ -385,6 +412,7 @@ class RaftRuntime:
             "peers_connected": len(self.transport.connected_peers()) if self.transport else 0,
             "frames_dropped": self.frames_dropped,
             "failed": self.failed is not None,
+            "groups_failed": len(self.system.failed_groups),
             **self.system.counters.as_dict(),
         }
 
@@ -403,22 +431,45 @@ class RaftRuntime:
 
     def persist(self, items: list[PersistItem]) -> int:
         batch = 0
-        committer = self.committer
         for item in items:
-            storage = self.groups[item.group_id]   # process_ready only persists hosted groups
-            entries = item.entries
-            first_entry = 1 if item.snapshot is not None else 0   # records: snapshot, entries, hard state
-            for position, encoded in enumerate(storage.records_for(item)):
-                batch = committer.append(encoded)
-                entry_position = position - first_entry
-                if 0 <= entry_position < len(entries):
-                    self._unwritten.setdefault(batch, []).append(
-                        (storage, entries[entry_position].index, committer.last_offset_in_batch, len(encoded)))
-        assert batch > 0, "persist with nothing to write"
+            encoded = self.encode_item(item)
+            if encoded is not None:
+                batch = self.append_item(item, encoded)
+        if batch == 0:
+            # Every item's group failed and nothing was written: acknowledge at
+            # once (token 0), so the system forgets the Readies of this call.
+            self.system.on_persisted(0)
+            return 0
         if batch not in self._awaited_batches:
             # Several turns may share one batch (appended while the previous one syncs): one callback.
             self._awaited_batches.add(batch)
             self.committer.when_durable(batch, lambda ok, token=batch: self.on_durable(token, ok))
+        return batch
+
+    def encode_item(self, item: PersistItem) -> list[bytes] | None:
+        """The item's records (snapshot, entries, hard state), all encoded
+        before any is appended: a group whose records cannot be encoded
+        fails alone and leaves nothing half written; None then."""
+        try:
+            # process_ready persists hosted groups only (RaftSystem.still_hosted)
+            return list(self.groups[item.group_id].records_for(item))
+        except Exception as error:  # noqa: BLE001 -- the group's failure, logged by on_group_failed
+            self.system.fail_group(item.group_id, error)
+            return None
+
+    def append_item(self, item: PersistItem, encoded: list[bytes]) -> int:
+        """Append one group's records; note where its entries go. The batch number."""
+        storage = self.groups[item.group_id]
+        committer = self.committer
+        entries = item.entries
+        first_entry = 1 if item.snapshot is not None else 0   # records: snapshot, entries, hard state
+        batch = 0
+        for position, record in enumerate(encoded):
+            batch = committer.append(record)
+            entry_position = position - first_entry
+            if 0 <= entry_position < len(entries):
+                self._unwritten.setdefault(batch, []).append(
+                    (storage, entries[entry_position].index, committer.last_offset_in_batch, len(record)))
         return batch
 
     def on_batch_written(self, written: BatchWritten) -> None:
@@ -500,9 +551,9 @@ class RaftRuntime:
                 self.run_deferred_compactions()
             if self._applied_groups:
                 self.evict_applied()
-        except PersistFailed as error:
+        except PersistFailed as error:   # the shared WAL lost a batch
             self.fail(error)
-        except Exception as error:  # a bug, or apply raising: memory and disk may disagree now
+        except Exception as error:  # noqa: BLE001 -- no group owns it (those are contained): the node's
             log.exception("raft.process_ready_failed", node=self.node_name)
             self.fail(error)
 
@@ -510,8 +561,20 @@ class RaftRuntime:
         self._tick_handle = None
         if self.stopped or self.failed is not None:
             return
-        self.system.tick()
+        try:
+            self.system.tick()
+        except Exception as error:  # noqa: BLE001 -- a dead timer would leave Raft half alive: the node's
+            log.exception("raft.tick_failed", node=self.node_name)
+            self.fail(error)
+            return
         self._tick_handle = self._loop.call_later(self.tick_seconds, self.on_tick)
+
+    def on_group_failed(self, group_id: GroupId, error: BaseException) -> None:
+        """The system stopped one group for a failure of its own; the others go on."""
+        log.error("raft.group_failed", node=self.node_name, group=group_id, error=repr(error),
+                  exc_info=(type(error), error, error.__traceback__))
+        if group_id in self.vital_groups:
+            self.fail(error)
 
     def on_frame(self, peer: str, frame: Any) -> None:
         if self.stopped or self.failed is not None or self.system is None:
@@ -544,22 +607,39 @@ class RaftRuntime:
         Readies are advanced (the core counts their entries as applied)."""
         for group_id, (index, data) in list(self._compactions.items()):
             storage = self.groups.get(group_id)
-            if storage is None:
+            if storage is None or not self.hosted(group_id):
                 del self._compactions[group_id]
                 continue
-            status = self.system.status(group_id)
-            if index <= status.snapshot_index:
-                del self._compactions[group_id]
-            elif index <= status.last_applied:
-                del self._compactions[group_id]
-                self.write_snapshot(storage, self.system.compact(group_id, index, data))
+            try:
+                self.run_deferred_compaction(storage, index, data)
+            except Exception as error:  # noqa: BLE001 -- the group's failure, logged by on_group_failed
+                self._compactions.pop(group_id, None)
+                self.system.fail_group(group_id, error)
+
+    def run_deferred_compaction(self, storage: GroupStorage, index: int, data: bytes) -> None:
+        group_id = storage.group_id
+        status = self.system.status(group_id)
+        if index <= status.snapshot_index:
+            del self._compactions[group_id]
+        elif index <= status.last_applied:
+            del self._compactions[group_id]
+            self.write_snapshot(storage, self.system.compact(group_id, index, data))
 
     def fail(self, error: BaseException) -> None:
-        log.error("raft.failed", node=self.node_name, error=str(error))
+        """The node's Raft failed as a whole: stop it and tell the host, once,
+        loudly (see the module docstring); it must not go on half alive."""
+        if self.failed is not None:
+            return
+        log.error("raft.fatal", node=self.node_name, error=repr(error))
         self.failed = error
         if self._tick_handle is not None:
             self._tick_handle.cancel()
             self._tick_handle = None
+        if self._turn_handle is not None:
+            self._turn_handle.cancel()
+            self._turn_handle = None
+        if self.on_fatal is not None:
+            self.on_fatal(error)
 
     def check_running(self) -> None:
         assert self.system is not None, "start() the runtime first"

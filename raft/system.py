@@ -62,7 +62,21 @@ the survivors to compare logs first; not done.
 A failed persist (`on_persisted(token, ok=False)`) leaves groups whose state
 in memory is ahead of the disk: `process_ready` then raises `PersistFailed`
 and the shell must rebuild the system from storage (etcd-raft and ra crash
-and recover in that case too).
+and recover in that case too): the storage is shared, so that failure is
+the node's.
+
+Groups dropped and groups that fail. `remove_group` may be called at any
+time, also from inside `apply` during `process_ready` (the broker's metadata
+group applies a queue's deletion): a Ready of the group already taken is
+then neither persisted nor completed (see `still_hosted`). A failure that
+belongs to one group stays in that group: an exception out of its `apply`,
+`install_snapshot` or `on_role_change`, or out of the core while completing
+its Ready, or the shell's `fail_group` (say its records could not be
+encoded), makes the group failed: it is no longer hosted (no ticks, messages,
+proposals or applies, as a crashed replica: Raft tolerates that, and its
+records on disk bring it back at the next start), `failed_groups` keeps the
+error and `on_group_failed(group_id, error)` is called; every other group
+goes on.
 """
 from __future__ import annotations
 
@@ -88,6 +102,7 @@ Send = Callable[[str, list], None]
 Apply = Callable[[GroupId, Entry], None]
 InstallSnapshot = Callable[[GroupId, Snapshot], None]
 RoleChange = Callable[[GroupId, Role, "str | None", int], None]
+GroupFailed = Callable[[GroupId, BaseException], None]
 
 
 def stable_hash(group_id: GroupId) -> int:
@@ -123,8 +138,8 @@ class SystemCounters:
 class RaftSystem:
     def __init__(self, node_name: str, rng: random.Random, persist: Persist, send: Send, apply: Apply, *,
                  install_snapshot: InstallSnapshot | None = None, on_role_change: RoleChange | None = None,
-                 request_turn: Callable[[], None] | None = None, quiesce_after_ticks: int = 2,
-                 frame_max_messages: int = 65536, **raft_options) -> None:
+                 request_turn: Callable[[], None] | None = None, on_group_failed: GroupFailed | None = None,
+                 quiesce_after_ticks: int = 2, frame_max_messages: int = 65536, **raft_options) -> None:
         assert quiesce_after_ticks >= 1
         assert frame_max_messages >= 1
         self.node_name = node_name
@@ -136,6 +151,7 @@ class RaftSystem:
         self.install_snapshot = install_snapshot
         self.on_role_change = on_role_change
         self.request_turn = request_turn
+        self.on_group_failed = on_group_failed
         self.quiesce_after_ticks = quiesce_after_ticks
         self.frame_max_messages = frame_max_messages
         self.raft_options = raft_options
@@ -151,6 +167,8 @@ class RaftSystem:
         self.outbox: dict[str, list[list]] = {}
         self.turn_requested = False
         self.failed = False
+        # groups stopped by a failure of their own (see the module docstring): id -> the error
+        self.failed_groups: dict[GroupId, BaseException] = {}
         self.counters = SystemCounters()
 
     # --- groups ------------------------------------------------------------------------------
@@ -171,6 +189,7 @@ class RaftSystem:
     def remove_group(self, group_id: GroupId) -> None:
         """Stop hosting the group; a Ready of it still in storage is dropped
         when its batch completes."""
+        self.failed_groups.pop(group_id, None)
         group = self.groups.pop(group_id, None)
         if group is None:
             return
@@ -178,6 +197,19 @@ class RaftSystem:
         self.touched.pop(group_id, None)
         for member in group.members:
             self.members_on.get(member, {}).pop(group_id, None)
+
+    def fail_group(self, group_id: GroupId, error: BaseException) -> None:
+        """Contain a failure to the group it belongs to: stop hosting it (as
+        if its replica had crashed; the rest of the node goes on), keep the
+        error in `failed_groups` and report it. A Ready of it in flight is
+        dropped as for `remove_group`. The shell calls this for failures it
+        can attribute to one group (e.g. its records could not be encoded)."""
+        if group_id not in self.groups:
+            return
+        self.remove_group(group_id)
+        self.failed_groups[group_id] = error
+        if self.on_group_failed is not None:
+            self.on_group_failed(group_id, error)
 
     def index_members(self, group: Group) -> None:
         """Keep `members_on` (node -> groups with a voter there) current."""
@@ -402,7 +434,7 @@ class RaftSystem:
         self.turn_requested = False
         self.complete_durable()
         touched, self.touched = self.touched, {}
-        items: list[PersistItem] = []
+        items: list[tuple[Group, PersistItem]] = []
         batch: list[tuple[Group, Ready, bool]] = []
         for group_id, group in touched.items():
             if self.groups.get(group_id) is not group or group.raft.awaiting_advance():
@@ -417,23 +449,42 @@ class RaftSystem:
             elif self.only_commit_advances(group, ready):
                 # The commit index is volatile state (Raft Figure 2): it is written with
                 # this batch for a faster restart, but applying need not wait for it.
-                items.append(item)
+                items.append((group, item))
                 self.complete(group, ready)
             else:
                 early = self.may_send_before_persist(group, ready)
                 if early:
                     self.queue_messages(group_id, ready)
-                items.append(item)
+                items.append((group, item))
                 batch.append((group, ready, early))
-        if items:
+        to_persist = [item for group, item in items if self.still_hosted(group)]
+        if to_persist:
             self.counters.persist_calls += 1
-            self.counters.persist_items += len(items)
-            token = self.persist(items)
-            self.waiting.setdefault(token, []).extend(batch)
+            self.counters.persist_items += len(to_persist)
+            token = self.persist(to_persist)
+            self.waiting.setdefault(token, []).extend(entry for entry in batch if self.still_hosted(entry[0]))
             self.complete_durable()   # synchronous storage acknowledged inside persist()
         if self.failed:
             raise PersistFailed(f"{self.node_name}: a storage batch failed; rebuild the Raft system from disk")
         self.flush()
+
+    def still_hosted(self, group: Group) -> bool:
+        """Whether `group` is still hosted (the same object: an id may be
+        hosted again later). A Ready taken in this turn may belong to a group
+        dropped later in the same turn: applying a commit-only Ready inside
+        the loop above runs the host's `apply`, which may `remove_group` (the
+        broker deletes a queue just declared) or fail one. Such a Ready is not
+        persisted and never completed. That is safe for Raft: nothing it
+        promises (a vote, an acknowledged entry, a term) has been sent -- a
+        leader's early AppendEntries promise nothing (`may_send_before_persist`)
+        -- so it is as if the node had crashed before the write, and the
+        group is gone from this node anyway. And it keeps the WAL right: the
+        shell wrote the group's REMOVED record when it dropped it, and a
+        removed group's log id has no storage any more; records after REMOVED
+        would only be dead weight. (Deferring the drop to the end of the turn
+        instead would write those records, and leave the host's view of the
+        group and Raft's disagreeing for the rest of the turn.)"""
+        return self.groups.get(group.group_id) is group
 
     def complete_durable(self) -> None:
         while self.durable_tokens and not self.failed:
@@ -473,9 +524,17 @@ class RaftSystem:
 
     def complete(self, group: Group, ready: Ready, messages_sent: bool = False) -> None:
         """`ready` is durable: send its messages (unless they went out already,
-        see `may_send_before_persist`), apply, advance (etcd-raft order)."""
-        if self.groups.get(group.group_id) is not group:
+        see `may_send_before_persist`), apply, advance (etcd-raft order). An
+        exception on the way is the group's failure (`fail_group`), not the
+        node's: the other groups of the batch are completed all the same."""
+        if not self.still_hosted(group):
             return
+        try:
+            self.complete_group(group, ready, messages_sent)
+        except Exception as error:  # noqa: BLE001 -- contained to the group, reported by fail_group
+            self.fail_group(group.group_id, error)
+
+    def complete_group(self, group: Group, ready: Ready, messages_sent: bool) -> None:
         group_id, raft = group.group_id, group.raft
         if not messages_sent:
             self.queue_messages(group_id, ready)
@@ -484,9 +543,13 @@ class RaftSystem:
             self.install_snapshot(group_id, ready.snapshot)
         for entry in ready.committed_entries:
             self.apply(group_id, entry)
+            if not self.still_hosted(group):
+                return   # the group dropped itself: nothing of it is left to advance
         raft.advance(ready)
         if ready.soft_state is not None and self.on_role_change is not None:
             self.on_role_change(group_id, Role(ready.soft_state.role), ready.soft_state.leader_id, raft.term)
+            if not self.still_hosted(group):
+                return
         self.index_members(group)
         self.touch(group)   # advance may have committed (leader) or left work behind
 

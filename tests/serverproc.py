@@ -29,6 +29,8 @@ class ServerProcess:
     env: dict
     process: subprocess.Popen | None = None
     log_path: Path = field(default_factory=lambda: Path(tempfile.mktemp(prefix="warren-log-")))
+    # what follows the interpreter: the server module, or a wrapper that patches something first
+    command: tuple[str, ...] = ("-m", "broker")   # what the interpreter runs (a test may wrap the server)
 
     @property
     def url(self) -> str:
@@ -42,7 +44,7 @@ class ServerProcess:
         opens it only once it caught up with its peers, so they start together."""
         self._log = open(self.log_path, "wb")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "broker", *args], env=self.env, stdout=self._log, stderr=subprocess.STDOUT)
+            [sys.executable, *self.command, *args], env=self.env, stdout=self._log, stderr=subprocess.STDOUT)
         return self
 
     def wait_listening(self) -> "ServerProcess":

@@ -512,3 +512,60 @@ def test_a_removed_group_is_forgotten_even_with_a_batch_in_flight():
     assert r.frames == [] and 1 not in system and system.group_count == 0
     system.peer_down("b")   # no index entries left behind
     assert system.active_count == 0
+
+
+# --- a group dropped while the turn runs (issue 9, item 4) -------------------------------------------
+
+class HostsOnly(Recorder):
+    """Storage that knows only hosted groups (as the runtime's does), and a
+    state machine whose entry b"drop <group>" stops hosting that group (as
+    the metadata group's queue.delete does)."""
+
+    def __init__(self, **options) -> None:
+        super().__init__(**options)
+        self.acknowledged: set[int] = set()
+
+    def persist(self, items) -> int:
+        gone = [item.group_id for item in items if item.group_id not in self.system]
+        assert not gone, f"persist() was handed groups no longer hosted: {gone}"
+        return super().persist(items)
+
+    def apply(self, group_id, entry) -> None:
+        super().apply(group_id, entry)
+        if entry.data.startswith(b"drop "):
+            self.system.remove_group(entry.data[5:].decode())
+
+    def turns(self, count: int = 10) -> None:
+        """Turns with storage acknowledging every batch at the end of each."""
+        for _ in range(count):
+            self.system.process_ready()
+            for token in range(1, len(self.persisted) + 1):
+                if token not in self.acknowledged:
+                    self.acknowledged.add(token)
+                    self.system.on_persisted(token)
+
+
+def test_a_group_dropped_by_an_apply_in_the_turn_that_took_its_ready_is_not_persisted():
+    """The broker's declare-then-delete: a new group's first Ready is taken
+    in the same turn in which the metadata group applies the delete (its
+    commit-only Ready completes at once, inside the loop over touched
+    groups). The dropped group's Ready must not reach persist; the system
+    goes on."""
+    r = HostsOnly(members=("a",))
+    system = r.system
+    system.add_group("meta", ["a"])
+    system.campaign("meta")
+    r.turns()
+    assert system.role("meta") == Role.LEADER
+    assert system.propose("meta", b"drop q") is not None
+    system.process_ready()                   # meta's entry goes to storage (batch 1 of this step)
+    system.add_group("q", ["a"])             # declared just before: touched first
+    system.campaign("q")
+    system.on_persisted(len(r.persisted))    # meta's entry durable: next turn commits and applies it
+    r.acknowledged.add(len(r.persisted))
+    system.process_ready()                   # takes q's Ready, then applies "drop q"
+    assert "q" not in system and system.group_count == 1
+    r.turns()
+    index = system.propose("meta", b"after")
+    r.turns()
+    assert ("meta", index) in r.applied, f"the metadata group stopped applying: {r.applied}"
