@@ -256,7 +256,9 @@ class Cluster:
         leader = self.leader_hint(group) if group is not None else None
         for token, pending in list(self.pending.items()):
             if pending.group != META and pending.group not in self.queues:
-                del self.pending[token]   # the queue was deleted: nobody will answer
+                del self.pending[token]   # the queue was deleted: nobody will answer, so answer None here
+                if pending.callback is not None:
+                    pending.callback(None)
                 continue
             if group is None and now - pending.sent_at < RESEND_SECONDS:
                 continue

@@ -387,6 +387,19 @@ class QuorumQueue(Queue):
             for first, end in _runs(seqs):
                 self._send_run(session, first, end)
 
+    def notify_deleted(self) -> None:
+        """Deleted through the metadata group: its unconfirmed publishes are confirmed,
+        as RabbitMQ's channel confirms what was routed to a queue that is deleted
+        (rabbit_channel handle_eol: deleted is not rejected), so the channel's
+        publishes in flight come back under `commands_soft_limit` instead of holding it."""
+        super().notify_deleted()
+        self.unsent = []
+        for session in self.enqueuers.values():
+            pending, session.pending, session.unsent_from = session.pending, {}, None
+            for _, on_applied in pending.values():
+                if on_applied is not None:
+                    on_applied(True)
+
     def forget_enqueuer(self, owner: Hashable) -> None:
         session = self.enqueuers.pop(owner, None)
         if session is not None:

@@ -128,13 +128,7 @@ def own_server(tmp_path):
 # commands_soft_limit (32) it stops reading its socket for good (with
 # WARREN_COMMANDS_SOFT_LIMIT=1000000 the scenario passes). broker/quorum.py
 # and broker/channel.py, another item of issue 9.
-UNANSWERED_ENQUEUES = pytest.mark.xfail(
-    reason="enqueues to a deleted quorum queue are never answered: the channel pauses at commands_soft_limit",
-    strict=False)
-
-
-@pytest.mark.parametrize("scenario", [pytest.param(name, marks=UNANSWERED_ENQUEUES)
-                                      if name == "quorum-with-publishes" else name for name in sorted(SCENARIOS)])
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
 def test_declare_delete_churn_leaves_raft_running(own_server, scenario):
     arguments, pause, publish = SCENARIOS[scenario]
     done: list[int] = []
