@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -15,10 +16,28 @@ STARTUP_TIMEOUT_SECONDS = 20.0
 STOP_TIMEOUT_SECONDS = 10.0
 
 
+# Below the kernel's ephemeral range (32768-60999 on Linux): a port the kernel hands out
+# for bind(0) is also one it may give a client's outgoing connection (a pika client, a
+# cluster link) before the server binds it, so listeners take theirs from here.
+LISTEN_PORTS = range(20000, 32768)
+_ports = random.Random(os.getpid())
+_handed_out: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A loopback port nothing listens on, not handed out before in this process."""
+    for _ in range(1000):
+        port = _ports.choice(LISTEN_PORTS)
+        if port in _handed_out:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    raise RuntimeError(f"no free port in {LISTEN_PORTS}")
 
 
 @dataclass
@@ -52,13 +71,20 @@ class ServerProcess:
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise RuntimeError(f"warren-server exited with {self.process.returncode} at start:\n{self.log()}")
-            try:
-                with socket.create_connection(("127.0.0.1", self.amqp_port), timeout=0.5):
-                    return self
-            except OSError:
-                time.sleep(0.02)  # polling for the listener, not synchronising with it
+            metrics_port = int(self.env.get("WARREN_METRICS_PORT", self.metrics_port))   # 0: off
+            if self._accepts(self.amqp_port) and (not metrics_port or self._accepts(metrics_port)):
+                return self
+            time.sleep(0.02)  # polling for the listeners, not synchronising with them
         self.stop()
         raise RuntimeError(f"warren-server did not listen on {self.amqp_port} in time:\n{self.log()}")
+
+    @staticmethod
+    def _accepts(port: int) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return True
+        except OSError:
+            return False
 
     def log(self) -> str:
         try:
