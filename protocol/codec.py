@@ -57,7 +57,7 @@ def encode_method(channel: int, method: pamqp_base.Frame) -> bytes:
 def encode_content(channel: int, properties: bytes, body: bytes, frame_max: int) -> bytes:
     """Content header frame plus body frames, split to fit frame_max."""
     body_size = len(body)
-    parts = [
+    parts: list[bytes | memoryview] = [   # memoryview slices of a large body: no copy before the join
         _content_header.pack(FRAME_HEADER, channel, 12 + len(properties), CLASS_BASIC, 0, body_size),
         properties,
         FRAME_END_BYTE,

@@ -34,3 +34,15 @@ LONG_MODULES = {
     "broker/quorum_machine.py": 798,
     "raft/core.py": 650,
 }
+
+# mypy errors in the pure cores today, per file (mostly Optional fields read as set, and a result variable
+# reused for several types in one match statement).
+MYPY_ERRORS = {
+    "broker/fifo.py": 7,
+    "broker/quorum_machine.py": 31,
+    "protocol/connection.py": 1,
+    "raft/core.py": 1,
+    "raft/log.py": 1,
+    "raft/messages.py": 3,
+    "raft/replication.py": 1,
+}

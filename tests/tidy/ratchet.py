@@ -18,17 +18,18 @@ def shrink_only(recorded: Collection[Item], found: Collection[Item], list_name: 
     return problems
 
 
-def size_ratchet(recorded: dict[str, int], sizes: dict[str, int], limit: int, list_name: str) -> list[str]:
-    """Problems with the things over `limit` lines: new ones, grown ones, and recorded sizes to lower."""
+def size_ratchet(recorded: dict[str, int], sizes: dict[str, int], limit: int, list_name: str,
+                 unit: str = "lines") -> list[str]:
+    """Problems with the things over `limit` (in `unit`): new ones, grown ones, and recorded sizes to lower."""
     problems = []
     for name, size in sorted(sizes.items()):
         allowed = recorded.get(name, limit)
         if size > allowed:
             grew = f"grew from {allowed}" if name in recorded else f"is over the limit of {limit}"
-            problems.append(f"{name} is {size} lines: it {grew}; split it rather than raise the number")
+            problems.append(f"{name} is {size} {unit}: it {grew}; mend it rather than raise the number")
         elif name in recorded and size < allowed:
             new = "delete its entry" if size <= limit else f"lower its size to {size}"
-            problems.append(f"{name} shrank from {allowed} to {size} lines: {new} in {list_name} in {LISTS}")
+            problems.append(f"{name} shrank from {allowed} to {size} {unit}: {new} in {list_name} in {LISTS}")
     problems += [f"{name} is gone (renamed or moved?): delete it from {list_name} in {LISTS}"
                  for name in sorted(set(recorded) - set(sizes))]
     return problems

@@ -34,3 +34,7 @@ LAYERS = {
     "storage": frozenset({"raft", "broker"}),
     "raft": frozenset({"broker", "protocol"}),
 }
+
+# Type-checked by mypy (tests/tidy/test_mypy.py; options in pyproject.toml [tool.mypy]).
+MYPY_SCOPE = ("protocol", "protocol.codec", "protocol.connection", "protocol.constants", "protocol.errors",
+              *PURE_BROKER, "raft.core", "raft.log", "raft.progress", "raft.replication", "raft.messages")
