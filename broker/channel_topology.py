@@ -6,8 +6,9 @@ store has committed; tx.commit-ok waits the same way for its messages.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
-from typing import Any, Callable
+from typing import Any
 
 from pamqp import commands as spec
 

@@ -26,7 +26,8 @@ caches what it checked, as RabbitMQ's does).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import structlog
 

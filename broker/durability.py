@@ -26,7 +26,8 @@ Non-durable queues and transient messages are never written, as in RabbitMQ.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import msgpack
 import structlog

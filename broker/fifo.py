@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Hashable
+from typing import Any
 
 DROP_HEAD = "drop-head"
 REJECT_PUBLISH = "reject-publish"

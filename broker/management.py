@@ -20,7 +20,8 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
 from broker.auth import hash_password
 from broker.definitions import DefinitionError
@@ -62,7 +63,8 @@ def _placement(broker: "Broker", queue: Any) -> tuple[str | None, list[str]]:
 
 
 def queues(broker: "Broker") -> list[dict[str, Any]]:
-    return [_queue_row(broker, vhost.name, queue) for vhost in broker.vhosts.values() for queue in vhost.queues.values()]
+    return [_queue_row(broker, vhost.name, queue)
+            for vhost in broker.vhosts.values() for queue in vhost.queues.values()]
 
 
 def _queue_row(broker: "Broker", vhost_name: str, queue: Any) -> dict[str, Any]:
@@ -186,7 +188,7 @@ async def _commit(broker: "Broker", command: list) -> Any:
     broker.metadata.submit(command, done)
     try:
         result = await asyncio.wait_for(future, COMMIT_TIMEOUT_SECONDS)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         raise ManagementError(503, f"the metadata Raft group did not commit the change within "
                                    f"{COMMIT_TIMEOUT_SECONDS:g} s (is a majority of the nodes running?); "
                                    "it may still be made") from None

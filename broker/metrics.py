@@ -6,7 +6,8 @@ broker's own event loop (no thread reads state the loop is changing).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterator
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -28,7 +29,8 @@ class BrokerCollector(Collector):
         yield _gauge("warren_cluster_peers_up", "Other cluster nodes with an authenticated link",
                      len(broker.peers_up))
         yield _gauge("warren_quorum_enqueues_pending", "Publishes of this node's channels not yet applied by "
-                     "their quorum queues (bounded by commands_soft_limit per channel)", broker.cluster.enqueues_pending)
+                     "their quorum queues (bounded by commands_soft_limit per channel)",
+                     broker.cluster.enqueues_pending)
         for name, help_text, value in (
             ("warren_messages_published", "Messages published by clients", counters.published),
             ("warren_messages_delivered", "Messages delivered to consumers and basic.get", counters.delivered),

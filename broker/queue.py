@@ -8,7 +8,8 @@ storage and Raft issues land, commands are applied in memory on this node.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Callable, Hashable, Protocol
+from collections.abc import Callable, Hashable
+from typing import TYPE_CHECKING, Any, Protocol
 
 from broker import fifo
 from protocol import codec

@@ -72,7 +72,8 @@ class Op(IntEnum):
     NODE_GONE = 13   # [op, node, now_ms]
     TICK = 14        # [op, now_ms]
     # One channel's publishes of one event-loop turn: seqs first_seq, first_seq + 1, ...
-    ENQUEUE_BATCH = 15   # [op, enqueuer, first_seq, now_ms, [[exchange, routing_key, properties, body, ttl_ms, priority], ...]]
+    # [op, enqueuer, first_seq, now_ms, [[exchange, routing_key, properties, body, ttl_ms, priority], ...]]
+    ENQUEUE_BATCH = 15
     # A classic queue's node restarted: its ready transient messages go (RabbitMQ's classic queues).
     # Written by earlier versions only (it raced the first publishes after it); applied as it was.
     DROP_TRANSIENT = 16  # [op, now_ms]

@@ -21,16 +21,17 @@ import os
 import signal
 import socket
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import IO, Awaitable, Callable
+from typing import IO
 
 import structlog
 import uvloop
 
 from broker.broker import VERSION, Broker
 from broker.connection import AMQPConnection
-from broker.logs import configure_logging
 from broker.http import start_http_server
+from broker.logs import configure_logging
 from config import ConfigError, Settings, load_settings
 from storage.records import CorruptLog
 

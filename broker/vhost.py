@@ -7,8 +7,9 @@ back for dead-lettering and auto-delete.
 from __future__ import annotations
 
 import secrets
-from datetime import datetime, timezone
-from typing import Any, Callable, Hashable
+from collections.abc import Callable, Hashable
+from datetime import UTC, datetime
+from typing import Any
 
 from pamqp import commands as spec
 
@@ -362,7 +363,7 @@ def _with_death(properties: bytes, queue: Queue, reason: str, exchange: str, rou
             break
     else:
         death = {"count": 1, "reason": reason, "queue": queue.name, "exchange": exchange,
-                 "routing-keys": [routing_key], "time": datetime.fromtimestamp(time_ms // 1000, tz=timezone.utc)}
+                 "routing-keys": [routing_key], "time": datetime.fromtimestamp(time_ms // 1000, tz=UTC)}
         if decoded.expiration is not None:
             # RabbitMQ keeps the per-message TTL it removes below here (rabbit_dead_letter)
             death["original-expiration"] = decoded.expiration

@@ -57,7 +57,7 @@ def encode_method(channel: int, method: pamqp_base.Frame) -> bytes:
 def encode_content(channel: int, properties: bytes, body: bytes, frame_max: int) -> bytes:
     """Content header frame plus body frames, split to fit frame_max."""
     body_size = len(body)
-    parts = [
+    parts: list[bytes | memoryview] = [   # memoryview slices of a large body: no copy before the join
         _content_header.pack(FRAME_HEADER, channel, 12 + len(properties), CLASS_BASIC, 0, body_size),
         properties,
         FRAME_END_BYTE,
@@ -86,7 +86,8 @@ def encode_deliver(
 ) -> bytes:
     """basic.deliver + content; consumer_tag and exchange_and_key are shortstrs."""
     args = consumer_tag + _u64_bit.pack(delivery_tag, redelivered) + exchange_and_key
-    method = _frame_header.pack(FRAME_METHOD, channel, 4 + len(args)) + struct.pack(">I", BASIC_DELIVER_ID) + args + FRAME_END_BYTE
+    method = (_frame_header.pack(FRAME_METHOD, channel, 4 + len(args)) + struct.pack(">I", BASIC_DELIVER_ID)
+              + args + FRAME_END_BYTE)
     return method + encode_content(channel, properties, body, frame_max)
 
 
@@ -101,7 +102,8 @@ def encode_get_ok(
     frame_max: int,
 ) -> bytes:
     args = _u64_bit.pack(delivery_tag, redelivered) + exchange_and_key + struct.pack(">I", message_count)
-    method = _frame_header.pack(FRAME_METHOD, channel, 4 + len(args)) + struct.pack(">I", BASIC_GET_OK_ID) + args + FRAME_END_BYTE
+    method = (_frame_header.pack(FRAME_METHOD, channel, 4 + len(args)) + struct.pack(">I", BASIC_GET_OK_ID)
+              + args + FRAME_END_BYTE)
     return method + encode_content(channel, properties, body, frame_max)
 
 
@@ -110,7 +112,8 @@ def encode_return(
     properties: bytes, body: bytes, frame_max: int,
 ) -> bytes:
     args = struct.pack(">H", reply_code) + shortstr(reply_text) + shortstr(exchange) + shortstr(routing_key)
-    method = _frame_header.pack(FRAME_METHOD, channel, 4 + len(args)) + struct.pack(">I", BASIC_RETURN_ID) + args + FRAME_END_BYTE
+    method = (_frame_header.pack(FRAME_METHOD, channel, 4 + len(args)) + struct.pack(">I", BASIC_RETURN_ID)
+              + args + FRAME_END_BYTE)
     return method + encode_content(channel, properties, body, frame_max)
 
 

@@ -144,7 +144,8 @@ class ServerConnection:
             if frame_end >= end:
                 break
             if buf[frame_end] != FRAME_END:
-                raise AMQPConnectionError(FRAME_ERROR, f"frame end marker missing (type {frame_type}, channel {channel})")
+                raise AMQPConnectionError(
+                    FRAME_ERROR, f"frame end marker missing (type {frame_type}, channel {channel})")
             payload_start = pos + 7
             pos = frame_end + 1
             if frame_type == FRAME_METHOD:

@@ -35,14 +35,28 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
+from raft import replication
 from raft.log import RaftLog
 from raft.messages import (
-    AppendEntries, AppendEntriesResponse, ConfigChange, ConfigChangeOp, Entry, EntryKind,
-    HardState, Heartbeat, HeartbeatResponse, InstallSnapshot, Message, RequestVote,
-    RequestVoteResponse, Role, Snapshot, SoftState, TimeoutNow,
+    AppendEntries,
+    AppendEntriesResponse,
+    ConfigChange,
+    ConfigChangeOp,
+    Entry,
+    EntryKind,
+    HardState,
+    Heartbeat,
+    HeartbeatResponse,
+    InstallSnapshot,
+    Message,
+    RequestVote,
+    RequestVoteResponse,
+    Role,
+    Snapshot,
+    SoftState,
+    TimeoutNow,
 )
 from raft.progress import Progress
-from raft import replication
 
 if TYPE_CHECKING:
     import random

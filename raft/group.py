@@ -68,6 +68,7 @@ do buy is liveness and the lease, and both are affected:
 from __future__ import annotations
 
 from dataclasses import dataclass
+
 from raft.core import RaftNode, Ready
 from raft.messages import Entry, HardState, Heartbeat, Role, Snapshot
 

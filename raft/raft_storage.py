@@ -92,7 +92,6 @@ from raft.core import RecoveredState
 from raft.group import GroupId, PersistItem
 from raft.messages import Entry, EntryKind, HardState, Snapshot
 from storage import records
-
 from storage.wal import Location
 
 RAFT_LOG_ID_BASE = 1 << 40

@@ -20,8 +20,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from raft.messages import (
-    AppendEntries, AppendEntriesResponse, EntryKind, Heartbeat, HeartbeatResponse, InstallSnapshot,
-    Role, TimeoutNow,
+    AppendEntries,
+    AppendEntriesResponse,
+    EntryKind,
+    Heartbeat,
+    HeartbeatResponse,
+    InstallSnapshot,
+    Role,
+    TimeoutNow,
 )
 from raft.progress import ProgressState
 

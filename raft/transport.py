@@ -498,7 +498,7 @@ class ClusterTransport:
                 _, link = await asyncio.wait_for(
                     loop.create_connection(lambda: PeerLink(self, Role.DIALER, name), peer.host, peer.port),
                     self.limits.connect_timeout_seconds)
-            except (OSError, asyncio.TimeoutError) as exc:
+            except (TimeoutError, OSError) as exc:
                 failures += 1
                 # The first failure in a row at info, the rest at debug: a down peer must not flood the log.
                 (log.info if failures == 1 else log.debug)(

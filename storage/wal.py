@@ -17,9 +17,10 @@ the newest WAL file is cut off (and reported), damage anywhere else raises
 from __future__ import annotations
 
 from array import array
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 from storage import records
 from storage.files import RealFiles
@@ -148,7 +149,8 @@ class LogStore:
             result = records.scan(data, str(path))
             if result.torn_reason is not None:
                 if position != len(wal_paths) - 1:
-                    raise records.CorruptLog(str(path), result.valid_end, result.torn_reason + " (not the newest WAL file)")
+                    raise records.CorruptLog(str(path), result.valid_end,
+                                             result.torn_reason + " (not the newest WAL file)")
                 recovered.torn.append(TornTail(path, result.valid_end, result.torn_bytes, result.torn_reason))
                 self.files.truncate(path, result.valid_end)
             _visit_all(result, path, visit)

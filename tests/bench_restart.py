@@ -16,19 +16,34 @@ Prints one JSON line.
 """
 from __future__ import annotations
 
-import argparse, asyncio, json, os, shutil, signal, socket, struct, subprocess, sys, tempfile, time
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
 from pathlib import Path
 
-from pamqp import body as pbody, commands as spec, frame as pframe, header as pheader
+from pamqp import body as pbody
+from pamqp import commands as spec
+from pamqp import frame as pframe
+from pamqp import header as pheader
 
 
 def free_port() -> int:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0)); return s.getsockname()[1]
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def vm_rss_bytes(pid: int) -> int:
-    line = next(l for l in Path(f"/proc/{pid}/status").read_text().splitlines() if l.startswith("VmRSS:"))
+    line = next(row for row in Path(f"/proc/{pid}/status").read_text().splitlines() if row.startswith("VmRSS:"))
     return int(line.split()[1]) * 1024
 
 
@@ -57,7 +72,8 @@ class Conn:
         await c.expect(spec.Connection.Start)
         c.send(0, spec.Connection.StartOk(mechanism="PLAIN", response="\0guest\0guest", locale="en_US"))
         tune = await c.expect(spec.Connection.Tune)
-        c.send(0, spec.Connection.TuneOk(channel_max=tune.channel_max, frame_max=min(tune.frame_max, 131072), heartbeat=0))
+        c.send(0, spec.Connection.TuneOk(channel_max=tune.channel_max, frame_max=min(tune.frame_max, 131072),
+                                         heartbeat=0))
         c.send(0, spec.Connection.Open(virtual_host="/"))
         await c.expect(spec.Connection.OpenOk)
         c.send(1, spec.Channel.Open())
@@ -203,7 +219,8 @@ async def main() -> None:
         result["data_dir_bytes_after_restart"] = dir_size(data_dir)
     finally:
         if server.poll() is None:   # the restarted server: stop it gracefully
-            server.terminate(); server.wait(timeout=60)
+            server.terminate()
+            server.wait(timeout=60)
         log.close()
         if args.keep:
             result["work_dir"] = str(work)

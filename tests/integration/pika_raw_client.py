@@ -72,7 +72,7 @@ class RawClient:
             self.sock.settimeout(remaining)
             try:
                 data = self.sock.recv(READ_CHUNK_BYTES)
-            except socket.timeout:
+            except TimeoutError:
                 return None
             if not data:
                 raise ConnectionError("the server closed the socket")

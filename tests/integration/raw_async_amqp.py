@@ -47,7 +47,7 @@ class RawClient:
             raise Closed(f"socket closed while waiting for {what} (got {error.partial!r})") from None
         except (ConnectionResetError, BrokenPipeError) as error:
             raise Closed(f"connection reset while waiting for {what}: {error}") from None
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise AssertionError(f"no {what} within {timeout}s") from None
 
     async def read_frame(self, timeout: float = DEFAULT_TIMEOUT_SECONDS, what: str = "a frame"):
@@ -94,10 +94,11 @@ class RawClient:
         while True:
             remaining = deadline - loop.time()
             if remaining <= 0:
-                raise AssertionError(f"server did not close the socket within {timeout}s (received {bytes(received)!r})")
+                raise AssertionError(
+                    f"server did not close the socket within {timeout}s (received {bytes(received)!r})")
             try:
                 chunk = await asyncio.wait_for(self.reader.read(65536), remaining)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 continue
             except (ConnectionResetError, BrokenPipeError):
                 return bytes(received)
@@ -109,7 +110,7 @@ class RawClient:
         self.writer.close()
         try:
             await asyncio.wait_for(self.writer.wait_closed(), 2)
-        except (asyncio.TimeoutError, ConnectionError, OSError):
+        except (TimeoutError, ConnectionError, OSError):
             pass
 
 

@@ -25,7 +25,7 @@ async def within(awaitable, what: str, timeout: float = STEP_TIMEOUT_SECONDS):
     """Await with a deadline; fail naming the step that hung."""
     try:
         return await asyncio.wait_for(awaitable, timeout)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         pytest.fail(f"timed out after {timeout}s waiting for: {what}")
 
 

@@ -42,7 +42,7 @@ async def until(predicate, what: str, timeout: float = WAIT_SECONDS) -> None:
             await asyncio.sleep(0.005)
     try:
         await asyncio.wait_for(poll(), timeout)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         pytest.fail(f"timed out after {timeout} s waiting for: {what}")
 
 

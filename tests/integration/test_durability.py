@@ -25,8 +25,8 @@ import re
 import signal
 import struct
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pika
 import pytest
@@ -371,7 +371,7 @@ def _publish_and_consume(connection, queue: str, total: int, batch: int, body_by
     for start in range(0, total, batch):
         for i in range(start, min(start + batch, total)):
             publisher.basic_publish("", queue, b"%07d-" % i + padding, PERSISTENT)
-        pump_until(connection, lambda: len(consumed) >= min(start + batch, total),
+        pump_until(connection, lambda: len(consumed) >= min(start + batch, total),  # noqa: B023 (called here)
                    f"the consumer to catch up with message {min(start + batch, total)}", timeout=20)
         on_batch()
     assert [int(body[:7]) for body in consumed] == list(range(total)), "the consumer saw gaps or reordering"
@@ -573,6 +573,7 @@ def test_transient_messages_published_right_after_a_durable_queue_is_declared_ar
     messages. The publishes go out at once, without waiting for the declare's
     group to settle (they raced DROP_TRANSIENT on its first leadership)."""
     from pamqp import commands as spec
+
     from tests.integration.pika_raw_client import RawClient
 
     count = 4

@@ -178,7 +178,7 @@ async def one_garbage_connection(port: int, kind: str, garbage: bytes) -> None:
         while loop.time() < deadline:
             try:
                 chunk = await asyncio.wait_for(client.reader.read(65536), deadline - loop.time())
-            except (asyncio.TimeoutError, ConnectionError):
+            except (TimeoutError, ConnectionError):
                 break
             if not chunk:
                 break

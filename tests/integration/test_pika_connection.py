@@ -16,8 +16,8 @@ from pika.exceptions import (
     ProbableAuthenticationError,
 )
 
-from tests.integration.pika_support import assert_closed_by, cleanup, connect, parameters  # noqa: F401
 from tests.integration.pika_raw_client import RawClient
+from tests.integration.pika_support import assert_closed_by, cleanup, connect, parameters  # noqa: F401
 from tests.serverproc import make_server
 
 CAPABILITIES = (

@@ -5,6 +5,7 @@ import pytest
 from pamqp import commands
 from pika.exceptions import ChannelClosedByBroker, ConnectionClosedByBroker
 
+from tests.integration.pika_raw_client import RawClient
 from tests.integration.pika_support import (  # noqa: F401
     assert_closed_by,
     cleanup,
@@ -17,7 +18,6 @@ from tests.integration.pika_support import (  # noqa: F401
     pump_until,
     sync,
 )
-from tests.integration.pika_raw_client import RawClient
 
 # How long we watch to see that no delivery beyond the prefetch limit arrives.
 QUIET_SECONDS = 0.3

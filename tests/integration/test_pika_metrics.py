@@ -29,7 +29,7 @@ def scrape(server) -> list[tuple[str, dict, float]]:
 
 
 def value(samples, metric: str, **labels) -> float:
-    found = [v for n, l, v in samples if n == metric and all(l.get(k) == w for k, w in labels.items())]
+    found = [v for n, tags, v in samples if n == metric and all(tags.get(k) == w for k, w in labels.items())]
     assert len(found) == 1, f"expected one sample of {metric}{labels}, found {found}"
     return found[0]
 

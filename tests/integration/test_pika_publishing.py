@@ -13,6 +13,7 @@ from pamqp.body import ContentBody
 from pamqp.header import ContentHeader
 from pika.exceptions import ChannelClosedByBroker, UnroutableError
 
+from tests.integration.pika_raw_client import RawClient
 from tests.integration.pika_support import (  # noqa: F401
     assert_closed_by,
     cleanup,
@@ -24,7 +25,6 @@ from tests.integration.pika_support import (  # noqa: F401
     pump_until,
     sync,
 )
-from tests.integration.pika_raw_client import RawClient
 
 REPLY_TO = "amq.rabbitmq.reply-to"
 CONTENT_HEADER_FIXED_BYTES = 12  # class id, weight, body size (AMQP 0-9-1 §4.2.6)
@@ -232,7 +232,7 @@ def test_message_properties_round_trip(connection, name, cleanup):
         headers={"str": "text", "int": 42, "big": 2**40, "neg": -7, "bool": True,
                  "decimal": decimal.Decimal("3.14"), "nested": {"a": [1, "two", False]},
                  "list": [1, 2, 3], "none": None,
-                 "when": datetime.datetime(2024, 5, 6, 7, 8, 9, tzinfo=datetime.timezone.utc)},
+                 "when": datetime.datetime(2024, 5, 6, 7, 8, 9, tzinfo=datetime.UTC)},
         delivery_mode=2,
         priority=5,
         correlation_id="corr-1",

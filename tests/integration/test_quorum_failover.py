@@ -7,7 +7,15 @@ import signal
 import pika
 
 from tests.integration.quorum_cluster import (
-    NAMES, Publisher, connect, declare_everywhere, leader_of, queue_view, start_cluster, stop_all, wait_for,
+    NAMES,
+    Publisher,
+    connect,
+    declare_everywhere,
+    leader_of,
+    queue_view,
+    start_cluster,
+    stop_all,
+    wait_for,
 )
 from tests.serverproc import start_together
 

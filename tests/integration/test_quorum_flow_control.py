@@ -9,7 +9,14 @@ import time
 import pika
 
 from tests.integration.quorum_cluster import (
-    api, connect, declare_everywhere, leader_of, queue_view, start_cluster, stop_all, wait_for,
+    api,
+    connect,
+    declare_everywhere,
+    leader_of,
+    queue_view,
+    start_cluster,
+    stop_all,
+    wait_for,
 )
 
 MESSAGES = 5000

@@ -12,7 +12,14 @@ import urllib.request
 import pika
 
 from tests.integration.quorum_cluster import (
-    NAMES, api, connect, declare_everywhere, queue_view, start_cluster, stop_all, wait_for,
+    NAMES,
+    api,
+    connect,
+    declare_everywhere,
+    queue_view,
+    start_cluster,
+    stop_all,
+    wait_for,
 )
 
 A, B, C = NAMES

@@ -19,7 +19,15 @@ import pytest
 
 from tests.integration.partition import Network
 from tests.integration.quorum_cluster import (
-    NAMES, api, connect, declare_everywhere, leader_of, queue_view, start_cluster, stop_all, wait_for,
+    NAMES,
+    api,
+    connect,
+    declare_everywhere,
+    leader_of,
+    queue_view,
+    start_cluster,
+    stop_all,
+    wait_for,
 )
 from tests.serverproc import free_port
 

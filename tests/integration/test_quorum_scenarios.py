@@ -66,7 +66,8 @@ class Consumer(threading.Thread):
     def __init__(self, server, queue: str, collector: Collector, name: str, prefetch: int = 20,
                  seconds: float = 45.0):
         super().__init__(daemon=True, name=name)
-        self.server, self.queue, self.collector, self.prefetch, self.seconds = server, queue, collector, prefetch, seconds
+        self.server, self.queue, self.collector = server, queue, collector
+        self.prefetch, self.seconds = prefetch, seconds
         self.received: list[tuple[bytes, bool]] = []
         self.error: BaseException | None = None
 
@@ -198,7 +199,8 @@ def test_four_publishers_four_consumers_on_three_nodes(tmp_path, restart_first):
                     f"{consumer.name} got {body!r} after {tag}:{last[tag]} (per-publisher order broken)"
                 last[tag] = int(number)
         assert sum(len(c.received) for c in consumers) == len(want)
-        wait_for(lambda: queue_settled_empty(servers, queue), f"{queue} to be empty (nothing ready or unacked) everywhere")
+        wait_for(lambda: queue_settled_empty(servers, queue),
+                 f"{queue} to be empty (nothing ready or unacked) everywhere")
         # Nothing left behind after the consumers cancelled: no late copy.
         with connect(servers["b@local"]) as connection:
             assert_no_more(connection.channel(), queue, 0.5)
@@ -259,7 +261,8 @@ def test_unacked_messages_return_when_the_consumers_node_is_killed(tmp_path):
         assert sorted(b for b, _ in got) == sorted(bodies), f"{survivor} got {got}\n{logs(servers, [leader, survivor])}"
         assert all(again for _, again in got), f"returned messages not flagged redelivered: {got}"
         assert took < gone + margin, f"messages came back {took:.1f}s after the kill (gone timeout {gone}s)"
-        wait_for(lambda: queue_settled_empty(servers, queue, [leader, survivor]), f"{queue} to be empty on the survivors")
+        wait_for(lambda: queue_settled_empty(servers, queue, [leader, survivor]),
+                 f"{queue} to be empty on the survivors")
         with contextlib.suppress(pika.exceptions.AMQPError, OSError):  # the node behind it is dead
             connection.close()
     finally:

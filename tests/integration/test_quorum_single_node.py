@@ -71,7 +71,8 @@ def test_quorum_declare_properties_are_checked(server, name):
         with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
             channel.queue_declare(name, durable=False, arguments=QUORUM)
         assert closed.value.reply_code == 406
-        assert closed.value.reply_text == f"PRECONDITION_FAILED - invalid property 'non-durable' for queue '{name}' in vhost '/'"
+        assert closed.value.reply_text == (
+            f"PRECONDITION_FAILED - invalid property 'non-durable' for queue '{name}' in vhost '/'")
 
 
 def test_purge_and_delete(server, name):

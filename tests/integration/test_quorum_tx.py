@@ -15,7 +15,14 @@ import pika
 import pytest
 
 from tests.integration.quorum_cluster import (
-    api, connect, declare_everywhere, leader_of, queue_view, start_cluster, stop_all, wait_for,
+    api,
+    connect,
+    declare_everywhere,
+    leader_of,
+    queue_view,
+    start_cluster,
+    stop_all,
+    wait_for,
 )
 
 QUORUM = {"x-queue-type": "quorum"}

@@ -29,7 +29,6 @@ import msgpack
 from config.settings import ClusterNode
 from raft.messages import Entry, EntryKind, Snapshot
 from raft.runtime import RaftRuntime
-from storage import records
 from storage.group_commit import GroupCommitter
 from storage.wal import LogStore
 from tests.integration.test_raft_runtime import FAST, leaders, node_settings, until
@@ -114,7 +113,8 @@ class Node:
 
     def on_install(self, group_id: str, snapshot: Snapshot) -> None:
         state = State.decode(snapshot.data)
-        assert state.index == snapshot.index, f"{self.name}/{group_id}: snapshot data of {state.index} at {snapshot.index}"
+        assert state.index == snapshot.index, (
+            f"{self.name}/{group_id}: snapshot data of {state.index} at {snapshot.index}")
         self.states[group_id] = state
         self.snapshots[group_id][snapshot.index] = snapshot.data
         self.events.append(("install", group_id, snapshot.index, snapshot.data))

@@ -242,7 +242,8 @@ async def test_three_runtimes_replicate_fail_over_and_recover_from_disk(tmp_path
             assert node.rollovers >= 1, f"{node.name}: the WAL never rolled over; the test lost its point"
         assert victim.recovered_records > 0
         print(f"\nelected in {elected_seconds:.2f} s; failover of {victim.name} ({led[victim.name]} groups led) "
-              f"in {failover_seconds:.2f} s (its stop took {stop_seconds:.2f} s); restart caught up in {catch_up_seconds:.2f} s; "
+              f"in {failover_seconds:.2f} s (its stop took {stop_seconds:.2f} s); "
+              f"restart caught up in {catch_up_seconds:.2f} s; "
               f"rollovers {[n.rollovers for n in nodes]}; recovered {victim.recovered_records} records; "
               f"total {time.monotonic() - started:.2f} s")
         for node in nodes:

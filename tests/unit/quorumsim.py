@@ -323,8 +323,8 @@ class QueueSimulation(Simulation):
         return found
 
     def send_delivery(self, leader: str, delivery: qm.Delivery) -> None:
-        for delivery, body in self.with_bodies(leader, [delivery]):
-            self.to_consumer(leader, delivery.consumer[0], lambda c, d=delivery, b=body: self.on_delivery(c, d, b))
+        for with_body, body in self.with_bodies(leader, [delivery]):
+            self.to_consumer(leader, with_body.consumer[0], lambda c, d=with_body, b=body: self.on_delivery(c, d, b))
 
     # --- client-side handlers -----------------------------------------------------------------------
 

@@ -28,9 +28,22 @@ import msgpack
 
 from raft.core import RaftNode, Ready
 from raft.messages import (
-    AppendEntries, AppendEntriesResponse, ConfigChange, ConfigChangeOp, Entry, EntryKind, HardState,
-    Heartbeat, HeartbeatResponse, InstallSnapshot, Message, RequestVote, RequestVoteResponse, Role,
-    Snapshot, TimeoutNow,
+    AppendEntries,
+    AppendEntriesResponse,
+    ConfigChange,
+    ConfigChangeOp,
+    Entry,
+    EntryKind,
+    HardState,
+    Heartbeat,
+    HeartbeatResponse,
+    InstallSnapshot,
+    Message,
+    RequestVote,
+    RequestVoteResponse,
+    Role,
+    Snapshot,
+    TimeoutNow,
 )
 
 

@@ -38,8 +38,17 @@ import msgpack
 from raft.core import RecoveredState
 from raft.group import QUIESCE, PersistItem
 from raft.messages import (
-    AppendEntriesResponse, Entry, Heartbeat, Message, RequestVote, RequestVoteResponse, Role,
-    Snapshot, entry_from_wire, entry_to_wire, from_wire,
+    AppendEntriesResponse,
+    Entry,
+    Heartbeat,
+    Message,
+    RequestVote,
+    RequestVoteResponse,
+    Role,
+    Snapshot,
+    entry_from_wire,
+    entry_to_wire,
+    from_wire,
 )
 from raft.system import RaftSystem
 from tests.unit.raftsim import SimStorage

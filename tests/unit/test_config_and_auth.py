@@ -67,7 +67,8 @@ def test_environment_overrides_the_file(tmp_path, monkeypatch):
     path = write_toml(tmp_path, "amqp_port = 5673\nheartbeat = 30\n")
     monkeypatch.setenv("WARREN_AMQP_PORT", "6000")
     settings = load_settings(path)
-    assert settings.amqp_port == 6000, f"env WARREN_AMQP_PORT=6000 should beat the file's 5673, got {settings.amqp_port}"
+    assert settings.amqp_port == 6000, (
+        f"env WARREN_AMQP_PORT=6000 should beat the file's 5673, got {settings.amqp_port}")
     assert settings.heartbeat == 30, f"file value not overridden by env should stay, heartbeat {settings.heartbeat}"
 
 

@@ -120,7 +120,8 @@ def test_settle_frees_credit_and_forgets_the_message():
     assert reply == 1, f"settle of one held message replied {reply}"
     assert delivered(effects) == [(A, "m2", False)], f"credit not returned: {delivered(effects)}"
     assert m1 not in q.state.messages, "settled message still stored"
-    assert q.state.message_bytes == 5, f"message_bytes {q.state.message_bytes} after settling one of two 5-byte messages"
+    assert q.state.message_bytes == 5, (
+        f"message_bytes {q.state.message_bytes} after settling one of two 5-byte messages")
 
 
 def test_settle_of_messages_not_held_is_ignored():
@@ -545,7 +546,8 @@ def fold(state: FifoState, ledger: Ledger, index: int, command) -> None:
             if msg_id in snapshot.get(command.consumer, {}):
                 ledger.gone[msg_id] = "settled"
     if isinstance(command, (Return, Down)):
-        owner_of = (lambda c: c == command.consumer) if isinstance(command, Return) else (lambda c: c[0] == command.owner)
+        owner_of = ((lambda c: c == command.consumer) if isinstance(command, Return)
+                    else (lambda c: c[0] == command.owner))
         for consumer, held in snapshot.items():
             if owner_of(consumer):
                 ids = command.msg_ids if isinstance(command, Return) else tuple(held)
@@ -609,7 +611,7 @@ def test_random_command_logs_keep_the_invariants(data, limits):
 
 
 def test_bulk_restore_equals_replaying_enqueues():
-    from broker.fifo import FifoState, Meta, Enqueue, apply, restore
+    from broker.fifo import Enqueue, FifoState, Meta, apply, restore
     items = [(3, ("e", "k", b"\x00\x00", b"a"), 1), (7, ("e", "k", b"\x00\x00", b"bb"), 2), (9, "stored", 5)]
     replayed = FifoState()
     for msg_id, payload, size in items:
@@ -622,8 +624,7 @@ def test_bulk_restore_equals_replaying_enqueues():
 
 
 def test_message_ttl_expires_heads_on_tick_and_dead_letters_them():
-    from broker.fifo import (ACCEPTED, DeadLetter, Dequeue, Enqueue, FifoState, Meta, QueueLimits, Tick,
-                             apply)
+    from broker.fifo import ACCEPTED, DeadLetter, Enqueue, FifoState, Meta, QueueLimits, Tick, apply
     state = FifoState(limits=QueueLimits(message_ttl_ms=100))
     apply(Meta(1, 1_000), Enqueue("a", 1), state)
     apply(Meta(2, 1_050), Enqueue("b", 1, ttl_ms=500), state)   # queue TTL (100) is shorter
@@ -668,7 +669,7 @@ def test_single_active_consumer_hands_over_in_registration_order():
 
 
 def test_priority_queue_serves_highest_priority_first_and_requeues_in_place():
-    from broker.fifo import (Checkout, Deliver, Enqueue, FifoState, Meta, QueueLimits, Return, apply)
+    from broker.fifo import Checkout, Deliver, Enqueue, FifoState, Meta, QueueLimits, Return, apply
     state = FifoState(limits=QueueLimits(max_priority=5))
     for index, priority in enumerate([0, 3, 9, 3, 1], start=1):  # 9 is capped at 5
         apply(Meta(index, 0), Enqueue(f"p{priority}-{index}", 1, priority=priority), state)
@@ -682,7 +683,7 @@ def test_priority_queue_serves_highest_priority_first_and_requeues_in_place():
 
 
 def test_restore_into_a_priority_queue_keeps_priorities():
-    from broker.fifo import Dequeue, FifoState, QueueLimits, Meta, apply, restore
+    from broker.fifo import Dequeue, FifoState, Meta, QueueLimits, apply, restore
     state = FifoState(limits=QueueLimits(max_priority=10))
     restore(state, [(1, "low", 1), (2, "high", 1), (3, "mid", 1)], {2: 7, 3: 2})
     order = [apply(Meta(10 + i, 0), Dequeue(("o", None), True), state)[0].payload for i in range(3)]
@@ -690,8 +691,7 @@ def test_restore_into_a_priority_queue_keeps_priorities():
 
 
 def test_delivery_limit_dead_letters_after_too_many_returns():
-    from broker.fifo import (Checkout, DeadLetter, Deliver, Enqueue, FifoState, Meta, QueueLimits, Return,
-                             apply)
+    from broker.fifo import Checkout, DeadLetter, Deliver, Enqueue, FifoState, Meta, QueueLimits, Return, apply
     state = FifoState(limits=QueueLimits(delivery_limit=2))
     consumer = ("ch", "c")
     apply(Meta(1, 0), Enqueue("m", 1), state)

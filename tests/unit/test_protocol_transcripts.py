@@ -627,7 +627,8 @@ def test_close_channel_drops_a_half_received_message():
 
 def test_client_channel_close_is_an_event():
     conn = opened_connection(1)
-    events = conn.receive_data(method(1, spec.Channel.Close(reply_code=200, reply_text="done", class_id=0, method_id=0)))
+    close = spec.Channel.Close(reply_code=200, reply_text="done", class_id=0, method_id=0)
+    events = conn.receive_data(method(1, close))
     assert methods(events) == [(1, "Channel.Close")], describe(events)
 
 

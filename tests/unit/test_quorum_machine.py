@@ -6,8 +6,6 @@ invariants, and restore(snapshot()) behaves exactly like the original.
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -15,7 +13,6 @@ from hypothesis import strategies as st
 from broker import fifo
 from broker import quorum_machine as qm
 from broker.quorum_machine import Applied, Delivery, Got, Purged, QuorumMachine
-from tests.unit.test_purity import FORBIDDEN, imported_modules
 
 P1 = "n1/i1/p1"
 P2 = "n2/i1/p2"
@@ -129,12 +126,6 @@ def test_owner_names_carry_node_and_incarnation():
     assert qm.owner_incarnation("n1/i7/ch/with/slashes") == "i7"
     assert qm.owner_node("plain") is None and qm.owner_incarnation("plain") is None
     assert qm.owner_node(None) is None
-
-
-def test_the_module_is_pure():
-    path = Path(qm.__file__)
-    for module, line in imported_modules(path):
-        assert module.split(".")[0] not in FORBIDDEN, f"quorum_machine.py:{line} imports {module}"
 
 
 # --- enqueue and sessions -------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """Properties of the in-memory Raft log (raft/log.py) against a plain list."""
 from __future__ import annotations
 
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from raft.log import RaftLog
 from raft.messages import Entry, EntryKind, Snapshot

@@ -10,10 +10,8 @@ per term. A failure names its seed; replay one with
 """
 from __future__ import annotations
 
-import ast
 import os
 import random
-from pathlib import Path
 
 import pytest
 
@@ -22,7 +20,6 @@ from raft.messages import AppendEntries, Entry, EntryKind, HardState, Heartbeat,
 from raft.system import PersistFailed, RaftSystem
 from tests.unit.systemsim import HarnessFailure, SystemCluster, run_chaos
 
-REPO = Path(__file__).resolve().parents[2]
 SEEDS = [int(os.environ["WARREN_SYSTEM_SEED"])] if "WARREN_SYSTEM_SEED" in os.environ else [1, 2]
 ELECTION_TICKS = 10
 
@@ -59,32 +56,6 @@ def assert_same_sequences(cluster: SystemCluster, group_ids) -> None:
     for group_id in group_ids:
         sequences = {h.name: cluster.applied_data(h, group_id) for h in cluster.live_hosts()}
         assert len({tuple(s) for s in sequences.values()}) == 1, f"seed={cluster.seed} group {group_id}: {sequences}"
-
-
-# --- purity --------------------------------------------------------------------------------------
-
-def runtime_imports(path: Path) -> set[str]:
-    """Imported module names, leaving out `if TYPE_CHECKING:` blocks."""
-    tree = ast.parse(path.read_text())
-    skipped = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
-               and getattr(node.test, "id", None) == "TYPE_CHECKING" for n in ast.walk(node)}
-    found = set()
-    for node in ast.walk(tree):
-        if id(node) in skipped:
-            continue
-        if isinstance(node, ast.Import):
-            found |= {alias.name.split(".")[0] for alias in node.names}
-        elif isinstance(node, ast.ImportFrom):
-            found.add((node.module or "").split(".")[0])
-    return found
-
-
-@pytest.mark.parametrize("module", ["raft/system.py", "raft/group.py", "raft/raft_storage.py"])
-def test_the_system_does_no_io_and_reads_no_clock(module):
-    forbidden = {"asyncio", "socket", "time", "os", "random", "selectors", "threading", "subprocess"}
-    imported = runtime_imports(REPO / module)
-    assert not imported & forbidden, f"{module} imports {sorted(imported & forbidden)}"
-    assert "raft" in imported
 
 
 # --- many groups, one persist and one frame per peer per turn ---------------------------------

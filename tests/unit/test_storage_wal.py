@@ -577,7 +577,8 @@ def test_bit_flip_in_the_last_record_of_the_newest_wal_file_is_a_torn_tail():
     starts = record_starts(data)
     fake.flip_bit(paths[1], starts[-1] + 40, 5)
     _, recovered = open_store(fake)
-    assert [(t.path, t.offset, t.bytes_lost) for t in recovered.torn] == [(paths[1], starts[-1], len(data) - starts[-1])]
+    torn = [(t.path, t.offset, t.bytes_lost) for t in recovered.torn]
+    assert torn == [(paths[1], starts[-1], len(data) - starts[-1])]
     assert len(fake.read_bytes(paths[1])) == starts[-1]
     kept_in_newest = records.scan(data[:starts[-1]]).records
     assert len(kept_in_newest) == 3

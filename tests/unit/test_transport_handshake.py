@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import random
 import struct
-from pathlib import Path
 
 import msgpack
 import pytest
@@ -37,7 +36,6 @@ from raft.handshake import (
 )
 from raft.messages import AppendEntries, Entry, EntryKind, from_wire, to_wire
 from raft.transport import Backoff, TransportLimits
-from tests.unit.test_purity import FORBIDDEN, imported_modules
 
 SECRET = b"the-cluster-cookie"
 KNOWN = frozenset({"node-a", "node-b", "node-c"})
@@ -475,8 +473,3 @@ def test_limits_come_from_settings_when_it_has_them():
     assert (limits.frame_max_bytes, limits.peer_outbound_max_bytes) == (1000, 2000)
     assert (limits.handshake_timeout_seconds, limits.heartbeat_seconds) == (1.5, 0.25)
 
-
-def test_the_handshake_core_is_pure():
-    path = Path(__file__).resolve().parents[2] / "raft" / "handshake.py"
-    for module, line in imported_modules(path):
-        assert module.split(".")[0] not in FORBIDDEN | {"secrets"}, f"handshake.py:{line} imports {module}"

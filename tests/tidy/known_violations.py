@@ -1,0 +1,48 @@
+"""What breaks the tidy rules today, written down so that it can only shrink.
+
+Each list is checked both ways: a violation not listed here fails its test (do not add one: fix the
+code), and a listed one that is gone fails too, asking for its line to be deleted (or its size lowered),
+so that nobody can quietly win it back later.
+"""
+from __future__ import annotations
+
+# Broker modules that reach storage directly instead of through raft: (importer, imported module).
+# broker/durability.py journals classic queues and definitions in the node-wide WAL itself;
+# broker/server.py catches storage's CorruptLog at start-up.
+BROKER_TO_STORAGE = {
+    ("broker.durability", "storage.group_commit"),
+    ("broker.durability", "storage.records"),
+    ("broker.durability", "storage.wal"),
+    ("broker.server", "storage.records"),
+}
+
+# Groups of modules that import each other (imports that run, including those inside functions).
+# broker/quorum.py takes constants from broker/cluster.py, which builds QuorumQueues inside a function.
+IMPORT_CYCLES = [
+    {"broker.cluster", "broker.quorum"},
+]
+
+# Functions longer than 60 lines: "path:qualified name" -> lines (def line to last line).
+LONG_FUNCTIONS = {
+    "protocol/connection.py:ServerConnection.receive_data": 65,
+}
+
+# Modules longer than 600 lines: path -> lines.
+LONG_MODULES = {
+    "broker/channel.py": 679,
+    "broker/fifo.py": 613,
+    "broker/quorum_machine.py": 798,
+    "raft/core.py": 650,
+}
+
+# mypy errors in the pure cores today, per file (mostly Optional fields read as set, and a result variable
+# reused for several types in one match statement).
+MYPY_ERRORS = {
+    "broker/fifo.py": 7,
+    "broker/quorum_machine.py": 31,
+    "protocol/connection.py": 1,
+    "raft/core.py": 1,
+    "raft/log.py": 1,
+    "raft/messages.py": 3,
+    "raft/replication.py": 1,
+}
