@@ -23,8 +23,8 @@ from raft.runtime import RaftRuntime
 from raft.system import PersistFailed
 from storage.group_commit import GroupCommitter
 from storage.wal import LogStore
-from tests.integration.test_raft_runtime import node_settings, until
 from tests.integration.pika_support import parameters
+from tests.integration.test_raft_runtime import node_settings, until
 from tests.serverproc import free_port, make_server
 
 pytestmark = pytest.mark.timeout(60)
@@ -63,7 +63,8 @@ class OneNode:
                     lambda: f"leaders: {[(group, self.runtime.leader_of(group)) for group in groups]}", BOUND_SECONDS)
 
     async def propose_applied(self, group: str, data: bytes) -> None:
-        assert self.runtime.propose(group, data) is not None, f"{group} took no proposal (failed: {self.runtime.failed!r})"
+        assert self.runtime.propose(group, data) is not None, \
+            f"{group} took no proposal (failed: {self.runtime.failed!r})"
         await until(lambda: data in self.applied[group], lambda: f"{group} to apply {data!r}: {dict(self.applied)}",
                     BOUND_SECONDS)
 
