@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import signal
 import time
 import uuid
 from pathlib import Path
@@ -91,7 +92,7 @@ class ChaosRun:
             self.disks.free(mount_point)
         for name, node in self.cluster.nodes.items():
             if node.paused:
-                self.cluster.signal(name, __import__("signal").SIGCONT)
+                self.cluster.signal(name, signal.SIGCONT)
             if not node.running:
                 await self.cluster.launch(name)
         await asyncio.gather(*(self.cluster.wait_listening(name) for name in self.cluster.nodes))

@@ -30,6 +30,7 @@ class ProcessRun:
         self.stop_requested = asyncio.Event()
         self.publishers, self.consumers = self._make_clients()
         self.started = time.monotonic()
+        self.reporter: RateReporter | None = None  # set by the CLI unless progress goes to a parent
 
     def _make_clients(self) -> tuple[list[Publisher], list[Consumer]]:
         o = self.options
@@ -107,10 +108,8 @@ class ProcessRun:
             line = {"counts": counts, "confirm": dict(confirm.buckets), "deliver": dict(deliver.buckets)}
             sys.stdout.write(json.dumps(line) + "\n")
             sys.stdout.flush()
-        else:
+        elif self.reporter is not None:
             self.reporter.update(time.monotonic() - self.started, counts, confirm, deliver)
-
-    reporter = None  # set by the CLI: a RateReporter
 
 
 class RateReporter:
