@@ -1,0 +1,89 @@
+"""A TCP proxy on one cluster link, to partition nodes without touching the host's network.
+
+Warren has one connection per pair of nodes, dialled by the node whose name
+sorts first (raft/transport.py), to the host:port its WARREN_CLUSTER_NODES
+lists for the peer; only the name is authenticated (raft/handshake.py). So
+each dialer lists its higher-named peers at a proxy port, and every byte
+between two nodes passes one LinkProxy. Each direction can be blackholed:
+bytes are read and dropped (a silent network, not a reset: the nodes' failure
+detector has to notice). Dropped bytes break the framing of the stream, so
+healing closes the connections that lost bytes; the dialer reconnects.
+"""
+from __future__ import annotations
+
+import asyncio
+
+CHUNK_BYTES = 65536
+
+
+class LinkProxy:
+    def __init__(self, dialer: str, acceptor: str, target_port: int, host: str = "127.0.0.1"):
+        self.dialer, self.acceptor = dialer, acceptor
+        self.host, self.target_port = host, target_port
+        self.port: int | None = None
+        # Blackholed directions: "forward" = dialer -> acceptor, "backward" = acceptor -> dialer.
+        self.blocked: set[str] = set()
+        self._server: asyncio.Server | None = None
+        self._streams: set[asyncio.StreamWriter] = set()
+        self._lossy: set[asyncio.StreamWriter] = set()
+        self._tasks: set[asyncio.Task] = set()
+
+    def __repr__(self) -> str:
+        return f"LinkProxy({self.dialer}->{self.acceptor} :{self.port}, blocked={sorted(self.blocked)})"
+
+    async def start(self, port: int = 0) -> "LinkProxy":
+        self._server = await asyncio.start_server(self._accept, self.host, port)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    def block(self, *directions: str) -> None:
+        assert set(directions) <= {"forward", "backward"}, directions
+        self.blocked |= set(directions)
+
+    def heal(self) -> None:
+        self.blocked.clear()
+        for writer in list(self._lossy):
+            writer.close()  # a stream that lost bytes cannot be resumed
+        self._lossy.clear()
+
+    async def _accept(self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
+        try:
+            server_reader, server_writer = await asyncio.open_connection(self.host, self.target_port)
+        except OSError:
+            client_writer.close()  # the acceptor is down: as a refused connection
+            return
+        pair = (client_writer, server_writer)
+        self._streams.update(pair)
+        pumps = [asyncio.ensure_future(self._pump(client_reader, server_writer, "forward", pair)),
+                 asyncio.ensure_future(self._pump(server_reader, client_writer, "backward", pair))]
+        self._tasks.update(pumps)
+        await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
+        for task in pumps:
+            task.cancel()
+        for writer in pair:
+            writer.close()
+            self._streams.discard(writer)
+            self._lossy.discard(writer)
+        self._tasks.difference_update(pumps)
+
+    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, direction: str,
+                    pair: tuple[asyncio.StreamWriter, ...]) -> None:
+        try:
+            while data := await reader.read(CHUNK_BYTES):
+                if direction in self.blocked:
+                    self._lossy.update(pair)
+                    continue
+                writer.write(data)
+                await writer.drain()
+        except (ConnectionError, OSError):
+            pass  # either side went away: _accept closes the pair
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for writer in list(self._streams):
+            writer.close()
+        for task in list(self._tasks):
+            task.cancel()
+        if self._server is not None:
+            await self._server.wait_closed()
