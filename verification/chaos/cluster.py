@@ -132,7 +132,7 @@ class LocalCluster:
             if node.process is not None:
                 try:
                     await asyncio.wait_for(node.process.wait(), STOP_TIMEOUT_SECONDS)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     node.process.kill()
                     await node.process.wait()
         for proxy in self.proxies.values():

@@ -35,7 +35,7 @@ class PerfLoad:
     async def wait(self) -> None:
         try:
             await asyncio.wait_for(asyncio.gather(*(p.wait() for p in self.processes)), EXIT_GRACE_SECONDS)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             await self.stop()
 
     async def stop(self) -> None:
@@ -46,7 +46,7 @@ class PerfLoad:
         for process in self.processes:
             try:
                 await asyncio.wait_for(process.wait(), 10)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 process.kill()
                 await process.wait()
 

@@ -8,12 +8,12 @@ import time
 import uuid
 from pathlib import Path
 
+from verification.chaos import schedule
 from verification.chaos.cluster import LocalCluster
 from verification.chaos.disk import SmallDisks
 from verification.chaos.drain import drain_everything
 from verification.chaos.faults import FaultInjector
 from verification.chaos.perfload import PerfLoad
-from verification.chaos import schedule
 from verification.recorder import HistoryRecorder
 
 HEALTHY_TIMEOUT_SECONDS = 60.0

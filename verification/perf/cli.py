@@ -2,7 +2,6 @@
 consumers, print rates and latencies, optionally record a history (see docs/verification-tools.md)."""
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
 

@@ -45,7 +45,8 @@ def _queue_arg(text: str) -> tuple[str, object]:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="warren-perf", description=__doc__, add_help=False)
-    p.add_argument("--url", "-h", action="append", dest="urls", help="broker URL (repeat: connections spread over them)")
+    p.add_argument("--url", "-h", action="append", dest="urls",
+                   help="broker URL (repeat: connections spread over them)")
     p.add_argument("--help", action="help")
     p.add_argument("--producers", "-x", type=int, default=1)
     p.add_argument("--consumers", "-y", type=int, default=1)
@@ -54,7 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--queue-type", choices=("quorum", "classic"), default="quorum")
     p.add_argument("--queue-arg", action="append", type=_queue_arg, default=[], help="k=v, repeatable")
     p.add_argument("--size", "-s", type=int, default=12, help="message body bytes")
-    p.add_argument("--confirm", "-c", dest="confirm_window", type=int, default=100, help="unconfirmed publishes in flight per producer")
+    p.add_argument("--confirm", "-c", dest="confirm_window", type=int, default=100,
+                   help="unconfirmed publishes in flight per producer")
     p.add_argument("--qos", "-q", dest="prefetch", type=int, default=100, help="consumer prefetch")
     p.add_argument("--rate", "-r", type=float, default=0.0, help="messages/s per producer (0: unlimited)")
     p.add_argument("--time", "-z", dest="time_seconds", type=float, default=0.0, help="run for seconds")

@@ -103,7 +103,8 @@ class ProcessRun:
         """A JSON line for a parent process, or a line / table for a person."""
         counts = self.stats.counts()
         confirm, deliver = self.stats.interval_confirm_latency, self.stats.interval_deliver_latency
-        self.stats.interval_confirm_latency, self.stats.interval_deliver_latency = LatencyHistogram(), LatencyHistogram()
+        self.stats.interval_confirm_latency = LatencyHistogram()
+        self.stats.interval_deliver_latency = LatencyHistogram()
         if self.options.progress_jsonl:
             line = {"counts": counts, "confirm": dict(confirm.buckets), "deliver": dict(deliver.buckets)}
             sys.stdout.write(json.dumps(line) + "\n")
