@@ -351,6 +351,10 @@ class QuorumQueue(Queue):
         for session in sessions:
             first, session.unsent_from = session.unsent_from, None
             if first is not None:
+                if session.sent_to is None and session.pending:
+                    # the previous send went nowhere (no leader known yet): send those first,
+                    # else the queue holds the new ones until a resend fills the gap
+                    first = min(first, next(iter(session.pending)))
                 self._send_run(session, first, session.next_seq)
 
     def _send_run(self, session: EnqueuerSession, first: int, end: int) -> None:

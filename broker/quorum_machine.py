@@ -14,7 +14,7 @@ It wraps the queue machine of broker/fifo.py and adds what replication needs:
 * Enqueuer sessions. A publisher (enqueuer) numbers its ENQUEUEs 1, 2, 3...
   and resends the unconfirmed ones after a leader change, so the log holds
   duplicates and, when a resend overtakes, gaps. Per enqueuer the machine
-  keeps the next expected seq: a lower seq is a duplicate (confirmed again,
+  keeps the next expected seq, from 1: a lower seq is a duplicate (confirmed again,
   not enqueued again), a higher one is held (at most ``HOLD_MAX``) until the
   gap is filled. Every applied or duplicate ENQUEUE yields ``Applied``, the
   publisher's confirm.
@@ -493,8 +493,12 @@ class QuorumMachine:
     def _on_enqueue(self, enqueuer: str, seq: int, message: list, effects: list) -> list[Applied]:
         session = self._sessions.get(enqueuer)
         if session is None:
-            # An enqueuer's first command starts its session, whatever its seq.
-            session = self._sessions[enqueuer] = EnqueuerSession(next_seq=seq)
+            # A publisher's session starts at seq 1 (broker/quorum.py), as rabbit_fifo's
+            # enqueuer: a first command with a later seq overtook earlier ones still on
+            # their way, which must not be taken for duplicates (confirmed, never enqueued).
+            # The machine forgets a session only when its channel is gone for good (DOWN,
+            # or NODE_UP of a later incarnation), so a live publisher never restarts mid-way.
+            session = self._sessions[enqueuer] = EnqueuerSession(next_seq=1)
         if seq < session.next_seq:
             applied = [Applied(enqueuer, seq, accepted=True, duplicate=True)]
             effects.extend(applied)

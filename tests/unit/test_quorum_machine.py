@@ -190,12 +190,22 @@ def test_the_hold_is_bounded_and_beyond_it_commands_are_dropped_for_the_sender_t
     assert reply == [Applied(P1, 3 + qm.HOLD_MAX, accepted=True)]
 
 
-def test_an_unknown_enqueuer_starts_at_its_first_seq_and_enqueuers_are_independent():
+def test_an_unknown_enqueuer_starts_at_seq_1_and_enqueuers_are_independent():
+    """As rabbit_fifo's #enqueuer{next_seqno = 1}: a publisher's session always starts at 1
+    (broker/quorum.py), so a first command with a later seq was overtaken by earlier ones
+    that are still on their way (sent before a leader was known, say). Taking it for the
+    start would confirm those earlier ones as duplicates without enqueuing them: confirmed
+    messages lost (found by warren-chaos: the first two publishes of a run, confirmed, never
+    delivered)."""
     replica = Replica()
-    assert replica.publish(P1, 7)[0] == [Applied(P1, 7, accepted=True)]
+    assert replica.publish(P1, 3, b"3") == ([], [])
     assert replica.publish(P2, 1)[0] == [Applied(P2, 1, accepted=True)]
-    assert replica.publish(P1, 8)[0] == [Applied(P1, 8, accepted=True)]
-    assert replica.publish(P1, 6)[0] == [Applied(P1, 6, accepted=True, duplicate=True)]
+    assert replica.publish(P1, 1, b"1")[0] == [Applied(P1, 1, accepted=True)]
+    reply, _ = replica.publish(P1, 2, b"2")
+    assert reply == [Applied(P1, 2, accepted=True), Applied(P1, 3, accepted=True)]
+    state = replica.machine.state
+    assert [state.messages[m][0][3] for m in state.ready if state.messages[m][0][3] != b"x"] == [b"1", b"2", b"3"]
+    assert replica.publish(P1, 2)[0] == [Applied(P1, 2, accepted=True, duplicate=True)]
 
 
 def test_a_refused_enqueue_is_applied_as_not_accepted():
@@ -445,7 +455,7 @@ def test_retired_incarnations_are_bounded_per_node():
     for incarnation in range(qm.RETIRED_MAX + 5):
         replica.publish(f"n1/i{incarnation}/pub", 1)
         replica.run(qm.encode_node_up("n1", f"i{incarnation + 1}", 0))
-    assert replica.publish("n1/i0/pub", 2)[0] == [Applied("n1/i0/pub", 2, accepted=True)]   # long forgotten
+    assert replica.publish("n1/i0/pub", 1)[0] == [Applied("n1/i0/pub", 1, accepted=True)]   # long forgotten
     assert replica.publish(f"n1/i{qm.RETIRED_MAX + 4}/pub", 2) == ([], [])
 
 
