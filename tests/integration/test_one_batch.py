@@ -11,6 +11,7 @@ a member of a larger group learns it from its leader).
 """
 from __future__ import annotations
 
+import json
 import signal
 import time
 
@@ -109,3 +110,47 @@ def test_a_quorum_message_confirmed_just_before_kill_9_of_the_whole_cluster_is_t
     finally:
         stop_all(servers)
 
+
+
+# Event-loop hops of a lone publish (tests/looptrace.py): socket read -> WAL batch handed
+# to the writer thread, and fsync done -> basic.ack written to the socket.
+TRACED_SERVER = "from tests.looptrace import main; main()"
+HOPS_TO_FSYNC_MAX = 1
+HOPS_TO_CONFIRM_MAX = 1
+
+
+def lone_publish_hops(tmp_path, queue_type: str) -> list[dict]:
+    hops_file = tmp_path / "hops.jsonl"
+    server = make_server(tmp_path, WARREN_HOPS_FILE=str(hops_file))
+    server.command = ("-c", TRACED_SERVER)
+    server.start()
+    try:
+        with pika.BlockingConnection(pika.URLParameters(server.url)) as connection:
+            channel = connection.channel()
+            channel.confirm_delivery()
+            declare(channel, "q", queue_type)
+            channel.basic_publish("", "q", b"warm-up", PERSISTENT, mandatory=True)
+            time.sleep(SETTLE_SECONDS)
+            per_publish = []
+            for body in (b"one", b"two", b"three"):
+                hops_file.write_text("")
+                channel.basic_publish("", "q", body, PERSISTENT, mandatory=True)
+                time.sleep(SETTLE_SECONDS)
+                events: dict[str, list[int]] = {}
+                for line in hops_file.read_text().splitlines():
+                    (event, hops), = json.loads(line).items()
+                    events.setdefault(event, []).append(hops)
+                per_publish.append(events)
+        return per_publish
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("queue_type", QUEUE_TYPES)
+def test_a_lone_publish_takes_few_loop_hops_to_its_fsync_and_from_it_to_its_confirm(tmp_path, queue_type):
+    per_publish = lone_publish_hops(tmp_path, queue_type)
+    print(f"{queue_type}: {per_publish}")
+    for events in per_publish:
+        assert len(events.get("to_fsync", [])) == 1 and len(events.get("to_confirm", [])) == 1, per_publish
+        assert events["to_fsync"][0] <= HOPS_TO_FSYNC_MAX, per_publish
+        assert events["to_confirm"][0] <= HOPS_TO_CONFIRM_MAX, per_publish
