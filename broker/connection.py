@@ -188,14 +188,19 @@ class AMQPConnection(asyncio.Protocol):
     def write(self, data: bytes) -> None:
         self._out.append(data)
         if not self._in_receive and not self._flush_scheduled:
-            self._flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self.flush)
+            self._schedule_flush()
 
     def want_flush(self, channel: Channel) -> None:
         """A channel has confirms to send at the end of this turn."""
         self._confirm_channels.add(channel)
         if not self._in_receive and not self._flush_scheduled:
-            self._flush_scheduled = True
+            self._schedule_flush()
+
+    def _schedule_flush(self) -> None:
+        """Once per turn: at the end of the Raft turn that produced the output
+        (its confirms and deliveries), else one call_soon later."""
+        self._flush_scheduled = True
+        if not self.broker.cluster.runtime.after_turn(self.flush):
             asyncio.get_running_loop().call_soon(self.flush)
 
     def flush(self) -> None:

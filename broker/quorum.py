@@ -29,7 +29,6 @@ effects:
 """
 from __future__ import annotations
 
-import asyncio
 import itertools
 import time
 from dataclasses import dataclass, field
@@ -340,7 +339,8 @@ class QuorumQueue(Queue):
             session.unsent_from = seq
             self.unsent.append(session)
             if len(self.unsent) == 1:
-                asyncio.get_running_loop().call_soon(self._send_unsent)
+                # at the start of the Raft turn that persists it (not a call_soon before it)
+                self.cluster.runtime.before_turn(self._send_unsent)
 
     def _send_unsent(self) -> None:
         """The turn's publishes go out; also called before any other command of

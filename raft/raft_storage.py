@@ -45,7 +45,11 @@ At the end each group's entries must run without a hole from the snapshot's
 index + 1 (else `RaftLogCorrupt`), and its commit index is capped at its last
 index: commit_index is volatile state in Raft (Figure 2), persisted only so
 that a restart re-applies no less, and a rollover can make a hard state
-durable ahead of the entries it counts (below).
+durable ahead of the entries it counts (below). It may also lag: a hard state
+that only raises the commit index is carried by the group's or any group's
+next batch (`RaftSystem.carry_commit`), never written alone, so the disk's
+commit index is a lower bound that a leader's first commit in its term (or a
+follower's leader) raises again.
 
 Rollover. Control records have index 0, below every cursor, so the WAL never
 copies them into segments; instead `GroupStorage.rollover_records()` writes

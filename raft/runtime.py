@@ -22,7 +22,12 @@ Inputs reach the system from three places: frames from the transport
 timer for all groups, every `tick_seconds` (`tick`; quiet groups cost
 nothing). Any of them may leave work; the system then calls `request_turn`,
 which schedules one `process_ready` with `loop.call_soon`, at most once per
-turn.
+turn. Hops cost latency, so the turn also runs where it batches as well
+(issue 11, item 8): the host's proposals of a loop turn are made at the
+start of the Raft turn (`before_turn`), the WAL batch goes to the writer at
+its end (`GroupCommitter.flush`), a durable batch's turn runs in the
+callback that reports it (`turn_now`), and the host's output of a turn
+(confirms) is written at its end (`after_turn`).
 
 Timing. With the defaults (50 ms ticks, `election_ticks=10`,
 `heartbeat_ticks=2`) a leader heartbeats every 100 ms and a follower's
@@ -174,6 +179,11 @@ class RaftRuntime:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tick_handle: asyncio.TimerHandle | None = None
         self._turn_handle: asyncio.Handle | None = None
+        self._in_turn = False
+        self._proposing = False   # the host's before_turn callbacks run
+        # the host's callbacks around the next turn (dicts as ordered sets)
+        self._before_turn: dict[Callable[[], None], None] = {}
+        self._after_turn: dict[Callable[[], None], None] = {}
         self._awaited_batches: set[int] = set()
         # compact() calls made inside `apply`, carried out at the end of the turn: group -> (index, data)
         self._compactions: dict[GroupId, tuple[int, bytes]] = {}
@@ -219,12 +229,18 @@ class RaftRuntime:
         for peer in sorted(self.transport.peers):
             self.system.peer_down(peer)
         await self.transport.start()
+        if self._before_turn:
+            self.request_turn()   # proposals the host made before the start
         self._tick_handle = self._loop.call_later(self.tick_seconds, self.on_tick)
         log.info("raft.started", node=self.node_name, groups=len(self.groups), wal_records=scan.records)
 
     async def stop(self) -> None:
         """Stop ticking and processing, close the links. The caller then
-        drains and closes the storage."""
+        drains and closes the storage, which writes the commit indexes still
+        carried (`RaftSystem.carry_commit`) so that the next start re-applies
+        every committed entry at once."""
+        if self.system is not None and self.failed is None and not self.stopped:
+            self.system.persist_carried_commits()
         self.stopped = True
         if self._tick_handle is not None:
             self._tick_handle.cancel()
@@ -521,6 +537,10 @@ class RaftRuntime:
         self._applied_groups.clear()
 
     def on_durable(self, token: int, ok: bool) -> None:
+        """The batch is durable: the turn that completes its Readies runs now,
+        in the callback that brought the news (a new turn would cost a loop
+        hop between the fsync and the confirm, and buy no batching: the
+        batch's Readies are all completed in that one turn anyway)."""
         self._awaited_batches.discard(token)
         if not ok:
             self._unwritten.pop(token, None)
@@ -529,22 +549,70 @@ class RaftRuntime:
         if not ok:
             log.error("raft.persist_failed", node=self.node_name, batch=token)
         self.system.on_persisted(token, ok)
-        self.request_turn()
+        self.turn_now()
 
     def send(self, peer: str, frame: list) -> None:
         if self.transport is None or not self.transport.send(peer, frame):
             self.frames_dropped += 1
 
     def request_turn(self) -> None:
+        if self._proposing:
+            return   # the turn that runs the host's proposals processes them (on_turn)
         if self._turn_handle is None and not self.stopped and self.failed is None and self._loop is not None:
             self._turn_handle = self._loop.call_soon(self.on_turn)
+
+    def turn_now(self) -> None:
+        """Run the turn in this callback (instead of one `call_soon` later),
+        unless one is running: then the system's request schedules the next."""
+        if self._in_turn:
+            self.request_turn()
+            return
+        if self._turn_handle is not None:
+            self._turn_handle.cancel()
+            self._turn_handle = None
+        self.on_turn()
+
+    def before_turn(self, callback: Callable[[], None]) -> None:
+        """Have `callback` run at the start of the next turn, before the
+        Readies are taken: the host's proposals of this loop turn (the
+        broker's publishes, one ENQUEUE_BATCH per queue) are then persisted in
+        that same turn, not one `call_soon` later. Each callback once."""
+        self._before_turn[callback] = None
+        self.request_turn()
+
+    def after_turn(self, callback: Callable[[], None]) -> bool:
+        """Inside a turn: have `callback` run once at its end, after the applies
+        (the broker writes the confirms and deliveries they produced there, not
+        one `call_soon` later); True. Outside a turn: False, nothing is done."""
+        if not self._in_turn:
+            return False
+        self._after_turn[callback] = None
+        return True
 
     # --- event handlers -------------------------------------------------------------------------------
 
     def on_turn(self) -> None:
+        """One turn: the host's proposals (`before_turn`), Raft's Ready
+        processing, deferred compactions; then hand the WAL batch to the
+        writer at once (everything the turn writes is in it), then the host's
+        `after_turn` callbacks."""
         self._turn_handle = None
-        if self.stopped or self.failed is not None:
-            return
+        self._in_turn = True
+        try:
+            self._proposing = True
+            try:
+                self.run_hooks(self._before_turn)
+            finally:
+                self._proposing = False
+            if self.stopped or self.failed is not None:
+                return
+            self.process_turn()
+            self.committer.flush()
+        finally:
+            self._in_turn = False
+            self.run_hooks(self._after_turn)
+
+    def process_turn(self) -> None:
         try:
             self.system.process_ready()
             if self._compactions:
@@ -556,6 +624,17 @@ class RaftRuntime:
         except Exception as error:  # noqa: BLE001 -- no group owns it (those are contained): the node's
             log.exception("raft.process_ready_failed", node=self.node_name)
             self.fail(error)
+
+    def run_hooks(self, hooks: dict[Callable[[], None], None]) -> None:
+        """The host's callbacks: one that raises is logged, the others run."""
+        while hooks:
+            callbacks = list(hooks)
+            hooks.clear()
+            for callback in callbacks:
+                try:
+                    callback()
+                except Exception:  # noqa: BLE001 -- the host's bug, not Raft's: as a loop callback's
+                    log.exception("raft.turn_hook_failed", node=self.node_name)
 
     def on_tick(self) -> None:
         self._tick_handle = None

@@ -32,7 +32,10 @@ failure detector, `on_persisted(token)`. Then, once per event-loop turn,
    their messages, applies their committed entries, advances their groups;
 2. takes a Ready from every group touched since the last turn; those with
    nothing to persist are completed at once (heartbeats, acks of state that
-   is already durable), the others go into ONE `persist` call;
+   is already durable), and so are those that only advance the commit index,
+   whose hard state waits for the next batch that writes anything else
+   (`carry_commit`: the commit index is volatile state, Raft Figure 2); the
+   others go into ONE `persist` call, with the waiting commit indexes;
 3. completes that batch if storage acknowledged it synchronously;
 4. sends what was queued: at most one frame per peer node (split only
    beyond `frame_max_messages`).
@@ -82,7 +85,7 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING
 
 from raft.core import RaftNode, Ready, RecoveredState, Status
@@ -163,6 +166,8 @@ class RaftSystem:
         self.down_nodes: set[str] = set()
         # persist token -> (group, Ready, whether its messages went out already)
         self.waiting: dict[int, list[tuple[Group, Ready, bool]]] = {}
+        # commit-only hard states waiting for the next batch (see `carry_commit`)
+        self.carried: dict[GroupId, tuple[Group, PersistItem]] = {}
         self.durable_tokens: list[int] = []
         self.outbox: dict[str, list[list]] = {}
         self.turn_requested = False
@@ -195,6 +200,7 @@ class RaftSystem:
             return
         self.active.pop(group_id, None)
         self.touched.pop(group_id, None)
+        self.carried.pop(group_id, None)
         for member in group.members:
             self.members_on.get(member, {}).pop(group_id, None)
 
@@ -447,18 +453,17 @@ class RaftSystem:
             if item is None:
                 self.complete(group, ready)
             elif self.only_commit_advances(group, ready):
-                # The commit index is volatile state (Raft Figure 2): it is written with
-                # this batch for a faster restart, but applying need not wait for it.
-                items.append((group, item))
+                self.carry_commit(group, item)
                 self.complete(group, ready)
             else:
                 early = self.may_send_before_persist(group, ready)
                 if early:
                     self.queue_messages(group_id, ready)
-                items.append((group, item))
+                items.append((group, self.with_carried_commit(group, item)))
                 batch.append((group, ready, early))
         to_persist = [item for group, item in items if self.still_hosted(group)]
         if to_persist:
+            to_persist.extend(self.take_carried_commits())
             self.counters.persist_calls += 1
             self.counters.persist_items += len(to_persist)
             token = self.persist(to_persist)
@@ -511,12 +516,53 @@ class RaftSystem:
         """Whether all `ready` would write is a higher commit index: no entries,
         snapshot or truncation, term and vote unchanged. Its committed entries
         are then durable here already (earlier Readies) and on a majority, and
-        its messages promise nothing new, so it completes at once. Saves one
-        fsync between commit and apply (the confirm)."""
+        its messages promise nothing new, so it completes at once, and it is
+        not written on its own (`carry_commit`): a lone publish costs one
+        fsync, not two."""
         hard = ready.hard_state
         previous = group.raft.prev_hard_state
         return (hard is not None and not ready.entries and ready.snapshot is None and ready.truncate_from is None
                 and hard.term == previous.term and hard.voted_for == previous.voted_for)
+
+    # --- commit indexes carried by the next batch ------------------------------------------------
+
+    def carry_commit(self, group: Group, item: PersistItem) -> None:
+        """A Ready whose only storage work is a higher commit index is not
+        written on its own: the commit index is volatile state (Raft §5,
+        Figure 2), so an fsync for it alone buys nothing. It waits, replacing
+        an older one of the group, for the next batch that writes anything
+        (its group's next Ready, or any group's) and goes in with it, so that
+        a restart re-applies most of the log at once. Until then the disk may
+        hold a lower commit index, as after a crash: a sole voter commits its
+        durable log again as soon as it leads (its own majority, §5.4.2: an
+        entry of its new term commits those before it), a member of a larger
+        group learns the commit index from its leader (§5.3). Its entries are
+        durable already: a commit-only Ready has no entries, and the group's
+        earlier Readies were advanced, i.e. durable."""
+        self.carried[group.group_id] = (group, item)
+
+    def with_carried_commit(self, group: Group, item: PersistItem) -> PersistItem:
+        """`item` with the group's carried commit index, if any, when it
+        writes no hard state of its own (its own, when present, is newer)."""
+        carried = self.carried.pop(group.group_id, None)
+        if carried is None or carried[0] is not group or item.hard_state is not None:
+            return item
+        return replace(item, hard_state=carried[1].hard_state)
+
+    def take_carried_commits(self) -> list[PersistItem]:
+        """Every commit index waiting for a batch, of groups still hosted."""
+        carried, self.carried = self.carried, {}
+        return [item for group, item in carried.values() if self.still_hosted(group)]
+
+    def persist_carried_commits(self) -> None:
+        """Hand the waiting commit indexes to storage now (a clean shutdown:
+        the next start then re-applies everything without waiting for a
+        leader). Nothing waits for that batch."""
+        to_persist = self.take_carried_commits()
+        if to_persist:
+            self.counters.persist_calls += 1
+            self.counters.persist_items += len(to_persist)
+            self.persist(to_persist)
 
     def queue_messages(self, group_id: GroupId, ready: Ready) -> None:
         for message in ready.messages:

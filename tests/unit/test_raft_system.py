@@ -540,3 +540,51 @@ def test_a_group_dropped_by_an_apply_in_the_turn_that_took_its_ready_is_not_pers
     index = system.propose("meta", b"after")
     r.turns()
     assert ("meta", index) in r.applied, f"the metadata group stopped applying: {r.applied}"
+
+
+# --- a commit index alone is not worth a batch (issue 11, item 8) ------------------------------------
+
+def test_a_lone_proposal_of_a_group_of_one_costs_one_persist_and_its_commit_rides_the_next():
+    """A sole voter's entry is applied once its one batch is durable; the
+    commit index that follows is not persisted on its own (volatile state,
+    Raft Figure 2) but with the next batch, of this group or any other."""
+    r = HostsOnly(members=("a",))
+    system = r.system
+    system.add_group("q", ["a"])
+    system.add_group("other", ["a"])
+    for group in ("q", "other"):
+        system.campaign(group)
+    r.turns()
+    assert system.role("q") == Role.LEADER and system.role("other") == Role.LEADER
+    assert system.carried, "the elections' commit indexes wait for a batch"
+    index = system.propose("q", b"one")
+    before = len(r.persisted)
+    r.turns()
+    assert ("q", index) in r.applied
+    assert len(r.persisted) == before + 1, f"one batch for a lone proposal: {r.persisted[before:]}"
+    lone = r.persisted[before]
+    assert [item.group_id for item in lone if item.entries] == ["q"]
+    assert system.carried["q"][1].hard_state.commit_index == index   # waiting, not written
+    second = system.propose("other", b"two")
+    r.turns()
+    assert len(r.persisted) == before + 2 and ("other", second) in r.applied
+    carried = {item.group_id: item.hard_state for item in r.persisted[-1] if item.hard_state is not None}
+    assert carried["q"].commit_index == index, f"q's commit index rides other's batch: {r.persisted[-1]}"
+    assert system.carried.keys() == {"other"}
+
+
+def test_carried_commits_are_persisted_on_request_and_forgotten_with_their_group():
+    r = HostsOnly(members=("a",))
+    system = r.system
+    for group in ("q", "gone"):
+        system.add_group(group, ["a"])
+        system.campaign(group)
+    r.turns()
+    assert system.carried.keys() == {"q", "gone"}
+    system.remove_group("gone")
+    before = len(r.persisted)
+    system.persist_carried_commits()
+    assert len(r.persisted) == before + 1
+    assert [(item.group_id, item.entries) for item in r.persisted[-1]] == [("q", ())]
+    assert r.persisted[-1][0].hard_state.commit_index == system.status("q").commit_index
+    assert not system.carried
