@@ -60,7 +60,7 @@ def counts_by_queue(messages: DataFrame) -> dict[str, dict[str, int]]:
         count_if(published & F.col("nacked_ns").isNotNull()).alias("nacked"),
         count_if(returned).alias("returned"),
         count_if(published & delivered).alias("delivered_messages"),
-        sum_if(delivered, F.col("deliveries")).alias("deliveries"),
+        sum_if(published & delivered, F.col("deliveries")).alias("deliveries"),  # phantoms apart
         count_if(confirmed & ~returned & ~delivered).alias("confirmed_lost"),
         count_if(published & F.col("confirmed_ns").isNull() & delivered).alias("unconfirmed_delivered"),
         count_if(~published & delivered).alias("phantom_messages"),

@@ -57,7 +57,9 @@ class Shape:
 
     @property
     def per_kind(self) -> int:
-        return self.anomalies_each or max(2, self.messages_per_publisher * self.publishers // 20_000)
+        if self.anomalies_each is not None:
+            return self.anomalies_each
+        return max(2, self.messages_per_publisher * self.publishers // 20_000)
 
 
 class PartWriter:
