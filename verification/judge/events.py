@@ -32,30 +32,19 @@ def read_history(spark: SparkSession, path: str) -> DataFrame:
 @dataclass
 class Events:
     all: DataFrame
-    publishes: DataFrame   # queue, message_id, mono_ns
-    confirms: DataFrame    # message_id, mono_ns (the confirm's own queue column is not relied on)
-    nacks: DataFrame       # message_id, mono_ns
-    returns: DataFrame     # message_id, mono_ns
     deliveries: DataFrame  # queue, message_id, publisher_id, seq, consumer_id, redelivered, mono_ns
     t0_ns: int             # the history's first mono_ns: time 0 of every series
     end_ns: int
 
 
 def split_events(history: DataFrame) -> Events:
-    def of(kind: str) -> DataFrame:
-        return history.where(F.col("event") == kind)
-
     bounds = history.agg(F.min("mono_ns"), F.max("mono_ns")).first()
     if bounds[0] is None:
         raise ValueError("the history holds no events")
-    deliveries = of("deliver").select(
+    deliveries = history.where(F.col("event") == "deliver").select(
         "queue", "message_id", "publisher_id", "seq", "consumer_id",
         F.coalesce("redelivered", F.lit(False)).alias("redelivered"), "mono_ns")
     return Events(all=history,
-                  publishes=of("publish").select("queue", "message_id", "mono_ns"),
-                  confirms=of("confirm").select("message_id", "mono_ns"),
-                  nacks=of("nack").select("message_id", "mono_ns"),
-                  returns=of("return").select("message_id", "mono_ns"),
                   deliveries=deliveries, t0_ns=bounds[0], end_ns=bounds[1])
 
 

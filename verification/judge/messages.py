@@ -20,23 +20,33 @@ COUNT_COLUMNS = ("published", "confirmed", "nacked", "returned", "delivered_mess
 
 
 def message_table(events: Events) -> DataFrame:
-    """Columns: queue, message_id, published_ns, confirmed_ns, nacked_ns, returned_ns, deliveries,
-    flagged (deliveries with redelivered set), first_delivered_ns, first_flagged."""
-    published = events.publishes.groupBy("queue", "message_id").agg(F.min("mono_ns").alias("published_ns"))
-    confirmed = events.confirms.groupBy("message_id").agg(F.min("mono_ns").alias("confirmed_ns"))
-    nacked = events.nacks.groupBy("message_id").agg(F.min("mono_ns").alias("nacked_ns"))
-    returned = events.returns.groupBy("message_id").agg(F.min("mono_ns").alias("returned_ns"))
-    # The first delivery is the earliest; on a tie the unflagged one (false < true).
-    delivered = (events.deliveries.groupBy("queue", "message_id").agg(
-        F.count(F.lit(1)).alias("deliveries"),
-        F.sum(F.col("redelivered").cast("long")).alias("flagged"),
-        F.min(F.struct("mono_ns", "redelivered")).alias("first")))
-    delivered = delivered.select("queue", "message_id", "deliveries", "flagged",
-                                 F.col("first.mono_ns").alias("first_delivered_ns"),
-                                 F.col("first.redelivered").alias("first_flagged"))
-    table = (published.join(confirmed, "message_id", "left").join(nacked, "message_id", "left")
-             .join(returned, "message_id", "left")
-             .join(delivered, ["queue", "message_id"], "full"))
+    """Columns: queue, message_id, published_ns, deliveries, flagged (deliveries with redelivered
+    set), first_delivered_ns, first_flagged, confirmed_ns, nacked_ns, returned_ns.
+
+    Two shuffles, both on message_id: publishes and deliveries are repartitioned by message_id and
+    aggregated per (queue, message_id) in place, confirms/nacks/returns aggregated per message_id,
+    so the join between them needs no third exchange."""
+    partitions = int(events.all.sparkSession.conf.get("spark.sql.shuffle.partitions"))
+    event, t = F.col("event"), F.col("mono_ns")
+    is_delivery = event == "deliver"
+    handled = (events.all.where(event.isin("publish", "deliver"))
+               .select("queue", "message_id", "event", "mono_ns",
+                       F.coalesce("redelivered", F.lit(False)).alias("redelivered"))
+               .repartition(partitions, "message_id")
+               .groupBy("queue", "message_id").agg(
+                   F.min(F.when(event == "publish", t)).alias("published_ns"),
+                   F.count(F.when(is_delivery, 1)).alias("deliveries"),
+                   F.sum(F.when(is_delivery, F.col("redelivered").cast("long"))).alias("flagged"),
+                   # The first delivery is the earliest; on a tie the unflagged one (false < true).
+                   F.min(F.when(is_delivery, F.struct("mono_ns", "redelivered"))).alias("first")))
+    answered = (events.all.where(event.isin("confirm", "nack", "return")).groupBy("message_id").agg(
+        *[F.min(F.when(event == kind, t)).alias(f"{name}_ns")
+          for kind, name in (("confirm", "confirmed"), ("nack", "nacked"), ("return", "returned"))]))
+    table = (handled.join(answered, "message_id", "left")
+             .select("queue", "message_id", "published_ns", "deliveries", "flagged",
+                     F.col("first.mono_ns").alias("first_delivered_ns"),
+                     F.col("first.redelivered").alias("first_flagged"),
+                     "confirmed_ns", "nacked_ns", "returned_ns"))
     return table.persist(StorageLevel.MEMORY_AND_DISK)
 
 
@@ -45,7 +55,7 @@ def counts_by_queue(messages: DataFrame) -> dict[str, dict[str, int]]:
     published = F.col("published_ns").isNotNull()
     confirmed = published & F.col("confirmed_ns").isNotNull()
     returned = published & F.col("returned_ns").isNotNull()
-    delivered = F.coalesce("deliveries", F.lit(0)) > 0
+    delivered = F.col("deliveries") > 0
     extra_flagged = F.col("flagged") - F.col("first_flagged").cast("long")  # flagged deliveries after the first
 
     def count_if(condition):
@@ -74,7 +84,7 @@ def counts_by_queue(messages: DataFrame) -> dict[str, dict[str, int]]:
 def lost_examples(messages: DataFrame, limit: int = 20) -> dict[str, list[str]]:
     """A few confirmed-and-lost message ids per queue, for the report (bounded collect)."""
     lost = messages.where(F.col("published_ns").isNotNull() & F.col("confirmed_ns").isNotNull()
-                          & F.col("returned_ns").isNull() & F.col("deliveries").isNull())
+                          & F.col("returned_ns").isNull() & (F.col("deliveries") == 0))
     rows = lost.select("queue", "message_id").orderBy("queue", "message_id").limit(limit).collect()
     examples: dict[str, list[str]] = {}
     for row in rows:

@@ -8,6 +8,7 @@ and getOrCreate returns it, with the submit's master and --py-files.
 """
 from __future__ import annotations
 
+import os
 import tempfile
 import zipfile
 from pathlib import Path
@@ -32,6 +33,9 @@ def spark_session(master: str | None = None, driver_memory: str = "2g",
                .config("spark.sql.adaptive.enabled", "true"))
     if master:
         builder = builder.master(master)
+    if shuffle_partitions is None and _local_run(master):
+        # Spark's 200 default costs more in per-partition overhead than the work on one machine.
+        shuffle_partitions = 4 * (os.cpu_count() or 2)
     if shuffle_partitions:
         builder = builder.config("spark.sql.shuffle.partitions", str(shuffle_partitions))
     spark = builder.getOrCreate()
@@ -39,6 +43,11 @@ def spark_session(master: str | None = None, driver_memory: str = "2g",
     if not spark.sparkContext.master.startswith("local"):
         spark.sparkContext.addPyFile(str(build_package_zip(Path(tempfile.mkdtemp(prefix="warren-verify-")))))
     return spark, True
+
+
+def _local_run(master: str | None) -> bool:
+    """Local mode started here, not under spark-submit (whose --conf must not be overridden)."""
+    return (master or "local").startswith("local") and "PYSPARK_GATEWAY_PORT" not in os.environ
 
 
 def build_package_zip(directory: Path) -> Path:
