@@ -94,3 +94,11 @@ def test_report_is_self_contained_with_both_histories(spark, tmp_path):
     assert str(directory) in page and str(clean) in page
     verdicts = json.loads((tmp_path / "pair" / "verdict.json").read_text())["histories"]
     assert [v["ok"] for v in verdicts] == [False, True]
+
+
+def test_a_directory_without_events_is_a_usage_error(spark, tmp_path):
+    (tmp_path / "h").mkdir()
+    assert cli.main([str(tmp_path / "h"), "--out", str(tmp_path / "out")]) == cli.EXIT_USAGE
+    with pytest.raises(SystemExit) as exit_:
+        cli.main([str(tmp_path / "missing")])
+    assert exit_.value.code == cli.EXIT_USAGE

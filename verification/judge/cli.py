@@ -11,7 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-EXIT_CLEAN, EXIT_VIOLATION = 0, 1
+EXIT_CLEAN, EXIT_VIOLATION, EXIT_USAGE = 0, 1, 2
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -28,6 +28,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if len(args.histories) > 2:
         parser.error("at most two histories")
+    for history in args.histories:  # checked before a JVM starts; a URL is Spark's to check
+        if "://" not in history and not Path(history).is_dir():
+            parser.error(f"no history directory at {history}")
     return args
 
 
@@ -40,12 +43,17 @@ def output_directory(args: argparse.Namespace) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from verification.judge.session import spark_session  # after argparse: --help needs no JVM
+    from pyspark.errors import AnalysisException  # after argparse: --help needs no Spark
+
+    from verification.judge.session import spark_session
     from verification.judge.verdict import judge_history
 
     spark, created = spark_session(args.master, args.driver_memory, args.shuffle_partitions)
     try:
         verdicts = [judge_history(spark, path, args.grace) for path in args.histories]
+    except (AnalysisException, ValueError) as error:  # no Parquet there, or no events in it
+        print(f"warren-verify: {str(error).splitlines()[0]}", file=sys.stderr)
+        return EXIT_USAGE
     finally:
         if created:
             spark.stop()

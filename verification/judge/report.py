@@ -47,8 +47,10 @@ def throughput_figure(verdict: dict) -> go.Figure:
         total[0] += point["confirms"]
         total[1] += point["deliveries"]
     seconds = sorted(totals)
-    figure = go.Figure([go.Scatter(x=seconds, y=[totals[s][0] for s in seconds], name="confirms/s"),
-                        go.Scatter(x=seconds, y=[totals[s][1] for s in seconds], name="deliveries/s")])
+    x = [s + 0.5 for s in seconds]  # a bucket [s, s+1) drawn at its middle, so fault shading lines up
+    figure = go.Figure([go.Scatter(x=x, y=[totals[s][0] for s in seconds], name="confirms/s"),
+                        go.Scatter(x=x, y=[totals[s][1] for s in seconds], name="deliveries/s",
+                                   line=dict(dash="dot"))])
     return shade_faults(_layout(figure, "Throughput (fault windows shaded)", "per second"), verdict)
 
 
@@ -56,7 +58,7 @@ def latency_figure(verdict: dict) -> go.Figure:
     figure = go.Figure()
     for metric in ("publish_to_confirm", "publish_to_deliver"):
         points = [p for p in verdict["series"]["latency"] if p["metric"] == metric]
-        x = [p["second"] for p in points]
+        x = [p["second"] + 0.5 for p in points]
         for key, dash in (("p50_ns", "solid"), ("p99_ns", "dot"), ("max_ns", "dash")):
             figure.add_trace(go.Scatter(x=x, y=[p[key] / 1e6 for p in points], line=dict(dash=dash),
                                         name=f"{metric.replace('_', '-')} {key[:-3]}"))
