@@ -22,7 +22,7 @@ STYLE = """body{font-family:system-ui,sans-serif;margin:1.5em;color:#222}
 table{border-collapse:collapse;font-size:0.85em;margin:0.5em 0}
 td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}th{background:#f3f3f3}
 .ok{color:#1a7f37}.fail{color:#c62828}.bad{background:#fde0e0;font-weight:bold}
-h2{font-size:1.2em;word-break:break-all}"""
+h2{font-size:1.2em;word-break:break-all}.wide{overflow-x:auto}"""
 
 
 def shade_faults(figure: go.Figure, verdict: dict) -> go.Figure:
@@ -84,12 +84,14 @@ def _cell(value, bad: bool = False) -> str:
 
 
 def counts_table(verdict: dict) -> str:
+    """One column per queue (and "all"), one row per count: stays narrow enough for two histories."""
     failing = {"confirmed_lost", "phantom_messages"}
-    rows = ["<tr><th>queue</th>" + "".join(f"<th>{c.replace('_', ' ')}</th>" for c in COUNTS_SHOWN) + "</tr>"]
-    for queue, counts in [*verdict["queues"].items(), ("all", verdict["totals"])]:
-        cells = "".join(_cell(counts[c], c in failing and counts[c] > 0) for c in COUNTS_SHOWN)
-        rows.append(f"<tr><th>{html.escape(str(queue))}</th>{cells}</tr>")
-    return "<table>" + "".join(rows) + "</table>"
+    columns = [*verdict["queues"].items(), ("all", verdict["totals"])]
+    rows = ["<tr><th></th>" + "".join(f"<th>{html.escape(str(queue))}</th>" for queue, _ in columns) + "</tr>"]
+    for name in COUNTS_SHOWN:
+        cells = "".join(_cell(counts[name], name in failing and counts[name] > 0) for _, counts in columns)
+        rows.append(f"<tr><th>{name.replace('_', ' ')}</th>{cells}</tr>")
+    return "<div class=wide><table>" + "".join(rows) + "</table></div>"
 
 
 def latency_table(verdict: dict) -> str:
@@ -101,7 +103,7 @@ def latency_table(verdict: dict) -> str:
             cells = "".join(_cell(summary.get(c, "") if c == "count" else f"{summary.get(c, 0) / 1e6:.3f}")
                             for c in columns)
             rows.append(f"<tr><th>{html.escape(str(queue))}</th><td>{metric.replace('_', '-')}</td>{cells}</tr>")
-    return "<table>" + "".join(rows) + "</table>"
+    return "<div class=wide><table>" + "".join(rows) + "</table></div>"
 
 
 def faults_table(verdict: dict) -> str:
@@ -116,7 +118,7 @@ def faults_table(verdict: dict) -> str:
         worst_text = "" if worst is None else f"; {worst[0]:.3f} ({html.escape(str(worst[1]))})"
         rows.append(f"<tr><th>{html.escape(str(fault['detail']))}</th><td>{html.escape(str(fault['node']))}</td>"
                     f"<td>{fault['start_s']:.3f}</td><td>{fault['end_s']:.3f}</td><td>{overall}{worst_text}</td></tr>")
-    return f"<table>{''.join(rows)}</table><p>Gaps measured up to {verdict['grace_s']} s after each fault's end.</p>"
+    return f"<div class=wide><table>{''.join(rows)}</table></div><p>Gaps measured up to {verdict['grace_s']} s after each fault's end.</p>"
 
 
 def history_column(verdict: dict) -> str:
