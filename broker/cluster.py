@@ -64,6 +64,7 @@ HELLO = 5      # [HELLO, incarnation]: sent to a peer whenever its link comes up
 METADATA_APPLIED = 6   # [METADATA_APPLIED, index]: how far the sender applied the metadata group
 
 STARTUP_APPLY_SECONDS = 10.0
+STARTUP_LINKS_SECONDS = 2.0
 RESEND_SECONDS = 1.0
 APP_FRAME_MESSAGES_MAX = 4096
 
@@ -178,6 +179,18 @@ class Cluster:
         waiting = self.settings.cluster_startup_catch_up_seconds
         if self.multi_node and not await self.metadata.catch_up(waiting):
             log.warning("cluster.metadata_not_caught_up", waited_seconds=waiting)
+        if self.multi_node:
+            await self._await_links(STARTUP_LINKS_SECONDS)
+
+    async def _await_links(self, seconds: float) -> None:
+        """Before clients connect, let the links to the running nodes come up: a node
+        answers a declaration once every node it is linked to applied it, so a peer
+        that has not seen this one yet would answer without it (and a publish
+        through this node could miss the new queue). A peer that is down does not
+        answer its dial; after `seconds` the port opens without it."""
+        deadline = time.monotonic() + seconds
+        while len(self.running_peers()) < len(self.nodes) - 1 and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)   # the transport dials and handshakes meanwhile
 
     async def _settle_solo_groups(self) -> None:
         """Groups whose only voter is this node (a single node's queues, classic
