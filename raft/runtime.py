@@ -202,7 +202,7 @@ class RaftRuntime:
     async def stop(self) -> None:
         """Stop ticking and processing, close the links. The caller then
         drains and closes the storage, which writes the commit indexes still
-        carried (`RaftSystem.carry_commit`) so that the next start re-applies
+        carried (`CarriedCommits.carry`, raft/carried_commits.py) so that the next start re-applies
         every committed entry at once."""
         if self.system is not None and self.failed is None and not self.stopped:
             self.system.persist_carried_commits()
