@@ -32,7 +32,7 @@ def free_port() -> int:
             continue
         with socket.socket() as sock:
             try:
-                sock.bind(("127.0.0.1", port))
+                sock.bind(("0.0.0.0", port))   # free on every address: a container binds them all
             except OSError:
                 continue
         _handed_out.add(port)

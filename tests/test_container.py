@@ -47,6 +47,8 @@ from typing import Any
 import pika
 import pytest
 
+from tests.serverproc import free_port
+
 REPO = Path(__file__).resolve().parent.parent
 BASE_SCRIPT = REPO / "deploy" / "container-base.sh"
 PODMAN = ["podman", "--runtime", "runc", "--cgroup-manager", "cgroupfs"]
@@ -108,12 +110,6 @@ def _run(
             f"--- stdout ---\n{_tail(proc.stdout)}\n--- stderr ---\n{_tail(proc.stderr)}"
         )
     return proc
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("0.0.0.0", 0))
-        return sock.getsockname()[1]
 
 
 def _container_state(name: str) -> str:
@@ -287,10 +283,10 @@ def image(containers_conf: Path, tmp_path_factory: pytest.TempPathFactory) -> st
 def warren(image: str) -> Iterator[dict[str, Any]]:
     """One running container, host networking, on free ports."""
     name = f"warren-pytest-{uuid.uuid4().hex[:10]}"
-    amqp_port = _free_port()
-    metrics_port = _free_port()
+    amqp_port = free_port()
+    metrics_port = free_port()
     while metrics_port == amqp_port:
-        metrics_port = _free_port()
+        metrics_port = free_port()
     try:
         started = time.monotonic()
         _start_container(image, name, amqp_port, metrics_port)
@@ -448,8 +444,8 @@ def test_healthcheck_reports_healthy(warren: dict[str, Any]) -> None:
 def test_stops_promptly_on_sigterm(image: str) -> None:
     """`docker stop` sends SIGTERM to PID 1, the server: it must exit, not wait for SIGKILL."""
     name = f"warren-pytest-stop-{uuid.uuid4().hex[:10]}"
-    amqp_port = _free_port()
-    metrics_port = _free_port()
+    amqp_port = free_port()
+    metrics_port = free_port()
     try:
         _start_container(image, name, amqp_port, metrics_port)
         _poll(
@@ -494,7 +490,7 @@ def podman_compose(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
 def _free_ports(count: int) -> list[int]:
     ports: set[int] = set()
     while len(ports) < count:
-        ports.add(_free_port())
+        ports.add(free_port())
     return sorted(ports)
 
 
