@@ -15,7 +15,9 @@ REPO = Path(__file__).resolve().parents[2]
 FORBIDDEN = {"asyncio", "socket", "time", "os", "random", "selectors", "threading", "subprocess"}
 PURE_MODULES = sorted(
     [p.relative_to(REPO) for p in (REPO / "protocol").glob("*.py")]
-    + [Path("broker") / name for name in ("fifo.py", "quorum_machine.py", "exchanges.py", "confirms.py", "arguments.py")]
+    + [Path("broker") / name for name in ("fifo.py", "quorum_machine.py", "exchanges.py", "confirms.py", "arguments.py",
+                                          "metadata_machine.py", "metadata_state.py", "metadata_commands.py",
+                                          "metadata_effects.py", "definition_checks.py")]
 )
 PURE_NAMES = {".".join(p.with_suffix("").parts) for p in PURE_MODULES} | {"protocol", "broker"}
 OWN_PACKAGES = {"protocol", "broker", "raft", "storage", "config"}
