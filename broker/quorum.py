@@ -531,7 +531,7 @@ class QuorumQueue(Queue):
     def bytes_in_memory(self) -> int:
         """Bodies held in memory, for the memory alarm: none here. The machine
         keeps references into the Raft log, whose entries keep their data in
-        memory only until applied (and KEEP_RECENT_ENTRIES more, raft/runtime.py);
+        memory only until applied (and KEEP_RECENT_ENTRIES more, raft/entry_locations.py);
         what is not yet applied is bounded by `commands_soft_limit` per channel."""
         return 0
 

@@ -47,7 +47,7 @@ index: commit_index is volatile state in Raft (Figure 2), persisted only so
 that a restart re-applies no less, and a rollover can make a hard state
 durable ahead of the entries it counts (below). It may also lag: a hard state
 that only raises the commit index is carried by the group's or any group's
-next batch (`RaftSystem.carry_commit`), never written alone, so the disk's
+next batch (`CarriedCommits.carry`, raft/carried_commits.py), never written alone, so the disk's
 commit index is a lower bound that a leader's first commit in its term (or a
 follower's leader) raises again.
 

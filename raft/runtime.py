@@ -7,27 +7,18 @@ shell performs, once per event-loop turn, what it decided, in etcd-raft's
 order:
 
 * **persist**: `persist(items)` turns every group's Ready into WAL records
-  (raft/raft_storage.py documents the format and the log ids) and appends
-  them to the node's `GroupCommitter`; they all go into one batch, one
-  fdatasync, shared with whatever else the node writes that turn. The token
-  is the number of the batch the last record went into; when that batch is
-  durable the committer calls back and the shell reports
-  `on_persisted(token, ok)` and asks for a turn;
+  in the node's `GroupCommitter`, one batch and one fdatasync
+  (raft/persistence.py); when that batch is durable the shell reports
+  `on_persisted(token, ok)` and runs the turn (`batch_durable`);
 * **send**: `send(peer, frame)` hands the system's one frame per peer to the
   `ClusterTransport` (fire and forget: Raft resends what matters, §5.1);
 * **apply**: committed entries go to the `apply(group_id, entry)` given.
 
-Inputs reach the system from three places: frames from the transport
-(`step`), its per-node failure detector (`peer_up` / `peer_down`), and ONE
-timer for all groups, every `tick_seconds` (`tick`; quiet groups cost
-nothing). Any of them may leave work; the system then calls `request_turn`,
-which schedules one `process_ready` with `loop.call_soon`, at most once per
-turn. Hops cost latency, so the turn also runs where it batches as well
-(issue 11, item 8): the host's proposals of a loop turn are made at the
-start of the Raft turn (`before_turn`), the WAL batch goes to the writer at
-its end (`GroupCommitter.flush`), a durable batch's turn runs in the
-callback that reports it (`turn_now`), and the host's output of a turn
-(confirms) is written at its end (`after_turn`).
+Inputs reach the system from the transport (`step`), its per-node failure
+detector (`peer_up` / `peer_down`), and ONE timer for all groups, every
+`tick_seconds` (`tick`). When the turn that processes them runs, and the
+host's callbacks around it: raft/turns.py. Where the groups' entries lie
+(memory, WAL, segments) and when they leave memory: raft/entry_locations.py.
 
 Timing. With the defaults (50 ms ticks, `election_ticks=10`,
 `heartbeat_ticks=2`) a leader heartbeats every 100 ms and a follower's
@@ -49,25 +40,10 @@ hosts every group recovered (not removed), rebuilt from its snapshot, hard
 state and entries, and re-applies its committed entries. Groups added later
 with `add_group` are written a GROUP record first, so they come back too.
 
-Snapshots and compaction. The state machine of a group that has applied
-through `index` hands its serialized state there to `compact(group_id,
-index, data)`: the core drops the entries up to `index` from memory
-(`RaftSystem.compact`, raft/log.py) and keeps the snapshot (the same bytes
-object, never copied: it is what a lagging follower is sent), and the
-runtime appends a SNAPSHOT record to the committer in the group's log id,
-then moves the group's release cursor (`GroupStorage.cursor()`) to
-`index + 1`. From the next rollover on the WAL drops the group's entries at
-or below `index` from WAL files and segments; that rollover first writes the
-SNAPSHOT again at the start of the new WAL file (`prepare_rollover`, synced
-before any old entry is dropped), so a crash at any point leaves the old
-snapshot and its entries or the new snapshot on disk (raft/raft_storage.py).
-`compact` may be called from inside `apply` (as ra's release cursor is an
-effect of applying): the core counts a Ready's entries as applied only once
-they all are, so such a call is carried out at the end of the turn.
-A follower sent a snapshot (Raft §7 InstallSnapshot) persists it the same
-way, as the SNAPSHOT record of its Ready, and `install_snapshot(group_id,
-snapshot)` is called once that is durable, before the entries after it are
-applied.
+Snapshots and compaction: raft/persistence.py. A follower sent a snapshot
+(Raft §7 InstallSnapshot) persists it the same way, as the SNAPSHOT record
+of its Ready, and `install_snapshot(group_id, snapshot)` is called once that
+is durable, before the entries after it are applied.
 
 The install_snapshot contract on restart: for every recovered group whose
 log starts with a snapshot, `start()` calls `install_snapshot(group_id,
@@ -113,12 +89,13 @@ import random
 from collections.abc import Callable
 from typing import Any
 
-import msgpack
 import structlog
 
 from raft.core import RecoveredState, Status
-from raft.group import GroupId, GroupMetrics, PersistItem
+from raft.entry_locations import EntryLocations
+from raft.group import GroupId, GroupMetrics
 from raft.messages import ConfigChangeOp, Entry, HardState, Role, Snapshot
+from raft.persistence import RaftPersistence
 from raft.raft_storage import (
     GroupStorage,
     RecoveryScan,
@@ -126,20 +103,16 @@ from raft.raft_storage import (
     is_raft_log_id,
     log_id_of,
     removed_record,
-    snapshot_record,
 )
 from raft.system import PersistFailed, RaftSystem
 from raft.transport import ClusterTransport, TransportLimits
+from raft.turns import TurnScheduler
 from storage import records
-from storage.group_commit import BatchWritten, GroupCommitter
-from storage.wal import Location, Relocation
+from storage.group_commit import GroupCommitter
+from storage.wal import Location
 
 log = structlog.get_logger("warren.cluster")
 
-# Applied entries a group keeps in memory with their data (for followers a
-# little behind, and deliveries of what was just enqueued); older ones are
-# read back from the WAL or segments (RaftLog.evict).
-KEEP_RECENT_ENTRIES = 16
 TICK_SECONDS = 0.05
 ELECTION_TICKS = 10
 HEARTBEAT_TICKS = 2
@@ -178,21 +151,12 @@ class RaftRuntime:
         self.frames_dropped = 0       # frames the transport refused (peer not linked, queue full)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tick_handle: asyncio.TimerHandle | None = None
-        self._turn_handle: asyncio.Handle | None = None
-        self._in_turn = False
-        self._proposing = False   # the host's before_turn callbacks run
-        # the host's callbacks around the next turn (dicts as ordered sets)
-        self._before_turn: dict[Callable[[], None], None] = {}
-        self._after_turn: dict[Callable[[], None], None] = {}
-        self._awaited_batches: set[int] = set()
-        # compact() calls made inside `apply`, carried out at the end of the turn: group -> (index, data)
-        self._compactions: dict[GroupId, tuple[int, bytes]] = {}
+        self.turns = TurnScheduler(self.node_name, self.process_turn, committer.flush, self.halted)
         self.groups_by_log: dict[int, GroupStorage] = {}
-        # batch -> where its entry records lie inside it: (group storage, index, offset, length)
-        self._unwritten: dict[int, list[tuple[GroupStorage, int, int, int]]] = {}
-        self._applied_groups: set[GroupId] = set()
-        self.entries_read = 0   # entry data read back from disk
-        committer.subscribe(self.on_batch_written, self.on_relocated)
+        self.locations = EntryLocations(committer.store, self.groups_by_log, apply)
+        committer.subscribe(self.locations.on_batch_written, self.locations.on_relocated)
+        self.persistence = RaftPersistence(committer, self.groups, self.locations, self.batch_durable,
+                                           self.turns.request_turn)
 
     # --- recovery and lifecycle ---------------------------------------------------------------
 
@@ -205,11 +169,12 @@ class RaftRuntime:
     async def start(self) -> None:
         """Host the recovered groups, link to the peers, start ticking."""
         assert self.system is None, "a runtime starts once; build a new one to restart"
-        self._loop = asyncio.get_running_loop()
+        self._loop = self.turns.loop = asyncio.get_running_loop()
         self.system = RaftSystem(
-            self.node_name, self.rng, self.persist, self.send, self.apply_noting,
+            self.node_name, self.rng, self.persistence.persist, self.send, self.locations.apply_noting,
             install_snapshot=self.install_snapshot, on_role_change=self.on_role_change,
-            request_turn=self.request_turn, on_group_failed=self.on_group_failed, **self.raft_options)
+            request_turn=self.turns.request_turn, on_group_failed=self.on_group_failed, **self.raft_options)
+        self.persistence.system = self.system
         scan, self.scan = self.scan, None
         self.next_group_number = scan.next_group_number()
         for recovered in scan.groups():
@@ -229,7 +194,7 @@ class RaftRuntime:
         for peer in sorted(self.transport.peers):
             self.system.peer_down(peer)
         await self.transport.start()
-        if self._before_turn:
+        if self.turns.proposals_waiting:
             self.request_turn()   # proposals the host made before the start
         self._tick_handle = self._loop.call_later(self.tick_seconds, self.on_tick)
         log.info("raft.started", node=self.node_name, groups=len(self.groups), wal_records=scan.records)
@@ -237,7 +202,7 @@ class RaftRuntime:
     async def stop(self) -> None:
         """Stop ticking and processing, close the links. The caller then
         drains and closes the storage, which writes the commit indexes still
-        carried (`RaftSystem.carry_commit`) so that the next start re-applies
+        carried (`CarriedCommits.carry`, raft/carried_commits.py) so that the next start re-applies
         every committed entry at once."""
         if self.system is not None and self.failed is None and not self.stopped:
             self.system.persist_carried_commits()
@@ -245,9 +210,7 @@ class RaftRuntime:
         if self._tick_handle is not None:
             self._tick_handle.cancel()
             self._tick_handle = None
-        if self._turn_handle is not None:
-            self._turn_handle.cancel()
-            self._turn_handle = None
+        self.turns.cancel()
         if self.transport is not None:
             await self.transport.stop()
         log.info("raft.stopped", node=self.node_name)
@@ -300,7 +263,7 @@ class RaftRuntime:
             return False
         self.groups_by_log.pop(storage.log_id, None)
         self.system.remove_group(group_id)
-        self._compactions.pop(group_id, None)
+        self.persistence.compactions.pop(group_id, None)
         self.committer.append(removed_record(storage.log_id))
         return True
 
@@ -314,7 +277,7 @@ class RaftRuntime:
     def compact(self, group_id: GroupId, index: int, snapshot_data: bytes) -> bool:
         """The group's state machine has applied through `index` and
         `snapshot_data` is its state there: drop the log up to `index` (see
-        the module docstring). `snapshot_data` is kept as given (do not
+        raft/persistence.py). `snapshot_data` is kept as given (do not
         mutate it) until a later compaction replaces it. Called from inside
         `apply`, it is carried out at the end of the turn (a later call for
         the group replaces it). False when there is nothing to do: the group
@@ -322,21 +285,7 @@ class RaftRuntime:
         starts at `index` or later (e.g. a snapshot from the leader)."""
         if self.system is None or self.stopped or self.failed is not None:
             return False
-        storage = self.groups.get(group_id)
-        if storage is None or not self.hosted(group_id):
-            return False
-        status = self.system.status(group_id)
-        if index <= status.snapshot_index:
-            return False
-        assert index <= status.commit_index, \
-            f"group {group_id!r}: compact({index}) beyond the commit index {status.commit_index}"
-        if index > status.last_applied:
-            self._compactions[group_id] = (index, snapshot_data)
-            self.request_turn()
-            return True
-        self._compactions.pop(group_id, None)
-        self.write_snapshot(storage, self.system.compact(group_id, index, snapshot_data))
-        return True
+        return self.persistence.compact(group_id, index, snapshot_data)
 
     def campaign(self, group_id: GroupId) -> bool:
         """This node campaigns for the group now (`RaftSystem.campaign`); False
@@ -396,14 +345,7 @@ class RaftRuntime:
         storage = self.groups.get(group_id)
         if storage is None or not self.hosted(group_id):
             return None
-        raft_log = self.system.groups[group_id].raft.log
-        if not raft_log.snapshot_index < index <= raft_log.last_index():
-            # Outside the log, a noted location may be of an entry a leader's snapshot replaced.
-            return None
-        data = raft_log.entries[index - raft_log.snapshot_index - 1].data
-        if data is not None:
-            return data
-        return self.read_entry(storage.locations[index])   # evicted entries are stable: located
+        return self.locations.entry_data(storage, self.system.groups[group_id].raft.log, index)
 
     def leader_of(self, group_id: GroupId) -> str | None:
         """The leader this node knows of, None if none or not hosted here."""
@@ -433,117 +375,18 @@ class RaftRuntime:
         }
 
     def prepare_rollover(self) -> tuple[dict[int, int], bytes]:
-        """For the committer's `prepare_rollover`: every hosted group's cursor,
-        and its control records to start the new WAL file with."""
-        cursors: dict[int, int] = {}
-        encoded: list[bytes] = []
-        for storage in self.groups.values():
-            storage.prune_locations()
-            cursors[storage.log_id] = storage.cursor()
-            encoded.extend(storage.rollover_records())
-        return cursors, b"".join(encoded)
+        return self.persistence.prepare_rollover()
 
     # --- what the system calls ----------------------------------------------------------------------
 
-    def persist(self, items: list[PersistItem]) -> int:
-        batch = 0
-        for item in items:
-            encoded = self.encode_item(item)
-            if encoded is not None:
-                batch = self.append_item(item, encoded)
-        if batch == 0:
-            # Every item's group failed and nothing was written: acknowledge at
-            # once (token 0), so the system forgets the Readies of this call.
-            self.system.on_persisted(0)
-            return 0
-        if batch not in self._awaited_batches:
-            # Several turns may share one batch (appended while the previous one syncs): one callback.
-            self._awaited_batches.add(batch)
-            self.committer.when_durable(batch, lambda ok, token=batch: self.on_durable(token, ok))
-        return batch
-
-    def encode_item(self, item: PersistItem) -> list[bytes] | None:
-        """The item's records (snapshot, entries, hard state), all encoded
-        before any is appended: a group whose records cannot be encoded
-        fails alone and leaves nothing half written; None then."""
-        try:
-            # process_ready persists hosted groups only (RaftSystem.still_hosted)
-            return list(self.groups[item.group_id].records_for(item))
-        except Exception as error:  # noqa: BLE001 -- the group's failure, logged by on_group_failed
-            self.system.fail_group(item.group_id, error)
-            return None
-
-    def append_item(self, item: PersistItem, encoded: list[bytes]) -> int:
-        """Append one group's records; note where its entries go. The batch number."""
-        storage = self.groups[item.group_id]
-        committer = self.committer
-        entries = item.entries
-        first_entry = 1 if item.snapshot is not None else 0   # records: snapshot, entries, hard state
-        batch = 0
-        for position, record in enumerate(encoded):
-            batch = committer.append(record)
-            entry_position = position - first_entry
-            if 0 <= entry_position < len(entries):
-                self._unwritten.setdefault(batch, []).append(
-                    (storage, entries[entry_position].index, committer.last_offset_in_batch, len(record)))
-        return batch
-
-    def on_batch_written(self, written: BatchWritten) -> None:
-        """A batch is durable: note where its entry records lie (before the
-        entries count as stable, so an evictable entry always has a location)."""
-        for storage, index, offset, length in self._unwritten.pop(written.batch, ()):
-            storage.locations[index] = Location(written.path, written.start_offset + offset, length)
-
-    def on_relocated(self, moved: list[Relocation]) -> None:
-        """A rollover copied groups' records from an old WAL file into
-        segments: read them there from now on. An entry written again since
-        (into the current WAL file) keeps its new location."""
-        current_wal = self.committer.store.wal_path
-        for relocation in moved:
-            storage = self.groups_by_log.get(relocation.log_id)
-            if storage is None:
-                continue
-            locations = storage.locations
-            for index, location in relocation.locations():
-                known = locations.get(index)
-                if known is not None and known.path != current_wal:
-                    locations[index] = location
-
-    def read_entry(self, location: Location) -> bytes:
-        """An entry record's data, read back from disk."""
-        self.entries_read += 1
-        kind, data = msgpack.unpackb(self.committer.store.read_payload(location), raw=False)
-        return data
-
     def attach_loader(self, storage: GroupStorage) -> None:
-        """The group's RaftLog may drop applied entries' data; it reads them
-        back through the locations noted here."""
-        self.system.groups[storage.group_id].raft.log.loader = \
-            lambda index: self.read_entry(storage.locations[index])
+        self.locations.attach_loader(storage, self.system.groups[storage.group_id].raft.log)
 
-    def apply_noting(self, group_id: GroupId, entry: Entry) -> None:
-        self._applied_groups.add(group_id)
-        self.apply(group_id, entry)
-
-    def evict_applied(self) -> None:
-        """Entry data of this turn's applying groups leaves memory, but for the
-        last KEEP_RECENT_ENTRIES (RaftLog.evict)."""
-        groups = self.system.groups
-        for group_id in self._applied_groups:
-            group = groups.get(group_id)
-            if group is not None:
-                raft_log = group.raft.log
-                raft_log.evict(raft_log.applied_index - KEEP_RECENT_ENTRIES)
-        self._applied_groups.clear()
-
-    def on_durable(self, token: int, ok: bool) -> None:
+    def batch_durable(self, token: int, ok: bool) -> None:
         """The batch is durable: the turn that completes its Readies runs now,
         in the callback that brought the news (a new turn would cost a loop
         hop between the fsync and the confirm, and buy no batching: the
         batch's Readies are all completed in that one turn anyway)."""
-        self._awaited_batches.discard(token)
-        if not ok:
-            self._unwritten.pop(token, None)
         if self.stopped or self.system is None:
             return
         if not ok:
@@ -555,86 +398,40 @@ class RaftRuntime:
         if self.transport is None or not self.transport.send(peer, frame):
             self.frames_dropped += 1
 
+    # --- turns (raft/turns.py) ---------------------------------------------------------------------
+
     def request_turn(self) -> None:
-        if self._proposing:
-            return   # the turn that runs the host's proposals processes them (on_turn)
-        if self._turn_handle is None and not self.stopped and self.failed is None and self._loop is not None:
-            self._turn_handle = self._loop.call_soon(self.on_turn)
+        self.turns.request_turn()
 
     def turn_now(self) -> None:
-        """Run the turn in this callback (instead of one `call_soon` later),
-        unless one is running: then the system's request schedules the next."""
-        if self._in_turn:
-            self.request_turn()
-            return
-        if self._turn_handle is not None:
-            self._turn_handle.cancel()
-            self._turn_handle = None
-        self.on_turn()
+        self.turns.turn_now()
 
     def before_turn(self, callback: Callable[[], None]) -> None:
-        """Have `callback` run at the start of the next turn, before the
-        Readies are taken: the host's proposals of this loop turn (the
-        broker's publishes, one ENQUEUE_BATCH per queue) are then persisted in
-        that same turn, not one `call_soon` later. Each callback once."""
-        self._before_turn[callback] = None
-        self.request_turn()
+        self.turns.before_turn(callback)
 
     def after_turn(self, callback: Callable[[], None]) -> bool:
-        """Inside a turn: have `callback` run once at its end, after the applies
-        (the broker writes the confirms and deliveries they produced there, not
-        one `call_soon` later); True. Outside a turn: False, nothing is done."""
-        if not self._in_turn:
-            return False
-        self._after_turn[callback] = None
-        return True
-
-    # --- event handlers -------------------------------------------------------------------------------
+        return self.turns.after_turn(callback)
 
     def on_turn(self) -> None:
-        """One turn: the host's proposals (`before_turn`), Raft's Ready
-        processing, deferred compactions; then hand the WAL batch to the
-        writer at once (everything the turn writes is in it), then the host's
-        `after_turn` callbacks."""
-        self._turn_handle = None
-        self._in_turn = True
-        try:
-            self._proposing = True
-            try:
-                self.run_hooks(self._before_turn)
-            finally:
-                self._proposing = False
-            if self.stopped or self.failed is not None:
-                return
-            self.process_turn()
-            self.committer.flush()
-        finally:
-            self._in_turn = False
-            self.run_hooks(self._after_turn)
+        self.turns.on_turn()
+
+    def halted(self) -> bool:
+        return self.stopped or self.failed is not None
 
     def process_turn(self) -> None:
         try:
             self.system.process_ready()
-            if self._compactions:
-                self.run_deferred_compactions()
-            if self._applied_groups:
-                self.evict_applied()
+            if self.persistence.compactions:
+                self.persistence.run_deferred_compactions()
+            if self.locations.applied_any:
+                self.locations.evict_applied(self.system.groups)
         except PersistFailed as error:   # the shared WAL lost a batch
             self.fail(error)
         except Exception as error:  # noqa: BLE001 -- no group owns it (those are contained): the node's
             log.exception("raft.process_ready_failed", node=self.node_name)
             self.fail(error)
 
-    def run_hooks(self, hooks: dict[Callable[[], None], None]) -> None:
-        """The host's callbacks: one that raises is logged, the others run."""
-        while hooks:
-            callbacks = list(hooks)
-            hooks.clear()
-            for callback in callbacks:
-                try:
-                    callback()
-                except Exception:  # noqa: BLE001 -- the host's bug, not Raft's: as a loop callback's
-                    log.exception("raft.turn_hook_failed", node=self.node_name)
+    # --- event handlers -------------------------------------------------------------------------------
 
     def on_tick(self) -> None:
         self._tick_handle = None
@@ -672,38 +469,6 @@ class RaftRuntime:
 
     # --- helpers ----------------------------------------------------------------------------------------
 
-    def write_snapshot(self, storage: GroupStorage, snapshot: Snapshot) -> None:
-        """Append the SNAPSHOT record, then move the cursor. A rollover that
-        comes first writes the snapshot again at the start of the new WAL
-        file before it drops anything below the cursor."""
-        assert storage.snapshot is None or snapshot.index > storage.snapshot.index
-        self.committer.append(snapshot_record(storage.log_id, snapshot))
-        storage.snapshot = snapshot
-        storage.prune_locations()   # O(the log after the snapshot), amortised by the snapshot period
-
-    def run_deferred_compactions(self) -> None:
-        """The `compact` calls made inside `apply`, now that the turn's
-        Readies are advanced (the core counts their entries as applied)."""
-        for group_id, (index, data) in list(self._compactions.items()):
-            storage = self.groups.get(group_id)
-            if storage is None or not self.hosted(group_id):
-                del self._compactions[group_id]
-                continue
-            try:
-                self.run_deferred_compaction(storage, index, data)
-            except Exception as error:  # noqa: BLE001 -- the group's failure, logged by on_group_failed
-                self._compactions.pop(group_id, None)
-                self.system.fail_group(group_id, error)
-
-    def run_deferred_compaction(self, storage: GroupStorage, index: int, data: bytes) -> None:
-        group_id = storage.group_id
-        status = self.system.status(group_id)
-        if index <= status.snapshot_index:
-            del self._compactions[group_id]
-        elif index <= status.last_applied:
-            del self._compactions[group_id]
-            self.write_snapshot(storage, self.system.compact(group_id, index, data))
-
     def fail(self, error: BaseException) -> None:
         """The node's Raft failed as a whole: stop it and tell the host, once,
         loudly (see the module docstring); it must not go on half alive."""
@@ -714,9 +479,7 @@ class RaftRuntime:
         if self._tick_handle is not None:
             self._tick_handle.cancel()
             self._tick_handle = None
-        if self._turn_handle is not None:
-            self._turn_handle.cancel()
-            self._turn_handle = None
+        self.turns.cancel()
         if self.on_fatal is not None:
             self.on_fatal(error)
 

@@ -34,7 +34,7 @@ failure detector, `on_persisted(token)`. Then, once per event-loop turn,
    nothing to persist are completed at once (heartbeats, acks of state that
    is already durable), and so are those that only advance the commit index,
    whose hard state waits for the next batch that writes anything else
-   (`carry_commit`: the commit index is volatile state, Raft Figure 2); the
+   (raft/carried_commits.py: the commit index is volatile state, Raft Figure 2); the
    others go into ONE `persist` call, with the waiting commit indexes;
 3. completes that batch if storage acknowledged it synchronously;
 4. sends what was queued: at most one frame per peer node (split only
@@ -47,20 +47,8 @@ an acknowledged entry, a term). Only groups that were touched are visited
 by `process_ready`; only awake groups are visited by `tick`: idle groups cost
 nothing. Quiescence, and why it is safe, is explained in raft/group.py.
 
-Losing a node. `peer_down(node)` wakes the groups with a member there; those
-whose leader was there forget it (`RaftNode.forget_leader`) and, per group,
-the one live voter that `campaigner` names -- chosen by the group id, so the
-new leaders spread over the survivors -- campaigns at once. Over 60 seeds of
-the system harness (3 nodes, 100 groups, the node leading the most groups
-crashes; ticks until every one of its groups has a new leader): before,
-median 15.3 ticks, p99 38, max 70.7 (woken followers waited out the lease and
-their randomized timeouts; split votes cost more rounds); now median 3.0,
-p99 5.3, max 6.0, each group elected in the next term. With proposals in
-flight at the crash (4 per group in the last turns), median 3.7, p90 16.7,
-p99 21.3, max 22.7 (before: 15.3, 20.7, 34.3, 51.0): where the campaigner's
-log is behind the other survivor's, its pre-vote is refused and the election
-timers elect, as before. Choosing the most up-to-date survivor would need
-the survivors to compare logs first; not done.
+Losing a node: `peer_down(node)` wakes the groups with a member there, and
+those whose leader was there elect a new one at once (raft/reelection.py).
 
 A failed persist (`on_persisted(token, ok=False)`) leaves groups whose state
 in memory is ahead of the disk: `process_ready` then raises `PersistFailed`
@@ -83,11 +71,11 @@ goes on.
 """
 from __future__ import annotations
 
-import zlib
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
+from raft.carried_commits import CarriedCommits
 from raft.core import RaftNode, Ready, RecoveredState, Status
 from raft.group import (
     QUIESCE, Group, GroupId, GroupMetrics, PersistItem, follower_may_quiesce, leader_may_quiesce,
@@ -96,6 +84,7 @@ from raft.group import (
 from raft.messages import (
     ConfigChangeOp, Entry, Heartbeat, HeartbeatResponse, Message, Role, Snapshot, from_wire, to_wire,
 )
+from raft.reelection import campaigner
 
 if TYPE_CHECKING:
     import random
@@ -106,13 +95,6 @@ Apply = Callable[[GroupId, Entry], None]
 InstallSnapshot = Callable[[GroupId, Snapshot], None]
 RoleChange = Callable[[GroupId, Role, "str | None", int], None]
 GroupFailed = Callable[[GroupId, BaseException], None]
-
-
-def stable_hash(group_id: GroupId) -> int:
-    """The same number on every node and in every process (unlike hash())."""
-    if isinstance(group_id, int):
-        return group_id
-    return zlib.crc32(group_id.encode())
 
 
 class PersistFailed(RuntimeError):
@@ -166,8 +148,8 @@ class RaftSystem:
         self.down_nodes: set[str] = set()
         # persist token -> (group, Ready, whether its messages went out already)
         self.waiting: dict[int, list[tuple[Group, Ready, bool]]] = {}
-        # commit-only hard states waiting for the next batch (see `carry_commit`)
-        self.carried: dict[GroupId, tuple[Group, PersistItem]] = {}
+        # commit-only hard states waiting for the next batch (raft/carried_commits.py)
+        self.carried_commits = CarriedCommits()
         self.durable_tokens: list[int] = []
         self.outbox: dict[str, list[list]] = {}
         self.turn_requested = False
@@ -200,7 +182,7 @@ class RaftSystem:
             return
         self.active.pop(group_id, None)
         self.touched.pop(group_id, None)
-        self.carried.pop(group_id, None)
+        self.carried_commits.drop(group_id)
         for member in group.members:
             self.members_on.get(member, {}).pop(group_id, None)
 
@@ -330,7 +312,7 @@ class RaftSystem:
     def peer_down(self, node: str) -> None:
         """The failure detector lost `node`: wake the groups with a member
         there; those it led forget it and elect a new leader at once (see
-        `elect_without`)."""
+        `elect_without`, raft/reelection.py)."""
         self.down_nodes.add(node)
         self.wake_members_on(node)
         self.elect_without(node)
@@ -403,20 +385,9 @@ class RaftSystem:
             raft = group.raft
             if raft.leader_id != node or not raft.forget_leader():
                 continue
-            if self.campaigner(group) == self.node_name:
+            if campaigner(group.group_id, group.raft.voters, self.down_nodes) == self.node_name:
                 raft.campaign()
             self.touch(group)
-
-    def campaigner(self, group: Group) -> str | None:
-        """The survivor that campaigns when `group` lost its leader: one of
-        the voters on nodes that are up, chosen by the group id (so that the
-        lost node's groups spread their new leaders over the survivors), or
-        None when those voters are no quorum (nobody could win)."""
-        voters = group.raft.voters
-        live = sorted(v for v in voters if v not in self.down_nodes)
-        if len(live) < len(voters) // 2 + 1:
-            return None
-        return live[stable_hash(group.group_id) % len(live)]
 
     # --- the turn: persist, send, apply, advance ------------------------------------------------------
 
@@ -453,13 +424,13 @@ class RaftSystem:
             if item is None:
                 self.complete(group, ready)
             elif self.only_commit_advances(group, ready):
-                self.carry_commit(group, item)
+                self.carried_commits.carry(group, item)
                 self.complete(group, ready)
             else:
                 early = self.may_send_before_persist(group, ready)
                 if early:
                     self.queue_messages(group_id, ready)
-                items.append((group, self.with_carried_commit(group, item)))
+                items.append((group, self.carried_commits.with_carried(group, item)))
                 batch.append((group, ready, early))
         to_persist = [item for group, item in items if self.still_hosted(group)]
         if to_persist:
@@ -517,42 +488,22 @@ class RaftSystem:
         snapshot or truncation, term and vote unchanged. Its committed entries
         are then durable here already (earlier Readies) and on a majority, and
         its messages promise nothing new, so it completes at once, and it is
-        not written on its own (`carry_commit`): a lone publish costs one
+        not written on its own (raft/carried_commits.py): a lone publish costs one
         fsync, not two."""
         hard = ready.hard_state
         previous = group.raft.prev_hard_state
         return (hard is not None and not ready.entries and ready.snapshot is None and ready.truncate_from is None
                 and hard.term == previous.term and hard.voted_for == previous.voted_for)
 
-    # --- commit indexes carried by the next batch ------------------------------------------------
+    # --- commit indexes carried by the next batch (raft/carried_commits.py) ---------------------
 
-    def carry_commit(self, group: Group, item: PersistItem) -> None:
-        """A Ready whose only storage work is a higher commit index is not
-        written on its own: the commit index is volatile state (Raft §5,
-        Figure 2), so an fsync for it alone buys nothing. It waits, replacing
-        an older one of the group, for the next batch that writes anything
-        (its group's next Ready, or any group's) and goes in with it, so that
-        a restart re-applies most of the log at once. Until then the disk may
-        hold a lower commit index, as after a crash: a sole voter commits its
-        durable log again as soon as it leads (its own majority, §5.4.2: an
-        entry of its new term commits those before it), a member of a larger
-        group learns the commit index from its leader (§5.3). Its entries are
-        durable already: a commit-only Ready has no entries, and the group's
-        earlier Readies were advanced, i.e. durable."""
-        self.carried[group.group_id] = (group, item)
-
-    def with_carried_commit(self, group: Group, item: PersistItem) -> PersistItem:
-        """`item` with the group's carried commit index, if any, when it
-        writes no hard state of its own (its own, when present, is newer)."""
-        carried = self.carried.pop(group.group_id, None)
-        if carried is None or carried[0] is not group or item.hard_state is not None:
-            return item
-        return replace(item, hard_state=carried[1].hard_state)
+    @property
+    def carried(self) -> dict[GroupId, tuple[Group, PersistItem]]:
+        return self.carried_commits.by_group
 
     def take_carried_commits(self) -> list[PersistItem]:
         """Every commit index waiting for a batch, of groups still hosted."""
-        carried, self.carried = self.carried, {}
-        return [item for group, item in carried.values() if self.still_hosted(group)]
+        return self.carried_commits.take(self.still_hosted)
 
     def persist_carried_commits(self) -> None:
         """Hand the waiting commit indexes to storage now (a clean shutdown:

@@ -5,7 +5,7 @@ A durable queue on a single node is a Raft group of one. Its publish is one
 entry: appended and fsynced in one batch, committed once durable (a sole voter
 is its own majority). The new commit index alone is not written in a batch of
 its own: it is volatile state (Raft §5, Figure 2), carried by the next batch
-that has something else to write (`RaftSystem.carry_commit`), and recovered
+that has something else to write (`CarriedCommits.carry`, raft/carried_commits.py), and recovered
 after a crash (the sole voter's durable log is committed once it leads again;
 a member of a larger group learns it from its leader).
 """

@@ -33,10 +33,6 @@ LONG_MODULES = {
     "broker/fifo.py": 613,
     "broker/quorum_machine.py": 802,
     "raft/core.py": 650,
-    # grew past the limit with issue 9's group isolation (fail_group, vital groups, on_fatal); to be cut
-    # along the runtime's seams (recovery, entry locations) once issue 11's one-batch change has landed
-    "raft/runtime.py": 728,
-    "raft/system.py": 647,
 }
 
 # mypy errors in the pure cores today, per file (mostly Optional fields read as set, and a result variable
