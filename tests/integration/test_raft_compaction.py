@@ -17,7 +17,9 @@ that snapshots are not trivially small. One group compacts from inside
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
+import os
 import random
 import time
 from collections import defaultdict
@@ -140,7 +142,14 @@ class Node:
             self.compact(group_id, state)
 
     def disk_bytes(self) -> int:
-        return sum(path.stat().st_size for path in (self.data_dir / "log").rglob("*") if path.is_file())
+        """The log's files now; the WAL's writer thread may remove a file or folder
+        (a rollover's truncation) while this walks them: those count as gone."""
+        total = 0
+        for folder, _, names in os.walk(self.data_dir / "log"):
+            for name in names:
+                with contextlib.suppress(FileNotFoundError):
+                    total += os.stat(os.path.join(folder, name)).st_size
+        return total
 
     def snapshot_index(self, group_id: str) -> int:
         return self.runtime.system.status(group_id).snapshot_index
