@@ -26,10 +26,10 @@ import re
 import struct
 from dataclasses import dataclass
 
+from broker.definition_checks import SALT_BYTES, check_expression, valid_password_hash  # noqa: F401 (re-exported)
 from config import Settings
 from protocol import codec
 
-SALT_BYTES = 4
 ADMINISTRATOR = "administrator"
 PERMISSIONS = ("configure", "write", "read")
 
@@ -59,13 +59,6 @@ def check_password(password_hash: str, password: str) -> bool:
 _UNKNOWN_USER_HASH = hash_password("", bytes(SALT_BYTES))
 
 
-def valid_password_hash(password_hash: str) -> bool:
-    try:
-        return len(base64.b64decode(password_hash, validate=True)) == SALT_BYTES + 32
-    except ValueError:
-        return False
-
-
 @dataclass(frozen=True, slots=True)
 class UserRecord:
     name: str
@@ -92,15 +85,6 @@ class Permission:
 
     def row(self) -> list[str]:
         return [self.configure, self.write, self.read]
-
-
-def check_expression(expression: str) -> str | None:
-    """None if `expression` compiles, else the error's text."""
-    try:
-        re.compile(expression or "^$")
-    except re.error as error:
-        return str(error)
-    return None
 
 
 def refused_text(permission: str, kind: str, name: str, vhost: str, user: str) -> str:

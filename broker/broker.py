@@ -83,11 +83,12 @@ class Broker:
         self.vhosts.pop(name, None)
         self.access.delete_vhost(name)
 
-    def close_connections(self, which: Callable[["AMQPConnection"], bool], reply_text: str) -> int:
-        """Close the matching connections with 320 CONNECTION_FORCED; how many."""
+    def close_connections(self, which: Callable[["AMQPConnection"], bool], reply_text: str,
+                          reply_code: int = CONNECTION_FORCED) -> int:
+        """Close the matching connections (320 CONNECTION_FORCED by default); how many."""
         closing = [connection for connection in self.connections if which(connection)]
         for connection in closing:
-            connection.close(CONNECTION_FORCED, reply_text)
+            connection.close(reply_code, reply_text)
         return len(closing)
 
     @property

@@ -13,6 +13,7 @@ from typing import Any
 from pamqp import commands as spec
 
 from broker import fifo
+from broker import metadata_commands as mc
 from broker.auth import refused_text
 from broker.metadata import raise_if_error
 from broker.queue import Queue
@@ -75,7 +76,7 @@ class TopologyMethods:
         self.send(reply)
 
     # -- through the metadata Raft group (broker/metadata.py) -----------------------------
-    def _replicate(self, command: list, reply: Any | None,
+    def _replicate(self, command: mc.Command, reply: Any | None,
                    on_applied: Callable[[Any], Any | None] | None = None) -> Callable[..., None]:
         """A hook for the vhost: submit `command` to the metadata group; reply
         (or close the channel with the error the apply met) once this node applied it."""
@@ -103,8 +104,9 @@ class TopologyMethods:
         replicate = None
         reply = None if method.nowait else spec.Exchange.DeclareOk()
         if self.broker.metadata.replicates_exchange(method.durable):
-            replicate = self._replicate(["xdecl", self.vhost.name, method.exchange, method.exchange_type,
-                                         method.auto_delete, method.internal, method.arguments or {}], reply)
+            replicate = self._replicate(mc.DeclareExchange(self.vhost.name, method.exchange, method.exchange_type,
+                                                           method.auto_delete, method.internal,
+                                                           method.arguments or {}), reply)
         if self.vhost.declare_exchange(method, replicate) is not None:
             self._reply_when_journaled(before, reply)
 
@@ -115,7 +117,7 @@ class TopologyMethods:
         reply = None if method.nowait else spec.Exchange.DeleteOk()
         replicate = None
         if self.broker.metadata.replicates_exchange(True):
-            replicate = self._replicate(["xdel", self.vhost.name, method.exchange, method.if_unused], reply)
+            replicate = self._replicate(mc.DeleteExchange(self.vhost.name, method.exchange, method.if_unused), reply)
         deleted = self.vhost.exchanges.get(method.exchange)
         self.vhost.delete_exchange(method.exchange, method.if_unused, replicate)
         if replicate is None or deleted is None or not deleted.durable:
@@ -129,8 +131,9 @@ class TopologyMethods:
         before = self.broker.durability.last_meta_batch
         replicate = None
         if self.broker.metadata.replicates_binding(self.vhost, source, kind, destination):
-            replicate = self._replicate(["bind" if bound else "unbind", self.vhost.name, source, kind, destination,
-                                         routing_key, arguments or {}, class_id, method_id], reply)
+            change = mc.Bind if bound else mc.Unbind
+            replicate = self._replicate(change(self.vhost.name, source, kind, destination, routing_key,
+                                              arguments or {}, class_id, method_id), reply)
         change = self.vhost.bind if bound else self.vhost.unbind
         change(source, (kind, destination), routing_key, arguments, self.connection.id, class_id, method_id,
                replicate)
@@ -196,7 +199,8 @@ class TopologyMethods:
             if queue is None:
                 raise ChannelError(NOT_FOUND, f"no queue '{name}' in vhost '{self.vhost.name}'", 50, 10)
             return None if method.nowait else spec.Queue.DeclareOk(name, queue.message_count, queue.consumer_count)
-        self._replicate(["qdecl", self.vhost.name, name, arguments, members, cluster.node], None, declared)()
+        self._replicate(mc.DeclareQueue(self.vhost.name, name, arguments, tuple(members), cluster.node), None,
+                        declared)()
         return True
 
     def on_queue_bind(self, method: spec.Queue.Bind) -> None:
@@ -222,7 +226,7 @@ class TopologyMethods:
         name = self._queue_name(method.queue, 50, 40)
         self.check_access("configure", "queue", name, 50, 40)
         before = self.broker.durability.last_meta_batch
-        replicate = self._replicate(["qdel", self.vhost.name, name], None,
+        replicate = self._replicate(mc.DeleteQueue(self.vhost.name, name), None,
                                     lambda count: None if method.nowait else spec.Queue.DeleteOk(count or 0))
         count = self.vhost.delete_queue(name, self.connection.id, method.if_unused, method.if_empty, replicate)
         if count is not None:

@@ -9,10 +9,11 @@ hosts:
   is a cluster of one): quorum queue declarations and deletions always, and
   in a cluster of several nodes also durable exchanges and bindings between
   durable exchanges and quorum queues, so every node routes the same way.
-  Each node applies a committed change to its own `VirtualHost` (which also
-  journals it in the node's metadata log, with the group's index, so a
-  restart re-applies only what came later); the channel that asked replies
-  once its node has applied it;
+  Each node applies a committed change through the metadata machine
+  (broker/metadata_machine.py; broker/metadata.py performs its effects on
+  the node's `VirtualHost` read model, which journals them in the node's
+  metadata log, with the group's index, so a restart re-applies only what
+  came later); the channel that asked replies once its node has applied it;
 * one group per quorum queue on its members (`broker/quorum.py`).
 
 Commands reach a group's leader wherever they start: `submit` proposes
@@ -144,8 +145,7 @@ class Cluster:
         self._flush_scheduled = False
         self.peer_incarnations: dict[str, str] = {}
         self.down_since: dict[str, float] = {}
-        self.meta_handlers: dict[str, Callable[[list, int], Any]] = {}
-        self.metadata: "Metadata | None" = None   # set by Metadata, which handles the group's entries
+        self.metadata: "Metadata | None" = None   # set by Metadata, which applies the group's entries
         self._meta_applied_noted = False
         self._resend_task: asyncio.Task | None = None
 
@@ -160,6 +160,7 @@ class Cluster:
     async def start(self) -> None:
         """After the node's recovery: host the groups, apply what they committed."""
         self.queues = {group: queue for group, queue in self.queues.items() if not queue.deleted}
+        self.metadata.load_state()   # before the group re-applies the entries after `meta_applied`
         await self.runtime.start()
         for group, queue in self.queues.items():
             if queue.machine is None and group in self.runtime.groups:
@@ -318,9 +319,7 @@ class Cluster:
     def apply_meta(self, entry: Entry) -> Any:
         if entry.index <= self.broker.durability.meta_applied_index:
             return None  # already in this node's metadata log (applied before a restart)
-        command = unpack(entry.data)
-        handler = self.meta_handlers.get(command[0])
-        result = handler(command, entry.index) if handler is not None else None
+        result = self.metadata.apply(entry)
         self.broker.durability.meta_applied(entry.index)
         if not self._meta_applied_noted:
             self._meta_applied_noted = True   # once per turn, with the turn's last index

@@ -1,39 +1,38 @@
-"""Users, vhosts and permissions as metadata-group commands (RabbitMQ's definitions).
+"""Users, vhosts and permissions through the metadata group (RabbitMQ's definitions): the shell's part.
 
 Theory of operation. warrenctl's add_user, delete_user, change_password,
 set_user_tags, add_vhost, delete_vhost, set_permissions and
-clear_permissions (broker/management.py) check the change against this
-node's state, so that a mistake gets rabbitmqctl's words at once, then submit
-it to the metadata Raft group (broker/metadata.py); every node checks it
-again and applies it in log order, so every node of the cluster ends with the
-same users, vhosts and permissions. Each node journals what it applied in its
-metadata log (broker/durability.py) before the group's index, so a restart
-replays it and re-applies only later entries.
-
-Commands (a password travels only as its salted hash, made by the asking node):
-["user_add", name, password_hash, tags], ["user_del", name],
-["user_pw", name, password_hash], ["user_tags", name, tags],
-["vhost_add", name], ["vhost_del", name],
-["perm_set", user, vhost, configure, write, read], ["perm_clear", user, vhost].
-An apply answers {"ok": true} or {"error": text, "status": http status}.
+clear_permissions (broker/management.py) build a typed command
+(broker/metadata_commands.py; a password travels only as its salted hash,
+made by the asking node), which `check` tries against the metadata machine's
+state here, so that a mistake gets rabbitmqctl's words at once; then it goes
+to the metadata Raft group. Every node's machine (broker/metadata_machine.py)
+checks it again and applies it in log order, so every node of the cluster
+ends with the same users, vhosts and permissions; an apply answers {"ok":
+true} or {"error": text, "status": http status}. This module performs the
+machine's effects on the node: `AccessControl` (logins and permission
+checks read it), the broker's vhosts, connections to close, and the node's
+metadata log (broker/durability.py), journaled before the group's index so a
+restart replays it and re-applies only later entries.
 
 delete_vhost closes the vhost's connections on every node (320
 CONNECTION_FORCED "vhost '<v>' is deleted", as RabbitMQ), deletes its queues
-(a replicated one as queue.delete does: every node drops its replica) and
-its exchanges; delete_user closes the user's connections ("user '<u>' is
-deleted"). Changed permissions apply to channels opened afterwards (a channel
-caches what it checked, as RabbitMQ's does).
+(a replicated one as queue.delete does: every node drops its replica; the
+node's local ones here) and its exchanges; delete_user closes the user's
+connections ("user '<u>' is deleted"). Changed permissions apply to channels
+opened afterwards (a channel caches what it checked, as RabbitMQ's does).
 """
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import structlog
 
-from broker.auth import Permission, UserRecord, check_expression, valid_password_hash
+from broker import metadata_commands as mc
+from broker import metadata_effects as fx
+from broker import metadata_machine as machine
+from broker.auth import Permission, UserRecord
 from broker.metadata import ChangeRefused
-from broker.quorum import QuorumQueue
 
 if TYPE_CHECKING:
     from broker.broker import Broker
@@ -46,137 +45,76 @@ class DefinitionError(ChangeRefused):
     """A user, vhost or permission change that cannot be made (rabbitmqctl's words)."""
 
 
-def no_such_user(name: str) -> DefinitionError:
-    return DefinitionError(404, f'User "{name}" does not exist')
-
-
-def no_such_vhost(name: str) -> DefinitionError:
-    return DefinitionError(404, f'Virtual host "{name}" does not exist')
-
-
 class Definitions:
     def __init__(self, broker: "Broker", metadata: "Metadata") -> None:
         self.broker = broker
         self.metadata = metadata
-        handlers: dict[str, Callable[[list], None]] = {
-            "user_add": self._user_add, "user_del": self._user_del, "user_pw": self._user_pw,
-            "user_tags": self._user_tags, "vhost_add": self._vhost_add, "vhost_del": self._vhost_del,
-            "perm_set": self._perm_set, "perm_clear": self._perm_clear,
-        }
-        metadata.cluster.meta_handlers.update(
-            {kind: metadata.answering_index(self._applying(handler)) for kind, handler in handlers.items()})
 
-    # -- checks: where asked, and again on every node where applied -----------------
-    def check(self, command: list) -> None:
-        """Raise DefinitionError if `command` cannot be applied to this node's state."""
-        access = self.broker.access
-        kind = command[0]
-        if kind == "user_add":
-            if command[1] in access.users:
-                raise DefinitionError(400, f'User "{command[1]}" already exists')
-            if not valid_password_hash(command[2]):
-                raise DefinitionError(400, "the password hash is not a base64 salted SHA-256 hash")
-            return
-        if kind in ("user_del", "user_pw", "user_tags"):
-            if command[1] not in access.users:
-                raise no_such_user(command[1])
-            if kind == "user_pw" and not valid_password_hash(command[2]):
-                raise DefinitionError(400, "the password hash is not a base64 salted SHA-256 hash")
-            return
-        if kind == "vhost_add":
-            if command[1] in self.broker.vhosts:
-                raise DefinitionError(400, f'Virtual host "{command[1]}" already exists')
-            return
-        if kind == "vhost_del":
-            if command[1] not in self.broker.vhosts:
-                raise no_such_vhost(command[1])
-            return
-        if kind in ("perm_set", "perm_clear"):
-            user, vhost = command[1], command[2]
-            if user not in access.users:
-                raise no_such_user(user)
-            if vhost not in self.broker.vhosts:
-                raise no_such_vhost(vhost)
-            for expression in command[3:]:
-                error = check_expression(expression)
-                if error is not None:
-                    raise DefinitionError(400, f"invalid regular expression '{expression}': {error}")
-            return
-        raise AssertionError(f"unknown definitions command {kind!r}")
+    def check(self, command: mc.Command) -> None:
+        """Raise DefinitionError if `command` cannot be applied to the machine's state here."""
+        try:
+            machine.check_definitions_change(self.metadata.state, command)
+        except machine.Refused as refused:
+            raise DefinitionError(refused.status, refused.text) from None
 
-    def _applying(self, handler: Callable[[list], None]) -> Callable[[list, int], Any]:
-        def apply(command: list, index: int) -> Any:
-            try:
-                self.check(command)
-            except DefinitionError as error:
-                return error.reply()
-            handler(command)
-            return {"ok": True}
-        return apply
+    # -- the machine's effects, on every node ------------------------------------------
+    def perform(self, effect: fx.Effect) -> None:
+        match effect:
+            case fx.UserSet():
+                self._user_set(effect)
+            case fx.UserDeleted(name=name):
+                self.broker.access.delete_user(name)
+                self._journal(["user_deleted", name])
+                log.info("definitions.user_deleted", user=name)
+            case fx.CloseConnections():
+                self._close_connections(effect)
+            case fx.VhostAdded(name=name):
+                if name not in self.broker.vhosts:
+                    self.broker.add_vhost(name)
+                self._journal(["vhost", name])
+                log.info("definitions.vhost_added", vhost=name)
+            case fx.VhostDeleted():
+                self._vhost_deleted(effect)
+            case fx.PermissionSet(user=user, vhost=vhost, configure=configure, write=write, read=read):
+                self.broker.access.set_permission(user, vhost, Permission(configure, write, read))
+                self._journal(["permission", user, vhost, configure, write, read])
+                log.info("definitions.permissions_set", user=user, vhost=vhost,
+                         configure=configure, write=write, read=read)
+            case fx.PermissionCleared(user=user, vhost=vhost):
+                self.broker.access.clear_permission(user, vhost)
+                self._journal(["permission_cleared", user, vhost])
+                log.info("definitions.permissions_cleared", user=user, vhost=vhost)
+            case _:
+                raise AssertionError(f"not a definitions effect: {effect!r}")
 
-    # -- applied on every node --------------------------------------------------------
     def _journal(self, entry: list) -> None:
         self.broker.durability.definitions_changed(entry)
 
-    def _user_add(self, command: list) -> None:
-        _, name, password_hash, tags = command
-        self.broker.access.put_user(UserRecord(name, password_hash, tuple(tags)))
-        self._journal(["user", name, password_hash, list(tags)])
-        log.info("definitions.user_added", user=name)
+    def _user_set(self, effect: fx.UserSet) -> None:
+        self.broker.access.put_user(UserRecord(effect.name, effect.password_hash, tuple(effect.tags)))
+        self._journal(["user", effect.name, effect.password_hash, list(effect.tags)])
+        log.info(f"definitions.user_{effect.change}", user=effect.name, tags=list(effect.tags))
 
-    def _user_pw(self, command: list) -> None:
-        _, name, password_hash = command
-        user = self.broker.access.users[name]
-        self.broker.access.put_user(UserRecord(name, password_hash, user.tags))
-        self._journal(["user", name, password_hash, list(user.tags)])
-        log.info("definitions.password_changed", user=name)
+    def _close_connections(self, effect: fx.CloseConnections) -> None:
+        if effect.user is not None:
+            closed = self.broker.close_connections(lambda c: c.user_name == effect.user, effect.reply_text,
+                                                   effect.reply_code)
+        else:
+            vhost = self.broker.vhosts.get(effect.vhost)
+            closed = self.broker.close_connections(lambda c: vhost is not None and c.vhost is vhost,
+                                                   effect.reply_text, effect.reply_code)
+        log.info("definitions.connections_closed", user=effect.user, vhost=effect.vhost, closed=closed)
 
-    def _user_tags(self, command: list) -> None:
-        _, name, tags = command
-        user = self.broker.access.users[name]
-        self.broker.access.put_user(UserRecord(name, user.password_hash, tuple(tags)))
-        self._journal(["user", name, user.password_hash, list(tags)])
-        log.info("definitions.user_tags_set", user=name, tags=list(tags))
-
-    def _user_del(self, command: list) -> None:
-        name = command[1]
-        self.broker.access.delete_user(name)
-        self._journal(["user_deleted", name])
-        closed = self.broker.close_connections(lambda c: c.user_name == name,
-                                               f"CONNECTION_FORCED - user '{name}' is deleted")
-        log.info("definitions.user_deleted", user=name, connections_closed=closed)
-
-    def _vhost_add(self, command: list) -> None:
-        name = command[1]
-        self.broker.add_vhost(name)
-        self._journal(["vhost", name])
-        log.info("definitions.vhost_added", vhost=name)
-
-    def _vhost_del(self, command: list) -> None:
-        name = command[1]
+    def _vhost_deleted(self, effect: fx.VhostDeleted) -> None:
+        """Its replicated queues went with their QueueDeleted effects; its local ones go here."""
         broker = self.broker
-        vhost = broker.vhosts[name]
-        closed = broker.close_connections(lambda c: c.vhost is vhost, f"CONNECTION_FORCED - vhost '{name}' is deleted")
-        queues = 0
-        for queue in list(vhost.queues.values()):
-            if isinstance(queue, QuorumQueue):
-                self.metadata.drop_queue(vhost, queue)
-            else:
-                vhost.delete_queue_now(queue)
-            queues += 1
-        broker.remove_vhost(name)
-        self._journal(["vhost_deleted", name])
-        log.info("definitions.vhost_deleted", vhost=name, connections_closed=closed, queues_deleted=queues)
-
-    def _perm_set(self, command: list) -> None:
-        _, user, vhost, configure, write, read = command
-        self.broker.access.set_permission(user, vhost, Permission(configure, write, read))
-        self._journal(["permission", user, vhost, configure, write, read])
-        log.info("definitions.permissions_set", user=user, vhost=vhost,
-                 configure=configure, write=write, read=read)
-
-    def _perm_clear(self, command: list) -> None:
-        _, user, vhost = command
-        self.broker.access.clear_permission(user, vhost)
-        self._journal(["permission_cleared", user, vhost])
-        log.info("definitions.permissions_cleared", user=user, vhost=vhost)
+        vhost = broker.vhosts.get(effect.name)
+        if vhost is not None:
+            for queue in list(vhost.queues.values()):
+                if queue.replicated:
+                    self.metadata.drop_queue(vhost, queue)   # not expected: the machine deleted it first
+                else:
+                    vhost.delete_queue_now(queue)
+        broker.remove_vhost(effect.name)
+        self._journal(["vhost_deleted", effect.name])
+        log.info("definitions.vhost_deleted", vhost=effect.name)

@@ -13,6 +13,14 @@ from typing import Any
 Destination = tuple[str, str]
 
 EXCHANGE_TYPES = ("direct", "fanout", "topic", "headers")
+# every vhost's built-in exchanges (besides the default exchange ""), all durable
+DEFAULT_EXCHANGES = (
+    ("amq.direct", "direct"),
+    ("amq.fanout", "fanout"),
+    ("amq.topic", "topic"),
+    ("amq.headers", "headers"),
+    ("amq.match", "headers"),
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,6 +23,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
+from broker import metadata_commands as mc
 from broker.auth import hash_password
 from broker.definitions import DefinitionError
 from broker.metadata import MembershipError
@@ -177,7 +178,7 @@ def _quorum_queues(broker: "Broker", body: dict) -> list[Any]:
             if queue.replicated and queue.queue_type == "quorum" and queue_pattern.fullmatch(queue.name)]
 
 
-async def _commit(broker: "Broker", command: list) -> Any:
+async def _commit(broker: "Broker", command: mc.Command) -> Any:
     """Submit a metadata command; its reply once the group has applied it."""
     future = asyncio.get_running_loop().create_future()
 
@@ -199,10 +200,10 @@ async def _commit(broker: "Broker", command: list) -> Any:
 
 async def _change_member(broker: "Broker", vhost: str, name: str, op: str, node: str) -> list[str]:
     try:
-        _, members = broker.metadata.check_membership(vhost, name, op, node)
+        members = broker.metadata.check_membership(vhost, name, op, node)
     except MembershipError as error:
         raise ManagementError(error.status, error.text) from None
-    result = await _commit(broker, ["qmembers", vhost, name, members, op, node])
+    result = await _commit(broker, mc.SetMembers(vhost, name, tuple(members), op, node))
     if isinstance(result, dict):
         return list(result["members"])
     return members   # None: the leader had applied it before it restarted
@@ -309,7 +310,7 @@ async def rebalance(broker: "Broker", body: dict) -> dict[str, Any]:
     leaders = {q: leader for q, leader in leaders.items() if leader is not None}
     moves = plan_rebalance(leaders, {q: list(q.members) for q in queues}, running)
     if moves:
-        await _commit(broker, ["qlead", [[q.vhost.name, q.name, q.group, to] for q, _, to in moves]])
+        await _commit(broker, mc.TransferLeaders(tuple((q.vhost.name, q.name, q.group, to) for q, _, to in moves)))
     after = {node: 0 for node in sorted(running)}
     for leader in leaders.values():
         if leader in after:
@@ -324,7 +325,7 @@ async def rebalance(broker: "Broker", body: dict) -> dict[str, Any]:
 
 # -- changes: users, vhosts, permissions (broker/definitions.py) ---------------------------
 
-async def _define(broker: "Broker", command: list) -> dict[str, Any]:
+async def _define(broker: "Broker", command: mc.Command) -> dict[str, Any]:
     try:
         broker.definitions.check(command)
     except DefinitionError as error:
@@ -347,32 +348,32 @@ def _tags(body: dict) -> list[str]:
 
 async def add_user(broker: "Broker", body: dict) -> dict[str, Any]:
     """{"name", "password", "tags": []}: rabbitmqctl add_user."""
-    return await _define(broker, ["user_add", _string(body, "name"), _password(body), _tags(body)])
+    return await _define(broker, mc.AddUser(_string(body, "name"), _password(body), tuple(_tags(body))))
 
 
 async def delete_user(broker: "Broker", body: dict) -> dict[str, Any]:
     """{"name"}: rabbitmqctl delete_user; the user's connections are closed."""
-    return await _define(broker, ["user_del", _string(body, "name")])
+    return await _define(broker, mc.DeleteUser(_string(body, "name")))
 
 
 async def change_password(broker: "Broker", body: dict) -> dict[str, Any]:
     """{"name", "password"}: rabbitmqctl change_password."""
-    return await _define(broker, ["user_pw", _string(body, "name"), _password(body)])
+    return await _define(broker, mc.ChangePassword(_string(body, "name"), _password(body)))
 
 
 async def set_user_tags(broker: "Broker", body: dict) -> dict[str, Any]:
     """{"name", "tags": [...]}: rabbitmqctl set_user_tags."""
-    return await _define(broker, ["user_tags", _string(body, "name"), _tags(body)])
+    return await _define(broker, mc.SetUserTags(_string(body, "name"), tuple(_tags(body))))
 
 
 async def add_vhost(broker: "Broker", body: dict) -> dict[str, Any]:
     """{"name"}: rabbitmqctl add_vhost; it has the default exchanges (amq.direct, ...)."""
-    return await _define(broker, ["vhost_add", _string(body, "name")])
+    return await _define(broker, mc.AddVhost(_string(body, "name")))
 
 
 async def delete_vhost(broker: "Broker", body: dict) -> dict[str, Any]:
     """{"name"}: rabbitmqctl delete_vhost: its connections closed, its queues and exchanges deleted."""
-    return await _define(broker, ["vhost_del", _string(body, "name")])
+    return await _define(broker, mc.DeleteVhost(_string(body, "name")))
 
 
 async def set_permissions(broker: "Broker", body: dict) -> dict[str, Any]:
@@ -383,12 +384,12 @@ async def set_permissions(broker: "Broker", body: dict) -> dict[str, Any]:
         if not isinstance(value, str):
             raise ManagementError(400, f"'{key}' must be a string (a regular expression)")
         expressions.append(value)
-    return await _define(broker, ["perm_set", _string(body, "user"), _string(body, "vhost", "/"), *expressions])
+    return await _define(broker, mc.SetPermissions(_string(body, "user"), _string(body, "vhost", "/"), *expressions))
 
 
 async def clear_permissions(broker: "Broker", body: dict) -> dict[str, Any]:
     """{"vhost": "/", "user"}: rabbitmqctl clear_permissions."""
-    return await _define(broker, ["perm_clear", _string(body, "user"), _string(body, "vhost", "/")])
+    return await _define(broker, mc.ClearPermissions(_string(body, "user"), _string(body, "vhost", "/")))
 
 
 ACTIONS: dict[str, Callable[["Broker", dict], Awaitable[Any]]] = {

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any, Callable, Hashable
 import structlog
 
 from broker import fifo
+from broker import metadata_commands as mc
 from broker import quorum_machine as qm
 from broker.queue import Queue
 from broker.cluster import APPLIED, DELIVER, RESEND, RESEND_SECONDS
@@ -516,7 +517,7 @@ class QuorumQueue(Queue):
         if (self.expires_ms is not None and not self.expiring and self.machine.consumer_count == 0
                 and _now_ms() - self.last_used_ms >= self.expires_ms):
             self.expiring = True   # one deletion through the metadata group
-            self.cluster.broker.metadata.submit(["qdel", self.vhost.name, self.name], lambda _: None)
+            self.cluster.broker.metadata.submit(mc.DeleteQueue(self.vhost.name, self.name), lambda _: None)
 
     @property
     def consumer_count(self) -> int:

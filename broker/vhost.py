@@ -14,7 +14,7 @@ from typing import Any
 from pamqp import commands as spec
 
 from broker import arguments as queue_arguments
-from broker.exchanges import EXCHANGE_TYPES, Binding, Destination, Exchange, make_exchange
+from broker.exchanges import DEFAULT_EXCHANGES, EXCHANGE_TYPES, Binding, Destination, Exchange, make_exchange
 from broker.queue import Queue
 from protocol import codec
 from protocol.constants import (
@@ -25,13 +25,6 @@ from protocol.constants import (
 )
 from protocol.errors import ChannelError
 
-DEFAULT_EXCHANGES = (
-    ("amq.direct", "direct"),
-    ("amq.fanout", "fanout"),
-    ("amq.topic", "topic"),
-    ("amq.headers", "headers"),
-    ("amq.match", "headers"),
-)
 QUEUE_TYPES_DURABLE_ONLY = ("quorum", "stream")
 # Longest path through exchange-to-exchange bindings we follow; cycles are cut by a visited set.
 E2E_HOPS_MAX = 64
@@ -97,9 +90,13 @@ class VirtualHost:
             return None
         exchange = make_exchange(name, method.exchange_type, method.durable, method.auto_delete,
                                  method.internal, method.arguments or {})
-        self.exchanges[name] = exchange
-        self.journal.exchange_declared(self, exchange)
+        self.add_exchange(exchange)
         return exchange
+
+    def add_exchange(self, exchange: Exchange) -> None:
+        """The read model's update: no checks (made where asked, or by the metadata machine)."""
+        self.exchanges[exchange.name] = exchange
+        self.journal.exchange_declared(self, exchange)
 
     def _check_exchange_equivalent(self, existing: Exchange, method: spec.Exchange.Declare) -> None:
         for field, received, current in (
@@ -260,10 +257,20 @@ class VirtualHost:
         if replicate is not None:
             replicate()
             return
-        binding = Binding.make(source, destination, routing_key, arguments)
+        self.add_binding(exchange, Binding.make(source, destination, routing_key, arguments))
+
+    def add_binding(self, exchange: Exchange, binding: Binding) -> None:
+        """The read model's update: no checks."""
         if binding not in exchange.bindings:
             exchange.bind(binding)
             self.journal.binding_changed(self, binding, True)
+
+    def remove_binding(self, exchange: Exchange, binding: Binding) -> bool:
+        """The read model's update: no checks, no auto-delete (the caller decides)."""
+        if not exchange.unbind(binding):
+            return False
+        self.journal.binding_changed(self, binding, False)
+        return True
 
     def unbind(self, source: str, destination: Destination, routing_key: str, arguments: dict | None,
                owner: Hashable, class_id: int, method_id: int, replicate: Callable[[], None] | None = None) -> None:
@@ -278,9 +285,7 @@ class VirtualHost:
         if replicate is not None:
             replicate()
             return
-        binding = Binding.make(source, destination, routing_key, arguments)
-        if exchange.unbind(binding):
-            self.journal.binding_changed(self, binding, False)
+        if self.remove_binding(exchange, Binding.make(source, destination, routing_key, arguments)):
             self._maybe_auto_delete_exchange(exchange)
 
     def _binding_source(self, source: str, class_id: int, method_id: int) -> Exchange:
