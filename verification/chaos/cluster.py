@@ -112,6 +112,18 @@ class LocalCluster:
                 await asyncio.sleep(0.1)  # polling for the listener, with a deadline
         return False
 
+    async def restart_exited(self) -> list[str]:
+        """As a supervisor would: nodes that stopped on their own (a full disk makes a
+        node's WAL fail, and a node whose Raft cannot write exits non-zero) start again.
+        The names restarted."""
+        exited = [name for name, node in self.nodes.items() if node.process is not None and not node.running]
+        for name in exited:
+            print(f"warren-chaos: {name} exited with {self.nodes[name].process.returncode}: restarting it",
+                  flush=True)
+            await self.launch(name)
+            await self.wait_listening(name)
+        return exited
+
     def signal(self, name: str, sig: int) -> None:
         node = self.nodes[name]
         if node.running:

@@ -34,6 +34,10 @@ class FaultInjector:
         finally:
             self.active.remove((detail, heal))
             await heal()
+            # faults never overlap: a node down now stopped on its own during this one
+            restarted = await self.cluster.restart_exited()
+            if restarted:
+                extra = f"{extra} restarted={','.join(restarted)}".strip()
             self.recorder.record("fault_end", node=target, detail=f"{detail} {extra}".strip())
             self.recorder.flush()
 

@@ -102,17 +102,8 @@ class ChaosRun:
         while not await self.cluster.all_see_each_other():
             if time.monotonic() > deadline:
                 raise RuntimeError("the cluster did not come together in time; see the nodes' server.log")
-            await self._restart_exited_nodes()
+            await self.cluster.restart_exited()
             await asyncio.sleep(0.2)  # polling the nodes' views, with a deadline
-
-    async def _restart_exited_nodes(self) -> None:
-        """As a supervisor would: a node that stopped itself (a full disk makes its WAL
-        fail, and a node whose Raft cannot write exits non-zero) starts again."""
-        for name, node in self.cluster.nodes.items():
-            if node.process is not None and not node.running:
-                print(f"warren-chaos: {name} exited with {node.process.returncode}: restarting it", flush=True)
-                await self.cluster.launch(name)
-                await self.cluster.wait_listening(name)
 
     async def _clean_up(self) -> None:
         """Everything this run started goes, whatever happened (also on Ctrl-C / SIGTERM)."""
