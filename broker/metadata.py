@@ -74,16 +74,9 @@ class AwaitingApply:
     deadline: float
 
 
-class ChangeRefused(Exception):
-    """A metadata change that cannot be made: an HTTP status and one line of text."""
-
-    def __init__(self, status: int, text: str) -> None:
-        super().__init__(text)
-        self.status = status
-        self.text = text
-
-    def reply(self) -> dict:
-        return {"error": self.text, "status": self.status}
+# A metadata change that cannot be made: an HTTP status and one line of text (the
+# machine's refusal; the shell raises it as MembershipError or DefinitionError).
+ChangeRefused = machine.Refused
 
 
 class MembershipError(ChangeRefused):
