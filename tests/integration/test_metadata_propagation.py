@@ -42,13 +42,18 @@ def close_all(connections) -> None:
             connection.close()
 
 
+def reopen(connections, channel, node: str) -> None:
+    """A confirming channel on `node` again, after the broker closed the last one."""
+    channel[node] = connections[node].channel()
+    channel[node].confirm_delivery()
+
+
 def get_body(connections, channel, node: str, queue: str):
     """basic.get's body, or what went wrong (the channel is opened again after a close)."""
     try:
         return channel[node].basic_get(queue, auto_ack=True)[2]
     except pika.exceptions.ChannelClosedByBroker as error:
-        channel[node] = connections[node].channel()
-        channel[node].confirm_delivery()
+        reopen(connections, channel, node)
         return f"{error.reply_code} {error.reply_text}"
 
 
@@ -72,8 +77,7 @@ def test_a_queue_declared_on_one_node_is_usable_at_once_on_the_others(cluster):
                 refused = passive_declare_fails(channel[b], name)
                 if refused:
                     problems.append(f"round {round_}: passive declare of {name} on {b}: {refused}")
-                    channel[b] = connections[b].channel()
-                    channel[b].confirm_delivery()
+                    reopen(connections, channel, b)
                 try:
                     channel[b].basic_publish("", name, b"m", pika.BasicProperties(delivery_mode=2), mandatory=True)
                 except pika.exceptions.UnroutableError:
@@ -104,8 +108,7 @@ def test_an_exchange_and_binding_made_on_one_node_route_at_once_on_the_others(cl
                 problems.append(f"round {round_}: {exchange} -> {queue} unroutable through {b}")
             except pika.exceptions.ChannelClosedByBroker as error:
                 problems.append(f"round {round_}: publish to {exchange} through {b}: {error}")
-                channel[b] = connections[b].channel()
-                channel[b].confirm_delivery()
+                reopen(connections, channel, b)
             found = get_body(connections, channel, c, queue)
             if found != b"m":
                 problems.append(f"round {round_}: basic.get of {queue} on {c} found {found!r}")
