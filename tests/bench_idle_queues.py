@@ -17,15 +17,7 @@ import time
 
 import pika
 
-
-def cpu_seconds(pids: list[int]) -> float:
-    """utime + stime of every pid and its children (from /proc)."""
-    ticks = 0
-    for pid in pids:
-        with open(f"/proc/{pid}/stat") as stat:
-            fields = stat.read().rsplit(")", 1)[1].split()
-        ticks += sum(int(f) for f in fields[11:15])   # utime stime cutime cstime
-    return ticks / 100.0
+from warren.verification.perf.broker_cpu import cpu_seconds
 
 
 def main() -> None:

@@ -64,3 +64,23 @@ def test_kill_9_mid_run_leaves_readable_files(fresh_server, tmp_path, name):
     rows = read_events(history)
     assert_consistent(rows)
     assert ids(rows, "publish")
+
+
+def test_many_queue_run_spreads_clients_and_reports_broker_cpu(fresh_server, tmp_path, name):
+    """The issue's many-queue case, scaled down: clients spread over every queue, and
+    --broker-pid turns the broker's CPU over the run into µs per message."""
+    history, summary_path = tmp_path / "history", tmp_path / "summary.json"
+    process = perf("--url", fresh_server.url, "--queue", name, "--queues", "3", "-x", "6", "-y", "6",
+                   "--pmessages", "50", "--consumer-drain", "1", "--history", str(history),
+                   "--broker-pid", str(fresh_server.process.pid), "--json", str(summary_path),
+                   stdout=subprocess.PIPE, text=True)
+    output, _ = process.communicate(timeout=RUN_TIMEOUT_SECONDS)
+    assert process.returncode == 0, output
+    assert "broker CPU:" in output
+    summary = json.loads(summary_path.read_text())
+    assert summary["confirmed"] == 300
+    assert summary["broker_cpu_seconds"] > 0
+    assert summary["broker_cpu_us_per_confirmed"] == summary["broker_cpu_seconds"] / 300 * 1e6
+    rows = read_events(history)
+    assert {r["queue"] for r in rows if r["event"] == "confirm"} == {f"{name}-{n}" for n in range(3)}
+    assert {r["queue"] for r in rows if r["event"] == "deliver"} == {f"{name}-{n}" for n in range(3)}

@@ -7,6 +7,7 @@ import sys
 
 import uvloop
 
+from warren.verification.perf.broker_cpu import broker_cpu_summary, cpu_seconds
 from warren.verification.perf.display import ProgressDisplay, print_summary
 from warren.verification.perf.multiprocess import run_children
 from warren.verification.perf.options import parse
@@ -29,8 +30,11 @@ async def _run(options) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     options = parse(argv)
+    cpu_before = cpu_seconds(options.broker_pids)
     raw = uvloop.run(_run(options))
     summary = finish_summary(raw)
+    if options.broker_pids:
+        summary |= broker_cpu_summary(cpu_seconds(options.broker_pids) - cpu_before, raw)
     if options.json_path:
         with open(options.json_path, "w") as out:
             json.dump({**summary, "raw": raw}, out, indent=1)

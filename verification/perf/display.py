@@ -64,3 +64,7 @@ def print_summary(summary: dict) -> None:
           f"reconnects {summary['reconnects']}", flush=True)
     print("confirm latency ms: " + " ".join(f"{k}={_ms(v)}" for k, v in c.items()), flush=True)
     print("end-to-end latency ms: " + " ".join(f"{k}={_ms(v)}" for k, v in d.items()), flush=True)
+    if "broker_cpu_seconds" in summary:
+        per = {k: summary[f"broker_cpu_us_per_{k}"] for k in ("confirmed", "delivered")}
+        print(f"broker CPU: {summary['broker_cpu_seconds']:.2f}s ({summary['broker_cores']:.2f} cores), "
+              + ", ".join(f"{v:.1f} µs per message {k}" for k, v in per.items() if v is not None), flush=True)

@@ -29,6 +29,7 @@ class PerfOptions:
     quiet: bool = False
     interval_seconds: float = 1.0
     progress_jsonl: bool = False  # a child of --processes: progress as JSON lines for the parent
+    broker_pids: list[int] = field(default_factory=list)  # CPU of these processes over the run, in the summary
 
 
 def _queue_arg(text: str) -> tuple[str, object]:
@@ -71,6 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.add_argument("--interval", dest="interval_seconds", type=float, default=1.0)
     p.add_argument("--progress-jsonl", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--broker-pid", dest="broker_pids", type=int, action="append", default=[],
+                   help="a broker process on this machine (repeat): its CPU over the run, and per message")
     return p
 
 
