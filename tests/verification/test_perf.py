@@ -22,7 +22,7 @@ def perf(*args: str, **popen) -> subprocess.Popen:
 
 def test_options_round_trip_through_a_child_command_line():
     options = parse(["--url", "amqp://a", "--url", "amqp://b", "-x", "3", "--queue-arg", "x-max-length=10",
-                     "--time", "2", "--history", "h", "--queues", "4"])
+                     "--time", "2", "--history", "h", "--queues", "4", "--multi-ack-every", "8"])
     assert parse(to_argv(options)) == options
     assert options.queue_args == {"x-max-length": 10}
 
@@ -84,3 +84,19 @@ def test_many_queue_run_spreads_clients_and_reports_broker_cpu(fresh_server, tmp
     rows = read_events(history)
     assert {r["queue"] for r in rows if r["event"] == "confirm"} == {f"{name}-{n}" for n in range(3)}
     assert {r["queue"] for r in rows if r["event"] == "deliver"} == {f"{name}-{n}" for n in range(3)}
+
+
+def test_multiple_acks_cover_every_delivery(fresh_server, tmp_path, name):
+    """--multi-ack-every 16 with 150 messages: nine acks of 16 and the last 6 acked
+    once deliveries pause, each delivery's ack in the history."""
+    history, summary_path = tmp_path / "history", tmp_path / "summary.json"
+    process = perf("--url", fresh_server.url, "--queue", name, "--pmessages", "150", "--multi-ack-every", "16",
+                   "--consumer-drain", "1", "--history", str(history), "--json", str(summary_path),
+                   stdout=subprocess.PIPE, text=True)
+    output, _ = process.communicate(timeout=RUN_TIMEOUT_SECONDS)
+    assert process.returncode == 0, output
+    summary = json.loads(summary_path.read_text())
+    assert summary["delivered"] == summary["acked"] == 150
+    rows = read_events(history)
+    assert_consistent(rows)
+    assert ids(rows, "ack") == ids(rows, "deliver") == ids(rows, "confirm")

@@ -1,4 +1,5 @@
-"""A consumer with a prefetch and manual acks, one ack per delivery."""
+"""A consumer with a prefetch and manual acks: one per delivery, or one `multiple` ack
+every --multi-ack-every deliveries (and whatever is left once deliveries pause)."""
 from __future__ import annotations
 
 import time
@@ -13,6 +14,8 @@ class Consumer:
         self.consumer_id, self.queue, self.link = consumer_id, queue, link
         self.options, self.stats, self.recorder = options, stats, recorder
         self.last_delivery = time.monotonic()
+        self.ack_channel = None
+        self.unacked: list[tuple[int, str | None, bool]] = []  # (delivery tag, message id, redelivered)
 
     async def run(self) -> None:
         """Consume until cancelled, reconnecting (to the next node) when the connection fails."""
@@ -38,12 +41,24 @@ class Consumer:
         if isinstance(sent_ns, int):
             self.stats.delivery_took(time.monotonic_ns() - sent_ns)
         self._record("deliver", properties.message_id, redelivered)
+        if message.channel is not self.ack_channel:
+            self.ack_channel, self.unacked = message.channel, []  # a lost channel's tags mean nothing now
+        self.unacked.append((message.delivery.delivery_tag, properties.message_id, redelivered))
+        if len(self.unacked) >= self.options.multi_ack_every:
+            await self.ack_unacked()
+
+    async def ack_unacked(self) -> None:
+        """One basic.ack for every delivery not acked yet (`multiple` when there are several)."""
+        if not self.unacked:
+            return
+        acking, self.unacked = self.unacked, []
         try:
-            await message.channel.basic_ack(message.delivery.delivery_tag)
+            await self.ack_channel.basic_ack(acking[-1][0], multiple=len(acking) > 1)
         except LINK_ERRORS:
             return  # the connection is going: the broker will redeliver
-        self.stats.acked += 1
-        self._record("ack", properties.message_id, redelivered)
+        self.stats.acked += len(acking)
+        for _, mid, redelivered in acking:
+            self._record("ack", mid, redelivered)
 
     def _record(self, event: str, mid: str | None, redelivered: bool) -> None:
         if self.recorder is not None:

@@ -17,6 +17,7 @@ class PerfOptions:
     size: int = 12
     confirm_window: int = 100
     prefetch: int = 100
+    multi_ack_every: int = 1
     rate: float = 0.0             # per producer, messages/s; 0: as fast as confirms allow
     time_seconds: float = 0.0     # 0: until the message count
     pmessages: int = 0            # per producer; 0: until the time
@@ -59,6 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--confirm", "-c", dest="confirm_window", type=int, default=100,
                    help="unconfirmed publishes in flight per producer")
     p.add_argument("--qos", "-q", dest="prefetch", type=int, default=100, help="consumer prefetch")
+    p.add_argument("--multi-ack-every", type=int, default=1,
+                   help="consumers ack with multiple=true every N deliveries (and when deliveries pause)")
     p.add_argument("--rate", "-r", type=float, default=0.0, help="messages/s per producer (0: unlimited)")
     p.add_argument("--time", "-z", dest="time_seconds", type=float, default=0.0, help="run for seconds")
     p.add_argument("--pmessages", "-C", type=int, default=0, help="messages per producer")
@@ -84,8 +87,8 @@ def parse(argv: list[str] | None) -> PerfOptions:
         ns.urls = ["amqp://guest:guest@127.0.0.1:5672/%2F"]
     if ns.time_seconds <= 0 and ns.pmessages <= 0:
         parser.error("give --time or --pmessages (or both: whichever comes first)")
-    if ns.queues < 1 or ns.producers < 0 or ns.consumers < 0 or ns.confirm_window < 1:
-        parser.error("--queues, --confirm must be >= 1; --producers, --consumers >= 0")
+    if ns.queues < 1 or ns.producers < 0 or ns.consumers < 0 or ns.confirm_window < 1 or ns.multi_ack_every < 1:
+        parser.error("--queues, --confirm, --multi-ack-every must be >= 1; --producers, --consumers >= 0")
     values = vars(ns)
     values["queue_args"] = dict(values.pop("queue_arg"))
     return PerfOptions(**values)
@@ -95,9 +98,8 @@ def to_argv(options: PerfOptions, **overrides) -> list[str]:
     """The command line of one child process (for --processes)."""
     o = {**vars(options), **overrides}
     argv = [a for url in o["urls"] for a in ("--url", url)]
-    for name in ("producers", "consumers", "queues", "size", "confirm_window", "prefetch", "rate", "time_seconds",
-                 "pmessages", "consumer_drain_seconds", "process_index", "interval_seconds"):
-        argv += [_FLAG[name], str(o[name])]
+    for name, flag in _FLAG.items():
+        argv += [flag, str(o[name])]
     argv += ["--queue", o["queue_prefix"], "--queue-type", o["queue_type"]]
     argv += [a for k, v in o["queue_args"].items() for a in ("--queue-arg", f"{k}={v}")]
     for name, flag in (("history", "--history"), ("run_id", "--run-id"), ("json_path", "--json")):
@@ -107,6 +109,7 @@ def to_argv(options: PerfOptions, **overrides) -> list[str]:
 
 
 _FLAG = {"producers": "--producers", "consumers": "--consumers", "queues": "--queues", "size": "--size",
-         "confirm_window": "--confirm", "prefetch": "--qos", "rate": "--rate", "time_seconds": "--time",
+         "confirm_window": "--confirm", "prefetch": "--qos", "multi_ack_every": "--multi-ack-every", "rate": "--rate",
+         "time_seconds": "--time",
          "pmessages": "--pmessages", "consumer_drain_seconds": "--consumer-drain", "process_index": "--process-index",
          "interval_seconds": "--interval"}

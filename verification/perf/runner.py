@@ -95,9 +95,18 @@ class ProcessRun:
             await asyncio.sleep(FLUSH_TICK_SECONDS)
             if self.recorder is not None:
                 self.recorder.flush_if_due()
+            await self._ack_paused_consumers()
             if time.monotonic() >= next_progress:
                 next_progress += self.options.interval_seconds
                 self._emit_progress()
+
+    async def _ack_paused_consumers(self) -> None:
+        """With --multi-ack-every, a consumer whose deliveries paused acks what it holds:
+        otherwise the last deliveries of a run stay unacked."""
+        quiet_since = time.monotonic() - FLUSH_TICK_SECONDS
+        for consumer in self.consumers:
+            if consumer.unacked and consumer.last_delivery <= quiet_since:
+                await consumer.ack_unacked()
 
     def _emit_progress(self) -> None:
         """A JSON line for a parent process, or a line / table for a person."""
