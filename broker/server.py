@@ -28,6 +28,7 @@ from typing import IO
 import structlog
 import uvloop
 
+from broker import gc_tuning
 from broker.broker import VERSION, Broker
 from broker.connection import AMQPConnection
 from broker.http import start_http_server
@@ -174,6 +175,7 @@ async def serve(settings: Settings) -> int:
     broker.listeners = {"amqp": _addresses(servers), "metrics": _addresses(metrics_servers)}
     log.info("server.started", node=settings.node_name, **broker.listeners, data_dir=str(settings.data_dir),
              version=VERSION)
+    gc_tuning.tune_after_start()
     await stop.wait()
     log.info("server.stopping", connections=len(broker.connections))
     for server in servers:
