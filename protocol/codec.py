@@ -43,8 +43,26 @@ BASIC_NACK_ID = (60 << 16) | 120
 EMPTY_PROPERTIES = b"\x00\x00"
 
 
+# Encoded shortstrs of recent names: every delivery encodes its exchange and routing
+# key, which are mostly the same few names. Bounded: unique names (reply queues) do not
+# make it grow for ever.
+_shortstrs: dict[str, bytes] = {}
+SHORTSTR_CACHE_MAX = 4096
+
+
 def shortstr(value: str | bytes) -> bytes:
-    raw = value.encode() if isinstance(value, str) else value
+    if type(value) is str:
+        encoded = _shortstrs.get(value)
+        if encoded is None:
+            encoded = _shortstr(value.encode())
+            if len(_shortstrs) >= SHORTSTR_CACHE_MAX:
+                _shortstrs.clear()
+            _shortstrs[value] = encoded
+        return encoded
+    return _shortstr(value.encode() if isinstance(value, str) else value)
+
+
+def _shortstr(raw: bytes) -> bytes:
     if len(raw) > 255:
         raise ValueError("shortstr longer than 255 bytes")
     return bytes((len(raw),)) + raw
