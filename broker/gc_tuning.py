@@ -20,19 +20,46 @@ So, once the node has started:
   old generation must have grown by a quarter since the last.
 Reference cycles are still collected (asyncio's exceptions make a few):
 the young and middle generations collect those of recent objects, the
-rare full collections the rest.
+rare full collections the rest. A collection that stops the node for
+`LONG_PAUSE_SECONDS` or more is logged (`gc.long_pause`), so a latency
+tail that comes from the collector shows in the log.
 """
 from __future__ import annotations
 
 import gc
+import time
+
+import structlog
+
+log = structlog.get_logger("warren.gc")
 
 YOUNG_THRESHOLD = 50_000
 MIDDLE_THRESHOLD = 20
 OLD_THRESHOLD = 100
+LONG_PAUSE_SECONDS = 0.05
+
+
+class PauseWatch:
+    """A `gc.callbacks` hook: times each collection, logs the long ones."""
+
+    def __init__(self) -> None:
+        self.started = 0.0
+
+    def __call__(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self.started = time.perf_counter()
+            return
+        seconds = time.perf_counter() - self.started
+        if seconds >= LONG_PAUSE_SECONDS:
+            log.warning("gc.long_pause", generation=info["generation"], ms=round(seconds * 1000, 1),
+                        collected=info["collected"])
 
 
 def tune_after_start() -> None:
-    """Freeze what start-up built and space the collections out (call once, after start)."""
+    """Freeze what start-up built, space the collections out and watch their
+    pauses (call once, after start)."""
     gc.collect()
     gc.freeze()
     gc.set_threshold(YOUNG_THRESHOLD, MIDDLE_THRESHOLD, OLD_THRESHOLD)
+    if not any(isinstance(callback, PauseWatch) for callback in gc.callbacks):
+        gc.callbacks.append(PauseWatch())
