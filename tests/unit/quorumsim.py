@@ -43,9 +43,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from broker import fifo
-from broker import quorum_machine as qm
-from raft.messages import EntryKind, Role, Snapshot
 from tests.unit.raftsim import (
     Scenario,
     SimNode,
@@ -54,6 +51,9 @@ from tests.unit.raftsim import (
     decode_state,
     encode_state,
 )
+from warren.broker.queues import fifo
+from warren.broker.queues import quorum_machine as qm
+from warren.raft.messages import EntryKind, Role, Snapshot
 
 __all__ = ["QUEUE_SCENARIOS", "QueueScenario", "QueueSimulation", "SimulationFailure", "replay_command"]
 

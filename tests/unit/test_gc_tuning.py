@@ -1,11 +1,11 @@
-"""broker/gc_tuning.py: what a started node does to the cyclic collector."""
+"""broker/node/gc_tuning.py: what a started node does to the cyclic collector."""
 from __future__ import annotations
 
 import gc
 
 from structlog.testing import capture_logs
 
-from broker import gc_tuning
+from warren.broker.node import gc_tuning
 
 
 def test_tuning_freezes_what_start_up_built_and_spaces_collections_out():

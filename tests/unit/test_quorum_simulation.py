@@ -12,8 +12,8 @@ from collections import Counter
 
 import pytest
 
-from broker import quorum_machine as qm
 from tests.unit.quorumsim import QUEUE_SCENARIOS, QueueSimulation, SimulationFailure
+from warren.broker.queues import quorum_machine as qm
 
 SEEDS = int(os.environ.get("WARREN_QQ_SEEDS", "40"))
 REPLAY_SEED = os.environ.get("WARREN_QQ_SEED")

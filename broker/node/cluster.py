@@ -10,11 +10,11 @@ hosts:
   in a cluster of several nodes also durable exchanges and bindings between
   durable exchanges and quorum queues, so every node routes the same way.
   Each node applies a committed change through the metadata machine
-  (broker/metadata_machine.py; broker/metadata.py performs its effects on
+  (broker/node/metadata_machine.py; broker/node/metadata.py performs its effects on
   the node's `VirtualHost` read model, which journals them in the node's
   metadata log, with the group's index, so a restart re-applies only what
   came later); the channel that asked replies once its node has applied it;
-* one group per quorum queue on its members (`broker/quorum.py`).
+* one group per quorum queue on its members (`broker/queues/quorum.py`).
 
 Commands reach a group's leader wherever they start: `submit` proposes
 locally when this node leads, else sends a CMD message to the leader this
@@ -24,7 +24,7 @@ reply when it applies that index. An origin resends what is still
 unanswered when the group's leader changes and every `RESEND_SECONDS`; the
 commands tolerate being applied twice (enqueues carry enqueuer sequences
 the queue de-duplicates). Publishes use the enqueuer sessions of
-broker/quorum.py instead of tokens: the leader answers APPLIED per run of sequences.
+broker/queues/quorum.py instead of tokens: the leader answers APPLIED per run of sequences.
 
 Application messages travel on the cluster transport beside Raft frames, as
 a dict frame {"a": [message, ...]}: one frame per peer per event-loop turn.
@@ -42,15 +42,15 @@ from typing import TYPE_CHECKING, Any
 import msgpack
 import structlog
 
-from broker import quorum_machine as qm
-from raft.messages import Entry, EntryKind, Role, Snapshot
-from raft.runtime import RaftRuntime
-from raft.transport import TransportLimits
+from warren.broker.queues import quorum_machine as qm
+from warren.raft.messages import Entry, EntryKind, Role, Snapshot
+from warren.raft.runtime import RaftRuntime
+from warren.raft.transport import TransportLimits
 
 if TYPE_CHECKING:
-    from broker.broker import Broker
-    from broker.metadata import Metadata
-    from broker.quorum import QuorumQueue
+    from warren.broker.node.broker import Broker
+    from warren.broker.node.metadata import Metadata
+    from warren.broker.queues.quorum import QuorumQueue
 
 log = structlog.get_logger("warren.cluster")
 
@@ -152,7 +152,7 @@ class Cluster:
     # -- lifecycle -------------------------------------------------------------
     def restore_queue(self, vhost: Any, name: str, arguments: dict, group: str, members: list[str]) -> None:
         """Recovery found a quorum queue in the metadata log; its group recovers its messages."""
-        from broker.quorum import QuorumQueue
+        from warren.broker.queues.quorum import QuorumQueue
         queue = QuorumQueue(vhost, name, arguments, self, group, members)
         self.queues[group] = queue
         vhost.add_queue(queue)
