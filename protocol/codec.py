@@ -26,6 +26,7 @@ from warren.protocol.constants import (
 )
 
 _frame_header = struct.Struct(">BHI")
+_method_head = struct.Struct(">BHII")   # frame header + method id
 _content_header = struct.Struct(">BHIHHQ")
 _ack = struct.Struct(">BHIIQB")
 _deliver_head = struct.Struct(">BHIIB")
@@ -42,8 +43,26 @@ BASIC_NACK_ID = (60 << 16) | 120
 EMPTY_PROPERTIES = b"\x00\x00"
 
 
+# Encoded shortstrs of recent names: every delivery encodes its exchange and routing
+# key, which are mostly the same few names. Bounded: unique names (reply queues) do not
+# make it grow for ever.
+_shortstrs: dict[str, bytes] = {}
+SHORTSTR_CACHE_MAX = 4096
+
+
 def shortstr(value: str | bytes) -> bytes:
-    raw = value.encode() if isinstance(value, str) else value
+    if type(value) is str:
+        encoded = _shortstrs.get(value)
+        if encoded is None:
+            encoded = _shortstr(value.encode())
+            if len(_shortstrs) >= SHORTSTR_CACHE_MAX:
+                _shortstrs.clear()
+            _shortstrs[value] = encoded
+        return encoded
+    return _shortstr(value.encode() if isinstance(value, str) else value)
+
+
+def _shortstr(raw: bytes) -> bytes:
     if len(raw) > 255:
         raise ValueError("shortstr longer than 255 bytes")
     return bytes((len(raw),)) + raw
@@ -84,11 +103,19 @@ def encode_deliver(
     body: bytes,
     frame_max: int,
 ) -> bytes:
-    """basic.deliver + content; consumer_tag and exchange_and_key are shortstrs."""
-    args = consumer_tag + _u64_bit.pack(delivery_tag, redelivered) + exchange_and_key
-    method = (_frame_header.pack(FRAME_METHOD, channel, 4 + len(args)) + struct.pack(">I", BASIC_DELIVER_ID)
-              + args + FRAME_END_BYTE)
-    return method + encode_content(channel, properties, body, frame_max)
+    """basic.deliver + content; consumer_tag and exchange_and_key are shortstrs.
+    The three frames are one join when the body fits one frame: the body is copied once."""
+    method_size = 4 + len(consumer_tag) + 9 + len(exchange_and_key)
+    method_head = _method_head.pack(FRAME_METHOD, channel, method_size, BASIC_DELIVER_ID)
+    tag_bit = _u64_bit.pack(delivery_tag, redelivered)
+    body_size = len(body)
+    if not 0 < body_size <= frame_max - FRAME_OVERHEAD_BYTES:
+        return b"".join((method_head, consumer_tag, tag_bit, exchange_and_key, FRAME_END_BYTE,
+                         encode_content(channel, properties, body, frame_max)))
+    return b"".join((method_head, consumer_tag, tag_bit, exchange_and_key, FRAME_END_BYTE,
+                     _content_header.pack(FRAME_HEADER, channel, 12 + len(properties), CLASS_BASIC, 0, body_size),
+                     properties, FRAME_END_BYTE, _frame_header.pack(FRAME_BODY, channel, body_size), body,
+                     FRAME_END_BYTE))
 
 
 def encode_get_ok(

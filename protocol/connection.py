@@ -155,7 +155,7 @@ class ServerConnection:
                 if channel and self.channels.get(channel) is _CHANNEL_OPEN and channel not in self._contents:
                     # Fast path: the hot methods on an open channel.
                     if method_id == BASIC_PUBLISH:
-                        self._on_publish(channel, buf, payload_start + 4, frame_end)
+                        pos = self._publish_whole(channel, buf, payload_start + 4, frame_end, end, events)
                         continue
                     if method_id == BASIC_ACK:
                         tag, bits = self._ack_args(buf, payload_start, frame_end)
@@ -189,7 +189,8 @@ class ServerConnection:
             raise AMQPConnectionError(SYNTAX_ERROR, "malformed basic.ack/nack/reject arguments")
         return _ack_args.unpack_from(buf, payload_start + 4)
 
-    def _on_publish(self, channel: int, buf: bytes, start: int, stop: int) -> None:
+    @staticmethod
+    def _publish_args(buf: bytes, start: int, stop: int) -> tuple[str, str, bool, bool]:
         # basic.publish: reserved short, exchange shortstr, routing-key shortstr, bits.
         try:
             at = start + 2
@@ -204,7 +205,40 @@ class ServerConnection:
             raise AMQPConnectionError(SYNTAX_ERROR, "malformed basic.publish arguments") from None
         if at + 1 != stop:
             raise AMQPConnectionError(SYNTAX_ERROR, "malformed basic.publish arguments")
-        self._contents[channel] = _Content(exchange, routing_key, bool(bits & 1), bool(bits & 2))
+        return exchange, routing_key, bool(bits & 1), bool(bits & 2)
+
+    def _publish_whole(self, channel: int, buf: bytes, args_start: int, frame_end: int, end: int,
+                       events: list) -> int:
+        """A basic.publish whose arguments lie in ``buf[args_start:frame_end]``: when its content
+        header and its one body frame follow whole in ``buf`` (the common case),
+        the message's event straight away, the body sliced once from the buffer,
+        and the offset after them; otherwise the content is awaited frame by
+        frame (`_on_header`, `_on_body`, which say what is wrong with anything
+        unusual) and the offset after the method frame is returned."""
+        exchange, routing_key, mandatory, immediate = self._publish_args(buf, args_start, frame_end)
+        pos = frame_end + 1
+        if end - pos >= 7:
+            frame_type, on_channel, size = _frame_header.unpack_from(buf, pos)
+            header_end = pos + 7 + size
+            if (frame_type == FRAME_HEADER and on_channel == channel and 14 <= size <= self.frame_max
+                    and header_end < end and buf[header_end] == FRAME_END):
+                class_id, _weight, body_size = _content_header.unpack_from(buf, pos + 7)
+                if class_id == 60 and body_size <= self.max_message_size_bytes:
+                    if body_size == 0:
+                        events.append((EV_PUBLISH, channel, exchange, routing_key, mandatory, immediate,
+                                       buf[pos + 19:header_end], b""))
+                        return header_end + 1
+                    body_at = header_end + 1
+                    if end - body_at >= 7:
+                        frame_type, on_channel, size = _frame_header.unpack_from(buf, body_at)
+                        body_end = body_at + 7 + size
+                        if (frame_type == FRAME_BODY and on_channel == channel and size == body_size
+                                and size <= self.frame_max and body_end < end and buf[body_end] == FRAME_END):
+                            events.append((EV_PUBLISH, channel, exchange, routing_key, mandatory, immediate,
+                                           buf[pos + 19:header_end], buf[body_at + 7:body_end]))
+                            return body_end + 1
+        self._contents[channel] = _Content(exchange, routing_key, mandatory, immediate)
+        return pos
 
     def _on_method_frame(self, channel: int, method_id: int, args: bytes, events: list) -> None:
         method_type = spec.INDEX_MAPPING.get(method_id)

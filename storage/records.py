@@ -36,9 +36,12 @@ RECORD_MARKER = 0x57524E52
 RECORD_MARKER_BYTES = struct.pack(">I", RECORD_MARKER)
 _prefix = struct.Struct(">IIII")  # marker, length, header_crc, body_crc
 _marker_length = struct.Struct(">II")
+_marker_length_pack = _marker_length.pack
+_crcs_pack = struct.Struct(">II").pack  # header crc, body crc
 _entry_head = struct.Struct(">QQQ")  # log_id, term, index
 _prefix_unpack = _prefix.unpack_from
 _entry_head_unpack = _entry_head.unpack_from
+_entry_head_pack = _entry_head.pack
 _crc32 = zlib.crc32
 PREFIX_SIZE = _prefix.size
 ENTRY_HEAD_SIZE = _entry_head.size
@@ -67,9 +70,12 @@ class CorruptLog(Exception):
 def encode(log_id: int, term: int, index: int, payload: bytes) -> bytes:
     if len(payload) > RECORD_PAYLOAD_MAX_BYTES:
         raise ValueError(f"record payload of {len(payload)} bytes exceeds {RECORD_PAYLOAD_MAX_BYTES}")
-    body = _entry_head.pack(log_id, term, index) + payload
-    marker_length = _marker_length.pack(RECORD_MARKER, len(body))
-    return marker_length + struct.pack(">II", zlib.crc32(marker_length), zlib.crc32(body)) + body
+    # The payload (a message batch's bodies) is copied once, by the join; its
+    # checksum is computed once, chained on the head's.
+    head = _entry_head_pack(log_id, term, index)
+    marker_length = _marker_length_pack(RECORD_MARKER, ENTRY_HEAD_SIZE + len(payload))
+    crcs = _crcs_pack(_crc32(marker_length), _crc32(payload, _crc32(head)))
+    return b"".join((marker_length, crcs, head, payload))
 
 
 @dataclass(frozen=True, slots=True)

@@ -72,6 +72,22 @@ class Relocation:
             yield index, Location(path, offset, length)
 
 
+def _joined_runs(data: memoryview, offsets: array, lengths: array, start: int, stop: int) -> bytes:
+    """The records ``start..stop`` of ``data``, concatenated: records that lie
+    back to back in the WAL file (most of a log's) are sliced as one run."""
+    pieces = []
+    run_start = offsets[start]
+    run_end = run_start + lengths[start]
+    for i in range(start + 1, stop):
+        offset = offsets[i]
+        if offset != run_end:
+            pieces.append(data[run_start:run_end])
+            run_start = offset
+        run_end = offset + lengths[i]
+    pieces.append(data[run_start:run_end])
+    return b"".join(pieces)
+
+
 class _Picked:
     """Records of one log picked from a WAL file: index, offset, length."""
 
@@ -321,8 +337,7 @@ class LogStore:
                 number = int(current.path.stem) + 1 if current is not None else 1
                 current = SegmentFile(log_dir / f"{number:08d}.seg", indexes[start], indexes[start], 0)
             stop = min(len(indexes), start + self.segment_max_entries - current.entries)
-            chunk = b"".join(data[offsets[i]:offsets[i] + lengths[i]] for i in range(start, stop))
-            offset = self._write_segment(current, new_file, chunk)
+            offset = self._write_segment(current, new_file, _joined_runs(data, offsets, lengths, start, stop))
             new_offsets = array("q")
             for i in range(start, stop):
                 new_offsets.append(offset)
@@ -342,7 +357,9 @@ class LogStore:
         handle = self.files.open_append(segment.path)
         size_before = handle.size
         try:
-            handle.write((records.FILE_HEADER if new_file else b"") + data)
+            if new_file:   # a file of just its header holds no records: recovery removes it
+                handle.write(records.FILE_HEADER)
+            handle.write(data)
             handle.sync()
         except OSError:
             handle.close()

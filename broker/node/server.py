@@ -30,6 +30,7 @@ import uvloop
 
 from warren.broker.admin.http import start_http_server
 from warren.broker.amqp.connection import AMQPConnection
+from warren.broker.node import gc_tuning
 from warren.broker.node.broker import VERSION, Broker
 from warren.broker.node.logs import configure_logging
 from warren.config import ConfigError, Settings, load_settings
@@ -174,6 +175,7 @@ async def serve(settings: Settings) -> int:
     broker.listeners = {"amqp": _addresses(servers), "metrics": _addresses(metrics_servers)}
     log.info("server.started", node=settings.node_name, **broker.listeners, data_dir=str(settings.data_dir),
              version=VERSION)
+    gc_tuning.tune_after_start()
     await stop.wait()
     log.info("server.stopping", connections=len(broker.connections))
     for server in servers:

@@ -289,3 +289,12 @@ def test_decode_table():
     from pamqp import encode
     table = {"a": 1, "b": "two", "c": {"d": [1, 2]}}
     assert codec.decode_table(encode.field_table(table)) == table, "decode_table does not invert pamqp's field_table"
+
+
+def test_shortstr_cache_stays_bounded_and_right():
+    names = [f"reply-{i}" for i in range(codec.SHORTSTR_CACHE_MAX + 10)]
+    for name in names + names[:5]:
+        assert codec.shortstr(name) == bytes((len(name),)) + name.encode(), f"shortstr({name!r}) is wrong"
+    assert len(codec._shortstrs) <= codec.SHORTSTR_CACHE_MAX, f"cache grew to {len(codec._shortstrs)}"
+    with pytest.raises(ValueError):
+        codec.shortstr("x" * 256)

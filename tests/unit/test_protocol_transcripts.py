@@ -324,6 +324,21 @@ def test_many_publishes_in_one_chunk_keep_their_order():
     assert [(e[3], e[7]) for e in events] == [(f"k{i}", f"m{i}".encode()) for i in range(50)], describe(events)
 
 
+@pytest.mark.parametrize("body_frame, code, what", [
+    (content_body(2, b"abc"), UNEXPECTED_FRAME, "a body frame of another channel"),
+    (content_body(1, b"abcd"), FRAME_ERROR, "a body frame longer than announced"),
+], ids=["body-on-another-channel", "body-longer-than-announced"])
+def test_a_publish_arriving_whole_is_checked_as_one_arriving_frame_by_frame(body_frame, code, what):
+    """The parser takes a publish whose frames arrive together in one step: the
+    same checks must hold as when they arrive one by one."""
+    data = method(1, spec.Basic.Publish(exchange="", routing_key="q")) + content_header(1, 3) + body_frame
+    assert_reply(hard_error(opened_connection(1, 2), data), code, what + ", in one chunk")
+    conn = opened_connection(1, 2)
+    events = conn.receive_data(data[:-len(body_frame)])
+    assert events == [], f"no event before the body: {describe(events)}"
+    assert_reply(hard_error(conn, body_frame), code, what + ", in its own chunk")
+
+
 # -- message size limit -------------------------------------------------------------
 
 def test_body_over_max_message_size_is_a_406_channel_error_event_at_the_header():
