@@ -12,7 +12,6 @@ from typing import Any
 
 from pamqp import commands as spec
 
-from broker import fifo
 from broker import metadata_commands as mc
 from broker.auth import refused_text
 from broker.metadata import raise_if_error
@@ -215,12 +214,7 @@ class TopologyMethods:
 
     def on_queue_purge(self, method: spec.Queue.Purge) -> None:
         queue = self._readable_queue(method.queue, 50, 30)
-        if queue.replicated:
-            queue.purge(lambda count: None if method.nowait or self.closed else self.send(spec.Queue.PurgeOk(count)))
-            return
-        count = queue.apply(fifo.Purge())
-        if not method.nowait:
-            self.send(spec.Queue.PurgeOk(count))
+        queue.purge(lambda count: None if method.nowait or self.closed else self.send(spec.Queue.PurgeOk(count)))
 
     def on_queue_delete(self, method: spec.Queue.Delete) -> None:
         name = self._queue_name(method.queue, 50, 40)

@@ -17,10 +17,7 @@ BROKER_TO_STORAGE = {
 }
 
 # Groups of modules that import each other (imports that run, including those inside functions).
-# broker/quorum.py takes constants from broker/cluster.py, which builds QuorumQueues inside a function.
-IMPORT_CYCLES = [
-    {"broker.cluster", "broker.quorum"},
-]
+IMPORT_CYCLES: list[set[str]] = []
 
 # Functions longer than 60 lines: "path:qualified name" -> lines (def line to last line).
 LONG_FUNCTIONS = {
@@ -29,9 +26,9 @@ LONG_FUNCTIONS = {
 
 # Modules longer than 600 lines: path -> lines.
 LONG_MODULES = {
-    "broker/channel.py": 679,
+    "broker/channel.py": 618,
     "broker/fifo.py": 613,
-    "broker/quorum_machine.py": 802,
+    "broker/quorum_machine.py": 639,
     "raft/core.py": 650,
 }
 
@@ -39,7 +36,7 @@ LONG_MODULES = {
 # reused for several types in one match statement).
 MYPY_ERRORS = {
     "broker/fifo.py": 7,
-    "broker/quorum_machine.py": 31,
+    "broker/quorum_machine.py": 17,
     "protocol/connection.py": 1,
     "raft/core.py": 1,
     "raft/log.py": 1,

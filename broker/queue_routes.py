@@ -1,0 +1,101 @@
+"""How a node's `QueueClient` reaches the queue's replica: the one difference
+between a replicated queue and one without a log.
+
+`ReplicatedRoute` encodes each command (broker/queue_codec.py) and has the
+group's leader apply it (`Cluster.submit`, or `send_command` for publishes,
+which carry their own sequences); a turn's publishes go out at the start of
+the Raft turn that persists them. `LocalRoute` hands the record itself to the
+replica on this node, which applies it at once: nothing is encoded, nothing
+waits for a turn.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
+
+from broker import queue_codec
+
+if TYPE_CHECKING:
+    from broker.cluster import Cluster
+    from broker.queue import Queue
+
+RESEND = 4   # broker/cluster.py's kind: [RESEND, group, owner, tag, after_seq]
+
+
+class QueueRoute(Protocol):
+    node: str
+
+    def at_end_of_turn(self, callback: Callable[[], None]) -> None: ...
+
+    def send(self, command: Any) -> str | None: ...
+
+    def submit(self, command: Any, on_done: Callable[[Any], None] | None) -> None: ...
+
+    def leader(self) -> str | None: ...
+
+    def ask_resend(self, owner: str, tag: str, after_seq: int) -> None: ...
+
+    def send_to(self, peer: str, message: list) -> None: ...
+
+
+class ReplicatedRoute:
+    def __init__(self, cluster: "Cluster", queue: "Queue") -> None:
+        self.cluster = cluster
+        self.queue = queue
+        self.group = queue.group
+        self.node = cluster.node
+
+    def at_end_of_turn(self, callback: Callable[[], None]) -> None:
+        # at the start of the Raft turn that persists it (not a call_soon before it)
+        self.cluster.runtime.before_turn(callback)
+
+    def send(self, command: Any) -> str | None:
+        return self.cluster.send_command(self.group, queue_codec.encode(command))
+
+    def submit(self, command: Any, on_done: Callable[[Any], None] | None) -> None:
+        self.cluster.submit(self.group, queue_codec.encode(command), on_done)
+
+    def leader(self) -> str | None:
+        return self.cluster.leader_hint(self.group)
+
+    def ask_resend(self, owner: str, tag: str, after_seq: int) -> None:
+        leader = self.queue.leader_hint
+        if leader is None:
+            return
+        if leader == self.node:
+            if self.queue.replica is not None:
+                self.queue.replica.resend_deliveries(owner, tag, after_seq)
+        else:
+            self.cluster.app_send(leader, [RESEND, self.group, owner, tag, after_seq])
+
+    def send_to(self, peer: str, message: list) -> None:
+        self.cluster.app_send(peer, message)
+
+
+class LocalRoute:
+    """Into the replica without a log on this node, at once."""
+
+    def __init__(self, queue: "Queue", node: str = "local") -> None:
+        self.queue = queue
+        self.node = node
+
+    def at_end_of_turn(self, callback: Callable[[], None]) -> None:
+        callback()
+
+    def send(self, command: Any) -> str | None:
+        self.queue.replica.apply_now(command)
+        return self.node
+
+    def submit(self, command: Any, on_done: Callable[[Any], None] | None) -> None:
+        reply = self.queue.replica.apply_now(command)
+        if on_done is not None:
+            on_done(reply)
+
+    def leader(self) -> str | None:
+        return self.node
+
+    def ask_resend(self, owner: str, tag: str, after_seq: int) -> None:
+        self.queue.replica.resend_deliveries(owner, tag, after_seq)
+
+    def send_to(self, peer: str, message: list) -> None:
+        raise AssertionError(f"a queue without a log sends nothing to {peer}")
