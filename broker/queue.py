@@ -79,6 +79,7 @@ class Queue:
         auto_delete: bool,
         arguments: dict,
         clock_ms: Callable[[], int] = _wall_clock_ms,
+        route: Callable[["Queue"], QueueRoute] = LocalRoute,
     ):
         self.vhost = vhost
         self.name = name
@@ -98,8 +99,9 @@ class Queue:
         self.deleted = False
         self.expiring = False   # its x-expires deletion was asked for
         self.replica: QueueReplica | None = None
-        self.client = QueueClient(self.group or name, self._route(), self._owner_key, self)
-        self._make_replica(self.replica_wanted())
+        self.route = route(self)
+        self.client = QueueClient(self.group or name, self.route, self.route.owner_key, self)
+        self._make_replica(self.route.replica_wanted())
         # Set for a durable queue by the durability layer: its log in the node's WAL.
         self.log_id: int | None = None
         self.journal: Any = None
@@ -107,34 +109,12 @@ class Queue:
         # bytes of queued bodies that live only on disk (not in memory)
         self.stored_bytes = 0
 
-    # -- what differs by route (broker/quorum.py for replicated queues) ------------------
-    def _route(self) -> QueueRoute:
-        return LocalRoute(self)
-
-    def replica_wanted(self) -> bool:
-        return True
-
-    def _owner_key(self, owner: Hashable) -> str:
-        return "/".join(str(part) for part in owner)
-
-    def _log(self) -> Any:
-        return None
-
-    def _send(self, peer: str, message: list) -> None:
-        raise AssertionError(f"a queue without a log sends nothing to {peer}")
-
-    def leading(self) -> bool:
-        return self.replica is not None
-
-    def _expire(self) -> None:
-        self.vhost.delete_queue_now(self)
-
     def _make_replica(self, wanted: bool, machine: qm.QuorumMachine | None = None) -> None:
         if not wanted:
             self.replica = None
             return
-        self.replica = QueueReplica(machine or qm.QuorumMachine(self.limits), self.client.route.node,
-                                    self.client.group, self._log(), self.client, self._send, self._dead_letter)
+        self.replica = QueueReplica(machine or qm.QuorumMachine(self.limits), self.route.node, self.client.group,
+                                    self.route.replica_log(), self.client, self.route.send_to, self._dead_letter)
 
     # -- the machine, as broker/cluster.py and broker/metadata.py see it -----------------
     @property
@@ -209,7 +189,7 @@ class Queue:
 
     def suspend(self, consumer_id: tuple, active: bool) -> None:
         owner, tag = consumer_id
-        self.client.submit(qc.Suspend(self._owner_key(owner), tag, now_ms(), active))
+        self.client.submit(qc.Suspend(self.route.owner_key(owner), tag, now_ms(), active))
 
     def get(self, owner: Hashable, no_ack: bool, on_done: Callable[[fifo.Dequeued | None], None]) -> None:
         """basic.get; `on_done(dequeued or None)` once the queue answered."""
@@ -257,14 +237,14 @@ class Queue:
     def tick(self) -> None:
         """Called periodically on every node; only the leader acts: message TTL, and
         x-expires (unused: no consumers, no basic.get, no redeclare, for that long)."""
-        if not self.leading():
+        if self.replica is None or not self.route.leading():
             return
         if self.replica.machine.state.expiries:
             self.client.submit(qc.Tick(now_ms()))
             self._after_local_command()
         if (self.expires_ms is not None and not self.expiring and not self.deleted
                 and self.consumer_count == 0 and self._clock_ms() - self.last_used_ms >= self.expires_ms):
-            self._expire()
+            self.route.expire()
 
     # -- numbers ------------------------------------------------------------------
     @property

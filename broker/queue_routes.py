@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
+from broker import metadata_commands as mc
 from broker import queue_codec
 
 if TYPE_CHECKING:
@@ -24,6 +25,16 @@ RESEND = 4   # broker/cluster.py's kind: [RESEND, group, owner, tag, after_seq]
 
 class QueueRoute(Protocol):
     node: str
+
+    def owner_key(self, owner: Any) -> str: ...
+
+    def replica_wanted(self) -> bool: ...
+
+    def replica_log(self) -> Any: ...
+
+    def leading(self) -> bool: ...
+
+    def expire(self) -> None: ...
 
     def at_end_of_turn(self, callback: Callable[[], None]) -> None: ...
 
@@ -44,6 +55,23 @@ class ReplicatedRoute:
         self.queue = queue
         self.group = queue.group
         self.node = cluster.node
+
+    def owner_key(self, owner: Any) -> str:
+        return self.cluster.owner_key(owner)
+
+    def replica_wanted(self) -> bool:
+        return self.node in self.queue.members
+
+    def replica_log(self) -> Any:
+        return RaftLogView(self.cluster, self.group)
+
+    def leading(self) -> bool:
+        return self.queue.replica is not None and self.cluster.is_leader(self.group)
+
+    def expire(self) -> None:
+        """x-expires: one deletion through the metadata group."""
+        self.queue.expiring = True
+        self.cluster.broker.metadata.submit(mc.DeleteQueue(self.queue.vhost.name, self.queue.name), lambda _: None)
 
     def at_end_of_turn(self, callback: Callable[[], None]) -> None:
         # at the start of the Raft turn that persists it (not a call_soon before it)
@@ -79,6 +107,21 @@ class LocalRoute:
         self.queue = queue
         self.node = node
 
+    def owner_key(self, owner: Any) -> str:
+        return "/".join(str(part) for part in owner)
+
+    def replica_wanted(self) -> bool:
+        return True
+
+    def replica_log(self) -> Any:
+        return None
+
+    def leading(self) -> bool:
+        return True
+
+    def expire(self) -> None:
+        self.queue.vhost.delete_queue_now(self.queue)
+
     def at_end_of_turn(self, callback: Callable[[], None]) -> None:
         callback()
 
@@ -99,3 +142,17 @@ class LocalRoute:
 
     def send_to(self, peer: str, message: list) -> None:
         raise AssertionError(f"a queue without a log sends nothing to {peer}")
+
+
+class RaftLogView:
+    """A replica's view of its group's log in the node's Raft runtime."""
+
+    def __init__(self, cluster: "Cluster", group: str) -> None:
+        self.runtime = cluster.runtime
+        self.group = group
+
+    def entry_data(self, index: int) -> bytes | None:
+        return self.runtime.entry_data(self.group, index)
+
+    def compact(self, index: int, snapshot: bytes) -> None:
+        self.runtime.compact(self.group, index, snapshot)

@@ -19,14 +19,14 @@ comes up, and a consumers' node asks a new leader as soon as it learns of it.
 """
 from __future__ import annotations
 
+from functools import partial
 from typing import TYPE_CHECKING, Any, Hashable
 
-from broker import metadata_commands as mc
 from broker import queue_codec
 from broker import queue_commands as qc
 from broker.queue import Queue
 from broker.queue_client import LocalConsumer, now_ms
-from broker.queue_routes import QueueRoute, ReplicatedRoute
+from broker.queue_routes import ReplicatedRoute
 
 if TYPE_CHECKING:
     from broker.cluster import Cluster
@@ -34,20 +34,6 @@ if TYPE_CHECKING:
     from raft.messages import Entry, Snapshot
 
 __all__ = ["LocalConsumer", "QuorumQueue"]
-
-
-class RaftLogView:
-    """The replica's view of its group's log in the node's Raft runtime."""
-
-    def __init__(self, cluster: "Cluster", group: str) -> None:
-        self.runtime = cluster.runtime
-        self.group = group
-
-    def entry_data(self, index: int) -> bytes | None:
-        return self.runtime.entry_data(self.group, index)
-
-    def compact(self, index: int, snapshot: bytes) -> None:
-        self.runtime.compact(self.group, index, snapshot)
 
 
 class QuorumQueue(Queue):
@@ -61,30 +47,7 @@ class QuorumQueue(Queue):
         self.leader_hint: str | None = members[0] if members else None
         self.gone_handled: set[str] = set()
         self.transient_dropped = False   # DropTransientBefore proposed in this incarnation
-        super().__init__(vhost, name, True, None, False, arguments)
-
-    # -- the route ------------------------------------------------------------------------
-    def _route(self) -> QueueRoute:
-        return ReplicatedRoute(self.cluster, self)
-
-    def replica_wanted(self) -> bool:
-        return self.cluster.node in self.members
-
-    def _owner_key(self, owner: Hashable) -> str:
-        return self.cluster.owner_key(owner)
-
-    def _log(self) -> Any:
-        return RaftLogView(self.cluster, self.group)
-
-    def _send(self, peer: str, message: list) -> None:
-        self.cluster.app_send(peer, message)
-
-    def leading(self) -> bool:
-        return self.replica is not None and self.cluster.is_leader(self.group)
-
-    def _expire(self) -> None:
-        self.expiring = True   # one deletion through the metadata group
-        self.cluster.broker.metadata.submit(mc.DeleteQueue(self.vhost.name, self.name), lambda _: None)
+        super().__init__(vhost, name, True, None, False, arguments, route=partial(ReplicatedRoute, cluster))
 
     # -- the replica ----------------------------------------------------------------------
     def apply_entry(self, entry: "Entry", leading: bool) -> Any:
@@ -151,7 +114,7 @@ class QuorumQueue(Queue):
         its term) until the real leader's log replaces it. Should a later leader's log
         hold it and commit it, that leader's own view follows it: stated on its
         election (on_leader_change), at later indexes."""
-        if self.leading():
+        if self.route.leading():
             self.cluster.runtime.propose(self.group, queue_codec.encode(command))
 
     def on_node_down(self, peer: str) -> None:
@@ -162,7 +125,7 @@ class QuorumQueue(Queue):
         self._state_own_view(qc.NodeUp(peer, incarnation, now_ms()))
 
     def on_node_gone(self, peer: str) -> None:
-        if peer not in self.gone_handled and self.leading():
+        if peer not in self.gone_handled and self.route.leading():
             self.gone_handled.add(peer)
             self._state_own_view(qc.NodeGone(peer, now_ms()))
 
@@ -170,7 +133,7 @@ class QuorumQueue(Queue):
         """Deliveries between this node and `peer` may have been lost while the link
         was down: as leader, send the peer's consumers everything checked out to them
         again; as a consumers' node whose leader is `peer`, ask for it."""
-        if self.leading():
+        if self.route.leading():
             self.replica.resend_checked_out(peer)
         elif self.leader_hint == peer:
             self.client.ask_for_checked_out(peer)
