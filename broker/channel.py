@@ -140,11 +140,9 @@ class Channel(TopologyMethods):
             return
         payload = (exchange.name, routing_key, properties, body)
         waiting = tx_wait if tx_wait is not None else PendingPublish(seq)
-        waiting.remaining += 1   # held until every queue has been given it (some answer at once)
+        waiting.remaining += len(queues)   # all counted first: a queue without a log answers at once
         for queue in queues:
-            waiting.remaining += 1
             self._enqueue(queue, payload, ttl_ms, priority, waiting)
-        self._publish_part_done(waiting, True)
 
     def _enqueue(self, queue: Queue, payload: tuple, ttl_ms: int | None, priority: int,
                  waiting: "PendingPublish") -> None:

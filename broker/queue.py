@@ -151,10 +151,6 @@ class Queue:
         return self.client.enqueuers
 
     # -- the effects that end here ----------------------------------------------------
-    def hand_over(self, sink: ConsumerSink, consumer_id: tuple, delivery_id: tuple, payload: tuple,
-                  redelivered: bool, count: int) -> None:
-        sink.deliver(self, consumer_id[1], delivery_id, self.delivery_payload(payload, count), redelivered)
-
     def _dead_letter(self, reason: str, payloads: tuple) -> None:
         self.vhost.dead_letter(self, reason, tuple(self.hydrate(p) for p in payloads), self._clock_ms())
 
@@ -185,7 +181,8 @@ class Queue:
                 on_done: Callable[[Any], None] | None = None) -> None:
         """qc.Settle, qc.Return or qc.Discard of deliveries (msg_id, seq) or msg ids."""
         self.client.release(kind, owner, tag, msg_ids, on_done)
-        self._after_local_command()
+        if self.log_id is not None:
+            self._after_local_command()
 
     def suspend(self, consumer_id: tuple, active: bool) -> None:
         owner, tag = consumer_id

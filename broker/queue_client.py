@@ -38,11 +38,10 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-class DeliverySink(Protocol):
-    """Where this node's deliveries go: the queue hands them to the consuming channel."""
+class DeliveringQueue(Protocol):
+    """The queue the client's consumers consume from, as they are handed it."""
 
-    def hand_over(self, channel: Any, consumer_id: tuple, delivery_id: tuple, payload: tuple, redelivered: bool,
-                  count: int) -> None: ...
+    def delivery_payload(self, payload: tuple, delivery_count: int) -> tuple: ...
 
 
 @dataclass(slots=True)
@@ -66,11 +65,11 @@ class EnqueuerSession:
 
 class QueueClient:
     def __init__(self, group: str, route: "QueueRoute", owner_key: Callable[[Hashable], str],
-                 sink: DeliverySink) -> None:
+                 queue: DeliveringQueue) -> None:
         self.group = group
         self.route = route
         self.owner_key = owner_key
-        self.sink = sink
+        self.queue = queue
         self.local_consumers: dict[tuple[str, str], LocalConsumer] = {}
         self.enqueuers: dict[Hashable, EnqueuerSession] = {}
         self.enqueuers_by_key: dict[str, EnqueuerSession] = {}
@@ -204,9 +203,6 @@ class QueueClient:
         self.submit(qc.Down(key, now_ms()))
 
     # -- deliveries to this node's channels ---------------------------------------------------
-    def has_consumer(self, owner: str, tag: str) -> bool:
-        return (owner, tag) in self.local_consumers
-
     def on_remote_delivery(self, message: list) -> None:
         _, _, owner, tag, seq, msg_id, exchange, routing_key, properties, body, redelivered, count = message
         self.on_delivery(owner, tag, seq, msg_id, (exchange, routing_key, properties, body), redelivered, count)
@@ -231,7 +227,9 @@ class QueueClient:
         consumer.last_seq = seq
         # (msg_id, seq) names this delivery: a settle or return sent twice (after a
         # leader change) cannot touch a later delivery of the same message.
-        self.sink.hand_over(consumer.sink, consumer.consumer_id, (msg_id, seq), payload, redelivered, count)
+        queue = self.queue
+        consumer.sink.deliver(queue, consumer.consumer_id[1], (msg_id, seq), queue.delivery_payload(payload, count),
+                              redelivered)
 
     def _ask_for_gap(self, owner: str, tag: str, consumer: LocalConsumer) -> None:
         now = time.monotonic()

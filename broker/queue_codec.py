@@ -82,7 +82,13 @@ def encode(record: Any) -> bytes:
 
 
 def decode(data: bytes) -> Any:
-    return from_positional(decode_positional(data))
+    try:
+        value = msgpack.unpackb(data, raw=False)
+    except Exception as exc:  # noqa: BLE001 -- msgpack raises several kinds for bad bytes
+        raise MalformedCommand(f"not msgpack: {exc}") from exc
+    if type(value) is not list or not value:
+        raise MalformedCommand(f"a record is a non-empty list, not {value!r}")
+    return from_positional(value)
 
 
 def decode_positional(data: bytes) -> list:

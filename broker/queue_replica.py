@@ -82,7 +82,11 @@ class QueueReplica:
             self._recent_enqueue = (index, command)   # the next delivery is likely from it
         if leading and effects:
             self.perform(effects)
-        self._maybe_snapshot(index, len(data))
+        self.applied_since_snapshot += 1
+        self.bytes_since_snapshot += len(data)
+        if (self.applied_since_snapshot >= SNAPSHOT_ENTRIES_MIN or self.bytes_since_snapshot >= SNAPSHOT_BYTES_MIN
+                or self.truncation.candidates):   # below all three, `_maybe_snapshot` never snapshots
+            self._maybe_snapshot(index)
         return command, self.wire_reply(reply) if leading else None
 
     def apply_now(self, command: Any) -> Any:
@@ -92,13 +96,11 @@ class QueueReplica:
             self.perform(effects)
         return reply if type(reply) is fifo.Dequeued else self.wire_reply(reply)   # nothing crosses a wire
 
-    def _maybe_snapshot(self, index: int, size: int) -> None:
-        self.applied_since_snapshot += 1
-        self.bytes_since_snapshot += size
+    def _maybe_snapshot(self, index: int) -> None:
         held = len(self.machine.state.messages)
         if (self.applied_since_snapshot >= max(SNAPSHOT_ENTRIES_MIN, 2 * held)
                 or self.bytes_since_snapshot >= max(SNAPSHOT_BYTES_MIN, SNAPSHOT_BYTES_PER_MESSAGE * held)
-                or (self.truncation.candidates and not self.machine.state.messages)):
+                or (self.truncation.candidates and not held)):
             # A queue that drained while a candidate waits is offered at once (it is cheap then).
             self.applied_since_snapshot = 0
             self.bytes_since_snapshot = 0
@@ -134,8 +136,10 @@ class QueueReplica:
         return qm.message_payload(command, slot)
 
     def _is_here(self, owner: Any) -> bool:
+        if self.log is None:
+            return True
         node = qc.owner_node(owner)
-        return node == self.node or node is None or self.log is None
+        return node == self.node or node is None
 
     def perform(self, effects: list) -> None:
         applied: list = []
@@ -152,9 +156,9 @@ class QueueReplica:
             self._answer_enqueuers(applied)
 
     def _deliver(self, effect: qc.Delivery) -> None:
-        owner, tag = effect.consumer
+        owner, tag = consumer = effect.consumer
         if self._is_here(owner):
-            if not self.client.has_consumer(owner, tag):
+            if consumer not in self.client.local_consumers:
                 return   # gone: its messages return with its cancel or channel close
             payload = self.payload_of(effect.payload)
             if payload is not None:

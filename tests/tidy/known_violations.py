@@ -26,7 +26,7 @@ LONG_FUNCTIONS = {
 
 # Modules longer than 600 lines: path -> lines.
 LONG_MODULES = {
-    "broker/channel.py": 618,
+    "broker/channel.py": 616,
     "broker/fifo.py": 613,
     "broker/quorum_machine.py": 639,
     "raft/core.py": 650,

@@ -44,17 +44,22 @@ class FakeRoute:
         self.sent.append((peer, message))
 
 
-class Sink:
+class FakeQueue:
+    def delivery_payload(self, payload, delivery_count):
+        return payload
+
+
+class Channel:
     def __init__(self) -> None:
         self.handed: list[tuple] = []
 
-    def hand_over(self, channel, consumer_id, delivery_id, payload, redelivered, count) -> None:
-        self.handed.append((consumer_id, delivery_id, payload[3]))
+    def deliver(self, queue, consumer_tag, delivery_id, payload, redelivered) -> None:
+        self.handed.append((consumer_tag, delivery_id, payload[3]))
 
 
-def make_client() -> tuple[QueueClient, FakeRoute, Sink]:
-    route, sink = FakeRoute(), Sink()
-    return QueueClient("g", route, lambda owner: f"n1/i1/{owner[0]}/{owner[1]}", sink), route, sink
+def make_client() -> tuple[QueueClient, FakeRoute, Channel]:
+    route = FakeRoute()
+    return QueueClient("g", route, lambda owner: f"n1/i1/{owner[0]}/{owner[1]}", FakeQueue()), route, Channel()
 
 
 def publish(client: QueueClient, *bodies: bytes) -> list[list[bool]]:
@@ -153,20 +158,20 @@ def test_a_deleted_queue_confirms_what_it_was_given():
 
 
 def test_deliveries_are_handed_over_in_seq_order_once_and_a_gap_is_asked_for():
-    client, route, sink = make_client()
-    client.checkout((OWNER, "t"), sink, 10, 0, False, True)
+    client, route, channel = make_client()
+    client.checkout((OWNER, "t"), channel, 10, 0, False, True)
     payload = ("", "q", b"", b"m")
     client.on_delivery(KEY, "t", 1, 11, payload, False, 0)
     client.on_delivery(KEY, "t", 3, 13, payload, False, 0)      # 2 is missing: held, asked for
     assert route.resends_asked == [(KEY, "t", 1)]
     client.on_delivery(KEY, "t", 1, 11, payload, False, 0)      # seen: dropped
     client.on_delivery(KEY, "t", 2, 12, payload, False, 0)      # fills the gap: 2 then 3
-    assert [delivery_id for _, delivery_id, _ in sink.handed] == [(11, 1), (12, 2), (13, 3)]
+    assert [delivery_id for _, delivery_id, _ in channel.handed] == [(11, 1), (12, 2), (13, 3)]
 
 
 def test_a_consumers_node_asks_a_new_leader_for_what_came_after_the_last_seq_seen():
-    client, route, sink = make_client()
-    client.checkout((OWNER, "t"), sink, 10, 0, False, True)
+    client, route, channel = make_client()
+    client.checkout((OWNER, "t"), channel, 10, 0, False, True)
     client.on_delivery(KEY, "t", 1, 11, ("", "q", b"", b"m"), False, 0)
     client.ask_for_checked_out("b")
     assert route.sent[-1] == ("b", [4, "g", KEY, "t", 1])
