@@ -181,8 +181,6 @@ class Queue:
                 on_done: Callable[[Any], None] | None = None) -> None:
         """qc.Settle, qc.Return or qc.Discard of deliveries (msg_id, seq) or msg ids."""
         self.client.release(kind, owner, tag, msg_ids, on_done)
-        if self.log_id is not None:
-            self._after_local_command()
 
     def suspend(self, consumer_id: tuple, active: bool) -> None:
         owner, tag = consumer_id
@@ -191,11 +189,9 @@ class Queue:
     def get(self, owner: Hashable, no_ack: bool, on_done: Callable[[fifo.Dequeued | None], None]) -> None:
         """basic.get; `on_done(dequeued or None)` once the queue answered."""
         self.client.get(owner, no_ack, lambda reply: on_done(_dequeued(reply)))
-        self._after_local_command()
 
     def purge(self, on_done: Callable[[int], None]) -> None:
         self.client.purge(lambda count: on_done(count or 0))
-        self._after_local_command()
 
     def add_consumer(self, consumer_id: Hashable, sink: ConsumerSink, prefetch: int,
                      priority: int, no_ack: bool, exclusive: bool, active: bool = True) -> None:
@@ -224,7 +220,6 @@ class Queue:
         for consumer_id in [c for c in self.consumers if c[0] == owner]:
             self._forget_consumer(consumer_id)
         self.client.owner_down(owner)
-        self._after_local_command()
 
     # -- time: message TTL and x-expires -------------------------------------
     def touch(self) -> None:
@@ -238,7 +233,6 @@ class Queue:
             return
         if self.replica.machine.state.expiries:
             self.client.submit(qc.Tick(now_ms()))
-            self._after_local_command()
         if (self.expires_ms is not None and not self.expiring and not self.deleted
                 and self.consumer_count == 0 and self._clock_ms() - self.last_used_ms >= self.expires_ms):
             self.route.expire()
@@ -267,7 +261,8 @@ class Queue:
         self.client.confirm_all()
 
     # -- the journal of a durable queue without a log (broker/durability.py) ----------------
-    def _after_local_command(self) -> None:
+    def after_local_apply(self) -> None:
+        """A command was applied here: a journaled queue logs what left it for good."""
         if self.log_id is not None and self.state.removed:
             self._log_removals()
 
@@ -280,7 +275,6 @@ class Queue:
         accepted: list[bool] = []
         self.client.enqueue_from(owner, payload, ttl_ms, priority, accepted.append)
         self.index = max(self.index, machine.next_msg_id - 1)
-        self._after_local_command()
         if not accepted or not accepted[0]:
             if on_applied is not None:
                 on_applied(False)

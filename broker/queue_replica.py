@@ -13,10 +13,8 @@ consumer or publisher of this node goes to this node's `QueueClient`
 (broker/queue_client.py), any other to the owner's node as an application
 message (broker/cluster.py); a dead-letter goes back into the vhost's routing.
 
-Snapshots (replicated only): a snapshot costs O(messages held) and comes
-after at least twice as many entries or many times its size in log bytes, so
-the log in memory and on disk stays within a constant of the state (once the
-release cursor can move: the oldest message kept holds the log after it).
+Snapshots (replicated only): when, and to which index the log may be cut,
+is broker/queue_snapshots.py's.
 """
 from __future__ import annotations
 
@@ -25,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
 
-from broker import fifo, queue_codec
+from broker import fifo, queue_codec, queue_snapshots
 from broker import queue_commands as qc
 from broker import quorum_machine as qm
 
@@ -37,11 +35,6 @@ log = structlog.get_logger("warren.quorum")
 # application messages (kinds of broker/cluster.py)
 DELIVER = 2    # [DELIVER, group, owner, tag, seq, msg_id, exchange, routing_key, properties, body, redelivered, count]
 APPLIED = 3    # [APPLIED, group, enqueuer, first_seq, last_seq, [refused seqs]]
-# Entries, or bytes of entries, between snapshots at least (more when the queue
-# holds many messages).
-SNAPSHOT_ENTRIES_MIN = 4096
-SNAPSHOT_BYTES_MIN = 512 * 1024
-SNAPSHOT_BYTES_PER_MESSAGE = 64
 
 
 class ReplicaLog(Protocol):
@@ -65,7 +58,7 @@ class QueueReplica:
         self.dead_letter = dead_letter
         self.applied_since_snapshot = 0
         self.bytes_since_snapshot = 0
-        self.truncation = qm.ReleaseCursor()
+        self.truncation = queue_snapshots.ReleaseCursor()
         self._recent_enqueue: tuple[int, Any] | None = None   # (index, command): payload_of's cache
 
     # -- applying ---------------------------------------------------------------------
@@ -84,8 +77,9 @@ class QueueReplica:
             self.perform(effects)
         self.applied_since_snapshot += 1
         self.bytes_since_snapshot += len(data)
-        if (self.applied_since_snapshot >= SNAPSHOT_ENTRIES_MIN or self.bytes_since_snapshot >= SNAPSHOT_BYTES_MIN
-                or self.truncation.candidates):   # below all three, `_maybe_snapshot` never snapshots
+        if (self.applied_since_snapshot >= queue_snapshots.SNAPSHOT_ENTRIES_MIN
+                or self.bytes_since_snapshot >= queue_snapshots.SNAPSHOT_BYTES_MIN
+                or self.truncation.candidates):   # below all three, never `due`
             self._maybe_snapshot(index)
         return command, self.wire_reply(reply) if leading else None
 
@@ -98,10 +92,8 @@ class QueueReplica:
 
     def _maybe_snapshot(self, index: int) -> None:
         held = len(self.machine.state.messages)
-        if (self.applied_since_snapshot >= max(SNAPSHOT_ENTRIES_MIN, 2 * held)
-                or self.bytes_since_snapshot >= max(SNAPSHOT_BYTES_MIN, SNAPSHOT_BYTES_PER_MESSAGE * held)
-                or (self.truncation.candidates and not held)):
-            # A queue that drained while a candidate waits is offered at once (it is cheap then).
+        if queue_snapshots.due(self.applied_since_snapshot, self.bytes_since_snapshot, held,
+                               bool(self.truncation.candidates)):
             self.applied_since_snapshot = 0
             self.bytes_since_snapshot = 0
             compactable = self.truncation.offer(index, self.machine)
@@ -119,7 +111,7 @@ class QueueReplica:
         """A message's (exchange, routing_key, properties, body): the machine keeps a
         reference into the Raft log (`qm.ref_location`), read back from the log in
         memory or on disk. None when the entry is gone: only for a message that a
-        later committed entry settles (`qm.ReleaseCursor`)."""
+        later committed entry settles (`queue_snapshots.ReleaseCursor`)."""
         if type(payload) is not int:
             return payload
         index, slot = qm.ref_location(payload)

@@ -127,10 +127,12 @@ class LocalRoute:
 
     def send(self, command: Any) -> str | None:
         self.queue.replica.apply_now(command)
+        self.queue.after_local_apply()
         return self.node
 
     def submit(self, command: Any, on_done: Callable[[Any], None] | None) -> None:
         reply = self.queue.replica.apply_now(command)
+        self.queue.after_local_apply()
         if on_done is not None:
             on_done(reply)
 

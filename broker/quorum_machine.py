@@ -526,46 +526,6 @@ class QuorumMachine:
         return machine
 
 
-class ReleaseCursor:
-    """Which snapshot the log may be truncated to (rabbit_fifo's release
-    cursor). Messages are references into the log, so a snapshot at index X
-    can only replace the log up to X once no message kept refers to an entry
-    at or below X. The shell offers the machine every so often; each offer
-    takes the state then as a candidate and promotes the newest candidate
-    whose index is below every reference still kept. Between a candidate's
-    capture and its promotion every message it holds was settled by a
-    committed entry after it, so a replica that restores it and re-applies
-    the log meets no reference it cannot read except those of messages
-    settled further on (whose deliveries the consumers saw already).
-    At most `keep` candidates: the oldest (the next to promote) and the
-    newest. A message that is never consumed keeps the whole log after it,
-    as in RabbitMQ."""
-
-    def __init__(self, keep: int = 2) -> None:
-        assert keep >= 2
-        self.keep = keep
-        self.candidates: deque[tuple[int, bytes]] = deque()
-
-    def offer(self, index: int, machine: QuorumMachine) -> tuple[int, bytes] | None:
-        """`machine` has applied through `index`: the (index, snapshot) to
-        compact to now, if any."""
-        oldest = machine.oldest_ref_index()
-        if oldest is None:   # nothing refers to the log: the state now is the snapshot
-            self.candidates.clear()
-            return index, machine.snapshot()
-        promoted = None
-        while self.candidates and self.candidates[0][0] < oldest:
-            promoted = self.candidates.popleft()
-        self.candidates.append((index, machine.snapshot()))
-        if len(self.candidates) > self.keep:
-            del self.candidates[-2]
-        return promoted
-
-    def reset(self) -> None:
-        """The machine was replaced (a snapshot installed): its candidates are void."""
-        self.candidates.clear()
-
-
 # The reply to a command from a dead incarnation (nobody is listening for it).
 _REFUSED: dict[type, Any] = {qc.Enqueue: [], qc.EnqueueBatch: [], qc.Checkout: fifo.REJECTED, qc.Dequeue: None}
 _FIFO_RELEASE = {qc.Settle: fifo.Settle, qc.Return: fifo.Return, qc.Discard: fifo.Discard}

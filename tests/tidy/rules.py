@@ -9,7 +9,7 @@ IMPURE_STDLIB = frozenset({"asyncio", "os", "random", "selectors", "socket", "su
                            "importlib"})
 
 PURE_BROKER = ("broker.fifo", "broker.quorum_machine", "broker.queue_commands", "broker.queue_codec",
-               "broker.exchanges", "broker.confirms", "broker.arguments",
+               "broker.queue_snapshots", "broker.exchanges", "broker.confirms", "broker.arguments",
                "broker.metadata_machine", "broker.metadata_state", "broker.metadata_commands",
                "broker.metadata_effects", "broker.definition_checks")
 # raft's transport.py and runtime.py (with its turns.py, persistence.py, entry_locations.py) are the

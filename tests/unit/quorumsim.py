@@ -8,7 +8,7 @@ payloads. A restarted node rebuilds its machine from its snapshot and the
 committed log Raft hands it again. As in the broker, the machine keeps
 messages as references into the log (the leader reads bodies back from its
 log to deliver them) and compaction takes the snapshot the release cursor
-offers (`qm.ReleaseCursor`), so a log is never cut below a message kept.
+offers (`ReleaseCursor`), so a log is never cut below a message kept.
 
 Clients live on nodes, as channels do, and die with their node; a restart
 brings new ones with the node's next incarnation (owners are named
@@ -48,6 +48,7 @@ from broker import fifo
 from broker import queue_codec as qcodec
 from broker import queue_commands as qc
 from broker import quorum_machine as qm
+from broker.queue_snapshots import ReleaseCursor
 from raft.messages import EntryKind, Role, Snapshot
 from tests.unit.raftsim import (
     Scenario,
@@ -161,7 +162,7 @@ class QueueSimulation(Simulation):
         self.queue_scenario = queue_scenario
         self.limits = fifo.QueueLimits()
         self.machines: dict[str, qm.QuorumMachine] = {}
-        self.cursors: dict[str, qm.ReleaseCursor] = {}
+        self.cursors: dict[str, ReleaseCursor] = {}
         self.incarnations: dict[str, int] = {}
         self.publishers: dict[str, Publisher] = {}
         self.consumers: dict[str, Consumer] = {}
@@ -199,7 +200,7 @@ class QueueSimulation(Simulation):
         else:
             self.machines[node_id] = qm.QuorumMachine(self.limits)
         node.payloads = []
-        self.cursors[node_id] = qm.ReleaseCursor()
+        self.cursors[node_id] = ReleaseCursor()
         incarnation = self.incarnations[node_id] = self.incarnations.get(node_id, 0) + 1
         self.down_since.pop(node_id, None)
         publisher = Publisher(f"{node_id}/inc{incarnation}/p", node_id, last_send=self.now)
@@ -314,7 +315,7 @@ class QueueSimulation(Simulation):
     def with_bodies(self, leader: str, deliveries: list[qm.Delivery]) -> list[tuple[qm.Delivery, bytes]]:
         """The leader reads each delivery's body through its reference. A body
         can be gone only for a message a later committed entry settles
-        (qm.ReleaseCursor); it is skipped, and the end checks fail if one that
+        (ReleaseCursor); it is skipped, and the end checks fail if one that
         mattered was."""
         found = []
         for delivery in deliveries:

@@ -15,6 +15,7 @@ from broker import queue_codec as qcodec
 from broker import queue_commands as qc
 from broker import quorum_machine as qm
 from broker.queue_commands import Applied, Delivery, Got, Purged
+from broker.queue_snapshots import ReleaseCursor
 from broker.quorum_machine import QuorumMachine
 
 P1 = "n1/i1/p1"
@@ -696,7 +697,7 @@ def test_a_held_enqueue_refers_to_the_entry_it_came_in():
 
 def test_the_release_cursor_promotes_a_candidate_once_nothing_refers_below_it():
     machine = QuorumMachine()
-    cursor = qm.ReleaseCursor()
+    cursor = ReleaseCursor()
     machine.apply(wire(qc.Checkout(*C1, 5, 10)), 1)
     assert cursor.offer(1, machine) == (1, machine.snapshot()), "no message kept: the state now"
     machine.apply(wire(qc.Enqueue(P1, 1, 6, "", "q", b"", b"a")), 2)    # msg 1, delivered

@@ -13,6 +13,7 @@ from collections import Counter
 import pytest
 
 from broker import quorum_machine as qm
+from broker.queue_snapshots import ReleaseCursor
 from tests.unit.quorumsim import QUEUE_SCENARIOS, QueueSimulation, SimulationFailure
 
 SEEDS = int(os.environ.get("WARREN_QQ_SEEDS", "40"))
@@ -122,7 +123,7 @@ def test_the_simulation_catches_a_release_cursor_that_cuts_below_a_kept_message(
     while it still refers to entries at or below it, loses their bodies."""
     def eager(self, index, machine):
         return index, machine.snapshot()
-    monkeypatch.setattr(qm.ReleaseCursor, "offer", eager)
+    monkeypatch.setattr(ReleaseCursor, "offer", eager)
     failure = first_failure("snapshots")
     assert failure is not None and ("body" in failure or "never delivered" in failure or "confirmed" in failure), \
         failure
