@@ -25,7 +25,7 @@ PROJECT_PACKAGES = ("protocol", "broker", "raft", "storage", "config", "verifica
 @dataclass(frozen=True, slots=True)
 class Import:
     """One module named by one import statement (or dynamic import call)."""
-    importer: str           # the importing module, dotted ("broker.durability")
+    importer: str           # the importing module, dotted ("broker.node.durability")
     target: str             # the imported module, dotted and absolute ("storage.wal", "os.path")
     line: int
     deferred: bool = False      # inside a function: runs when the function does
@@ -38,7 +38,7 @@ class Import:
 
     @property
     def where(self) -> str:
-        """`broker/durability.py:40`, for messages."""
+        """`broker/node/durability.py:40`, for messages."""
         return f"{module_path(self.importer)}:{self.line}"
 
     def describe(self) -> str:
@@ -48,7 +48,7 @@ class Import:
 
 
 def module_name(path: Path) -> str:
-    """`broker/fifo.py` -> `broker.fifo`; `raft/__init__.py` -> `raft`."""
+    """`broker/queues/fifo.py` -> `broker.queues.fifo`; `raft/__init__.py` -> `raft`."""
     parts = path.resolve().relative_to(REPO).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
@@ -129,8 +129,8 @@ class _Walker(ast.NodeVisitor):
 
     def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
         base = self.absolute(node)
-        # "from broker import fifo" imports the module broker.fifo; "from broker.fifo import X" only a name
-        # of broker.fifo. The package itself counts only when a name is taken from it (its __init__ runs
+        # "from broker import fifo" imports the module broker.queues.fifo; "from broker.queues.fifo import X" only a name
+        # of broker.queues.fifo. The package itself counts only when a name is taken from it (its __init__ runs
         # either way: `reachable` adds the packages around every module it reaches).
         submodules = [f"{base}.{alias.name}" for alias in node.names if f"{base}.{alias.name}" in self.known]
         if len(submodules) < len(node.names):

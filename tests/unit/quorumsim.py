@@ -44,12 +44,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from broker import fifo
-from broker import queue_codec as qcodec
-from broker import queue_commands as qc
-from broker import quorum_machine as qm
-from broker.queue_snapshots import ReleaseCursor
-from raft.messages import EntryKind, Role, Snapshot
 from tests.unit.raftsim import (
     Scenario,
     SimNode,
@@ -58,6 +52,12 @@ from tests.unit.raftsim import (
     decode_state,
     encode_state,
 )
+from warren.broker.queues import fifo
+from warren.broker.queues import queue_codec as qcodec
+from warren.broker.queues import queue_commands as qc
+from warren.broker.queues import quorum_machine as qm
+from warren.broker.queues.queue_snapshots import ReleaseCursor
+from warren.raft.messages import EntryKind, Role, Snapshot
 
 __all__ = ["QUEUE_SCENARIOS", "QueueScenario", "QueueSimulation", "SimulationFailure", "replay_command"]
 

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import msgpack
 
-from broker import queue_codec as qcodec
-from broker import queue_commands as qc
-from broker.cluster import forwardable_op
+from warren.broker.node.cluster import forwardable_op
+from warren.broker.queues import queue_codec as qcodec
+from warren.broker.queues import queue_commands as qc
 
 
 def test_encoded_commands_are_well_formed():

@@ -1,9 +1,9 @@
-"""broker/queue_client.py: a node's enqueuer and delivery sequences with one
+"""broker/queues/queue_client.py: a node's enqueuer and delivery sequences with one
 queue, and what it sends again, over a fake route that records every send."""
 from __future__ import annotations
 
-from broker import queue_commands as qc
-from broker.queue_client import RESEND_SECONDS, QueueClient
+from warren.broker.queues import queue_commands as qc
+from warren.broker.queues.queue_client import RESEND_SECONDS, QueueClient
 
 OWNER = (7, 1)
 KEY = "n1/i1/7/1"

@@ -1,15 +1,15 @@
-"""broker/queue_codec.py: the one encoding of the queue vocabulary, for the
+"""broker/queues/queue_codec.py: the one encoding of the queue vocabulary, for the
 Raft log and the wire; and the positional form earlier versions logged."""
 from __future__ import annotations
 
 import msgpack
 import pytest
 
-from broker import fifo
-from broker import queue_codec as qcodec
-from broker import queue_commands as qc
-from broker.cluster import APPLIED, DELIVER, RESEND, forwardable_op
-from broker.quorum_machine import QuorumMachine
+from warren.broker.node.cluster import APPLIED, DELIVER, RESEND, forwardable_op
+from warren.broker.queues import fifo
+from warren.broker.queues import queue_codec as qcodec
+from warren.broker.queues import queue_commands as qc
+from warren.broker.queues.quorum_machine import QuorumMachine
 
 P1 = "n1/i1/1/1"
 MESSAGE = ["ex", "rk", b"\x00\x00props", b"body", None, 0]
@@ -118,7 +118,7 @@ def test_forwardable_commands_are_well_formed_commands_but_no_liveness_statement
         data = qcodec.encode(record)
         expected = None if type(record) in qc.LIVENESS else record.TAG
         assert qcodec.forwardable_tag(data) == expected, record
-        assert forwardable_op(data) == expected, record   # broker/cluster.py's check agrees
+        assert forwardable_op(data) == expected, record   # broker/node/cluster.py's check agrees
     for record in EFFECTS:
         assert qcodec.forwardable_tag(qcodec.encode(record)) is None, record
     for data in (b"", b"garbage", msgpack.packb([99, 1]), None, 42):
@@ -126,6 +126,6 @@ def test_forwardable_commands_are_well_formed_commands_but_no_liveness_statement
 
 
 def test_the_application_message_kinds_agree_with_the_clusters():
-    from broker import queue_client, queue_replica, queue_routes
+    from warren.broker.queues import queue_client, queue_replica, queue_routes
     assert (queue_replica.DELIVER, queue_replica.APPLIED) == (DELIVER, APPLIED)
     assert queue_client.RESEND == queue_routes.RESEND == RESEND

@@ -1,12 +1,12 @@
 """A quorum queue's node-liveness commands and delivery resends, as one node's
-shell (broker/quorum.py) handles them, over a fake cluster that records what
+shell (broker/queues/quorum.py) handles them, over a fake cluster that records what
 it proposes, submits and sends."""
 from __future__ import annotations
 
-from broker import queue_codec as qcodec
-from broker import queue_commands as qc
-from broker.cluster import DELIVER, RESEND
-from broker.quorum import LocalConsumer, QuorumQueue
+from warren.broker.node.cluster import DELIVER, RESEND
+from warren.broker.queues import queue_codec as qcodec
+from warren.broker.queues import queue_commands as qc
+from warren.broker.queues.quorum import LocalConsumer, QuorumQueue
 
 LIVENESS = qc.LIVENESS
 

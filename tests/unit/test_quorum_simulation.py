@@ -12,9 +12,9 @@ from collections import Counter
 
 import pytest
 
-from broker import quorum_machine as qm
-from broker.queue_snapshots import ReleaseCursor
 from tests.unit.quorumsim import QUEUE_SCENARIOS, QueueSimulation, SimulationFailure
+from warren.broker.queues import quorum_machine as qm
+from warren.broker.queues.queue_snapshots import ReleaseCursor
 
 SEEDS = int(os.environ.get("WARREN_QQ_SEEDS", "40"))
 REPLAY_SEED = os.environ.get("WARREN_QQ_SEED")

@@ -1,11 +1,11 @@
-"""broker/queue.py: a transient queue is a replica without a log. The same
+"""broker/queues/queue.py: a transient queue is a replica without a log. The same
 machine, client and channel-facing methods as a replicated queue; each
 command applied at once on its node, the messages kept in the machine."""
 from __future__ import annotations
 
-from broker import queue_commands as qc
-from broker.queue import Queue
-from broker.queue_routes import LocalRoute
+from warren.broker.queues import queue_commands as qc
+from warren.broker.queues.queue import Queue
+from warren.broker.queues.queue_routes import LocalRoute
 
 
 class FakeVhost:

@@ -1,0 +1,237 @@
+"""A channel's methods on exchanges, queues and bindings (AMQP 0-9-1 §3.1).
+
+Mixed into ``broker.amqp.channel.Channel``. Replies to durable topology changes go
+out once the change is on disk, as RabbitMQ answers only after its metadata
+store has committed; tx.commit-ok waits the same way for its messages.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+from pamqp import commands as spec
+
+from warren.broker.admin.auth import refused_text
+from warren.broker.node import metadata_commands as mc
+from warren.broker.node.metadata import raise_if_error
+from warren.broker.queues.queue import Queue
+from warren.protocol.constants import ACCESS_REFUSED, INTERNAL_ERROR, NOT_FOUND
+from warren.protocol.errors import ChannelError
+
+REPLY_TO_QUEUE = "amq.rabbitmq.reply-to"
+# what a channel remembers of its permission checks (RabbitMQ keeps a few per channel)
+ACCESS_GRANTED_MAX = 1024
+
+
+class TopologyMethods:
+    # -- permissions (RabbitMQ's rabbit_access_control: configure / write / read) ----------
+    def check_access(self, permission: str, kind: str, name: str, class_id: int, method_id: int) -> None:
+        """403 ACCESS_REFUSED unless the channel's user may `permission` the
+        resource; a granted check is remembered for the channel's life."""
+        key = (permission, kind, name)
+        if key in self.access_granted:
+            return
+        resource = "amq.default" if kind == "exchange" and name == "" else name
+        if self.permission is None or not self.permission.allows(permission, resource):
+            raise ChannelError(ACCESS_REFUSED, refused_text(permission, kind, name, self.vhost.name,
+                                                            self.connection.user_name), class_id, method_id)
+        if len(self.access_granted) >= ACCESS_GRANTED_MAX:
+            self.access_granted.clear()
+        self.access_granted.add(key)
+
+    def check_publish(self, exchange_name: str) -> None:
+        """basic.publish needs write on the exchange; the hot path asks once per exchange."""
+        self.check_access("write", "exchange", exchange_name, 60, 40)
+        if len(self.publish_permitted) >= ACCESS_GRANTED_MAX:
+            self.publish_permitted.clear()
+        self.publish_permitted.add(exchange_name)
+
+    def _readable_queue(self, name: str, class_id: int, method_id: int) -> Queue:
+        """The queue basic.consume / basic.get / queue.purge use: read permission on it."""
+        name = self._queue_name(name, class_id, method_id)
+        self.check_access("read", "queue", name, class_id, method_id)
+        return self._queue_for(name, class_id, method_id)
+
+    def _reply_when_journaled(self, before: int, reply: Any | None) -> None:
+        if reply is None:  # nowait
+            return
+        batch = self.broker.durability.last_meta_batch
+        self._reply_when_durable(0 if batch == before else batch, reply)
+
+    def _reply_when_durable(self, batch: int, reply: Any) -> None:
+        """Send ``reply`` now (batch 0) or once WAL batch ``batch`` is on disk."""
+        if not batch:
+            self.send(reply)
+            return
+        self.broker.durability.committer.when_durable(batch, partial(self._send_durable_reply, reply))
+
+    def _send_durable_reply(self, reply: Any, ok: bool) -> None:
+        if self.closed:
+            return
+        if not ok:
+            self.connection.close(INTERNAL_ERROR, "INTERNAL_ERROR - could not write the change to disk")
+            return
+        self.send(reply)
+
+    # -- through the metadata Raft group (broker/node/metadata.py) -----------------------------
+    def _replicate(self, command: mc.Command, reply: Any | None,
+                   on_applied: Callable[[Any], Any | None] | None = None) -> Callable[..., None]:
+        """A hook for the vhost: submit `command` to the metadata group; reply
+        (or close the channel with the error the apply met) once this node applied it."""
+        def submit(*_: Any) -> None:
+            self.broker.metadata.submit(command, partial(self._on_replicated, reply, on_applied))
+        return submit
+
+    def _on_replicated(self, reply: Any | None, on_applied: Callable[[Any], Any | None] | None, result: Any) -> None:
+        if self.closed:
+            return
+        try:
+            raise_if_error(result)
+            if on_applied is not None:
+                reply = on_applied(result)
+        except ChannelError as error:
+            self.fail(error)
+            return
+        if reply is not None:
+            self.send(reply)
+
+    def on_exchange_declare(self, method: spec.Exchange.Declare) -> None:
+        if not method.passive and method.exchange:
+            self.check_access("configure", "exchange", method.exchange, 40, 10)
+        before = self.broker.durability.last_meta_batch
+        replicate = None
+        reply = None if method.nowait else spec.Exchange.DeclareOk()
+        if self.broker.metadata.replicates_exchange(method.durable):
+            replicate = self._replicate(mc.DeclareExchange(self.vhost.name, method.exchange, method.exchange_type,
+                                                           method.auto_delete, method.internal,
+                                                           method.arguments or {}), reply)
+        if self.vhost.declare_exchange(method, replicate) is not None:
+            self._reply_when_journaled(before, reply)
+
+    def on_exchange_delete(self, method: spec.Exchange.Delete) -> None:
+        if method.exchange:
+            self.check_access("configure", "exchange", method.exchange, 40, 20)
+        before = self.broker.durability.last_meta_batch
+        reply = None if method.nowait else spec.Exchange.DeleteOk()
+        replicate = None
+        if self.broker.metadata.replicates_exchange(True):
+            replicate = self._replicate(mc.DeleteExchange(self.vhost.name, method.exchange, method.if_unused), reply)
+        deleted = self.vhost.exchanges.get(method.exchange)
+        self.vhost.delete_exchange(method.exchange, method.if_unused, replicate)
+        if replicate is None or deleted is None or not deleted.durable:
+            self._reply_when_journaled(before, reply)
+
+    def _bind(self, bound: bool, source: str, kind: str, destination: str, routing_key: str,
+              arguments: dict | None, class_id: int, method_id: int, reply: Any | None) -> None:
+        # as RabbitMQ's binding_action: write on the destination, read on the source
+        self.check_access("write", kind, destination, class_id, method_id)
+        self.check_access("read", "exchange", source, class_id, method_id)
+        before = self.broker.durability.last_meta_batch
+        replicate = None
+        if self.broker.metadata.replicates_binding(self.vhost, source, kind, destination):
+            change = mc.Bind if bound else mc.Unbind
+            replicate = self._replicate(change(self.vhost.name, source, kind, destination, routing_key,
+                                              arguments or {}, class_id, method_id), reply)
+        change = self.vhost.bind if bound else self.vhost.unbind
+        change(source, (kind, destination), routing_key, arguments, self.connection.id, class_id, method_id,
+               replicate)
+        if replicate is None:
+            self._reply_when_journaled(before, reply)
+
+    def on_exchange_bind(self, method: spec.Exchange.Bind) -> None:
+        self._bind(True, method.source, "exchange", method.destination, method.routing_key, method.arguments,
+                   40, 30, None if method.nowait else spec.Exchange.BindOk())
+
+    def on_exchange_unbind(self, method: spec.Exchange.Unbind) -> None:
+        self._bind(False, method.source, "exchange", method.destination, method.routing_key, method.arguments,
+                   40, 40, None if method.nowait else spec.Exchange.UnbindOk())
+
+    def on_queue_declare(self, method: spec.Queue.Declare) -> None:
+        if method.queue.startswith(REPLY_TO_QUEUE):
+            self._declare_reply_to_queue(method)
+            return
+        before = self.broker.durability.last_meta_batch
+        queue = self.vhost.declare_queue(method, self.connection.id, partial(self._declare_quorum_queue, method),
+                                         partial(self.check_access, "configure", "queue", class_id=50, method_id=10))
+        if queue is None:
+            return  # a new quorum queue: declare-ok once the metadata group made it
+        self.last_queue_name = queue.name
+        self._reply_when_journaled(before, None if method.nowait else spec.Queue.DeclareOk(
+            queue.name, queue.message_count, queue.consumer_count))
+
+    def _declare_reply_to_queue(self, method: spec.Queue.Declare) -> None:
+        """rabbit_channel: every declare of the direct reply-to pseudo-queue is
+        passive, and one that exists "by definition has one consumer"."""
+        name = method.queue
+        if not self._reply_to_queue_exists(name):
+            raise ChannelError(NOT_FOUND, f"no queue '{name}' in vhost '{self.vhost.name}'", 50, 10)
+        self.last_queue_name = name
+        if not method.nowait:
+            self.send(spec.Queue.DeclareOk(name, 0, 1))
+
+    def _reply_to_queue_exists(self, name: str) -> bool:
+        if name == REPLY_TO_QUEUE:
+            return True
+        if not name.startswith(REPLY_TO_QUEUE + "."):
+            return False
+        # a channel's reply address: it exists while that channel waits for replies
+        replying = self.broker._reply_channels.get(name[len(REPLY_TO_QUEUE) + 1:])
+        return replying is not None and not replying.closed
+
+    def _declare_quorum_queue(self, method: spec.Queue.Declare, name: str, arguments: dict) -> bool:
+        """Have the metadata group create the queue; False: not replicated, make it here.
+        A quorum queue always is; so is a durable classic queue (not exclusive, not
+        auto-delete), on a single node too: the same machine on a Raft group of one
+        on this node, reachable from every node."""
+        cluster = self.broker.cluster
+        if arguments.get("x-queue-type") == "quorum":
+            members = cluster.place_members(arguments.get("x-quorum-initial-group-size"))
+        elif arguments.get("x-queue-type", "classic") == "classic":
+            members = [cluster.node]
+        else:
+            return False
+        self.last_queue_name = name
+
+        def declared(_: Any) -> Any:
+            queue = self.vhost.queues.get(name)
+            if queue is None:
+                raise ChannelError(NOT_FOUND, f"no queue '{name}' in vhost '{self.vhost.name}'", 50, 10)
+            return None if method.nowait else spec.Queue.DeclareOk(name, queue.message_count, queue.consumer_count)
+        self._replicate(mc.DeclareQueue(self.vhost.name, name, arguments, tuple(members), cluster.node), None,
+                        declared)()
+        return True
+
+    def on_queue_bind(self, method: spec.Queue.Bind) -> None:
+        name = self._queue_name(method.queue, 50, 20)
+        self._bind(True, method.exchange, "queue", name, method.routing_key or "", method.arguments,
+                   50, 20, None if method.nowait else spec.Queue.BindOk())
+
+    def on_queue_unbind(self, method: spec.Queue.Unbind) -> None:
+        name = self._queue_name(method.queue, 50, 50)
+        self._bind(False, method.exchange, "queue", name, method.routing_key or "", method.arguments,
+                   50, 50, spec.Queue.UnbindOk())
+
+    def on_queue_purge(self, method: spec.Queue.Purge) -> None:
+        queue = self._readable_queue(method.queue, 50, 30)
+        queue.purge(lambda count: None if method.nowait or self.closed else self.send(spec.Queue.PurgeOk(count)))
+
+    def on_queue_delete(self, method: spec.Queue.Delete) -> None:
+        name = self._queue_name(method.queue, 50, 40)
+        self.check_access("configure", "queue", name, 50, 40)
+        before = self.broker.durability.last_meta_batch
+        replicate = self._replicate(mc.DeleteQueue(self.vhost.name, name), None,
+                                    lambda count: None if method.nowait else spec.Queue.DeleteOk(count or 0))
+        count = self.vhost.delete_queue(name, self.connection.id, method.if_unused, method.if_empty, replicate)
+        if count is not None:
+            self._reply_when_journaled(before, None if method.nowait else spec.Queue.DeleteOk(count))
+
+    def _queue_name(self, name: str, class_id: int, method_id: int) -> str:
+        if name:
+            return name
+        if self.last_queue_name is None:
+            raise ChannelError(NOT_FOUND, "no previously declared queue", class_id, method_id)
+        return self.last_queue_name
+
+    def _queue_for(self, name: str, class_id: int, method_id: int) -> Queue:
+        return self.vhost.queue(self._queue_name(name, class_id, method_id), self.connection.id, class_id, method_id)

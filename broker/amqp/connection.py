@@ -1,0 +1,488 @@
+"""The asyncio shell for one client connection: socket ⇄ sans-I/O protocol ⇄ channels.
+
+One ``asyncio.Protocol`` per TCP connection. Per socket read it parses all
+whole frames, dispatches their events and then writes everything produced in
+one ``transport.write``; output produced outside a read (deliveries caused by
+another connection's publish) is flushed once per loop turn. Backpressure:
+when the transport's buffer is over its high-water mark, the connection stops
+reading and its consumers stop receiving until it drains.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from typing import TYPE_CHECKING, Any
+
+import structlog
+from pamqp import commands as spec
+
+from warren.broker.admin.auth import AuthenticationError, authenticate
+from warren.broker.amqp.channel import Channel
+from warren.protocol import codec
+from warren.protocol.connection import (
+    AWAIT_HEADER,
+    EV_ACK,
+    EV_CHANNEL_ERROR,
+    EV_HEARTBEAT,
+    EV_METHOD,
+    EV_NACK,
+    EV_PUBLISH,
+    EV_REJECT,
+    BadProtocolHeader,
+    ServerConnection,
+)
+from warren.protocol.constants import (
+    ACCESS_REFUSED,
+    CONNECTION_FORCED,
+    FRAME_MIN_SIZE,
+    INTERNAL_ERROR,
+    NOT_ALLOWED,
+    PRECONDITION_FAILED,
+    PROTOCOL_HEADER,
+)
+from warren.protocol.errors import AMQPConnectionError, AMQPError, ChannelError
+
+if TYPE_CHECKING:
+    from warren.broker.node.broker import Broker
+
+log = structlog.get_logger("warren.connection")
+_connection_ids = itertools.count(1)
+# How long we wait for connection.close-ok before dropping the socket.
+CLOSE_OK_TIMEOUT_SECONDS = 3.0
+
+
+class AMQPConnection(asyncio.Protocol):
+    def __init__(self, broker: "Broker"):
+        self.broker = broker
+        settings = broker.settings
+        self.id = next(_connection_ids)
+        self.protocol = ServerConnection(settings.frame_max, settings.channel_max, settings.max_message_size_bytes)
+        self.frame_max = settings.frame_max
+        self.transport: asyncio.Transport | None = None
+        self.peer = "?"
+        self.user_name: str | None = None
+        self.vhost: Any = None
+        self.client_capabilities: dict = {}
+        self.client_properties: dict = {}
+        self.channels: dict[int, Channel] = {}
+        self._out: list[bytes] = []
+        self._in_receive = False
+        self._flush_scheduled = False
+        self._confirm_channels: set[Channel] = set()
+        self.writes_paused = False
+        self.has_published = False
+        self.blocked = False  # by a resource alarm (connection.blocked sent)
+        # channels over commands_soft_limit: reading the socket waits for them
+        self.paused_channels: set[Channel] = set()
+        self.heartbeat_seconds = 0
+        self._last_received = time.monotonic()
+        self._held_unread = False  # reading was paused since the last resume
+        self._wrote_since_tick = False
+        self._timer: asyncio.TimerHandle | None = None
+        self._closing = False
+        self.closed = False
+
+    # -- asyncio.Protocol -------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        peer = transport.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
+        self.peer_host = peer[0] if peer else ""
+        transport.set_write_buffer_limits(high=self.broker.settings.connection_write_buffer_max_bytes)  # type: ignore[attr-defined]
+        self.broker.connection_opened(self)
+        loop = asyncio.get_running_loop()
+        self._timer = loop.call_later(self.broker.settings.handshake_timeout_seconds, self._on_handshake_timeout)
+
+    def data_received(self, data: bytes) -> None:
+        self._last_received = time.monotonic()
+        if self._closing and self.protocol.state == "closed":
+            return
+        self._in_receive = True
+        try:
+            try:
+                awaiting_header = self.protocol.state == AWAIT_HEADER
+                events = self.protocol.receive_data(data)
+                if awaiting_header and self.protocol.state != AWAIT_HEADER:
+                    self._send_start()
+            except BadProtocolHeader:
+                log.info("connection.bad_protocol_header", peer=self.peer)
+                self._write_now(PROTOCOL_HEADER)
+                self._drop()
+                return
+            except AMQPConnectionError as error:
+                if awaiting_header and self.protocol.state != AWAIT_HEADER:
+                    self._send_start()
+                self._dispatch(self.protocol.pending_events)
+                self._hard_error(error)
+                return
+            self._dispatch(events)
+        except Exception:  # a bug must not take the node down: close just this connection
+            log.exception("connection.internal_error", peer=self.peer)
+            self._hard_error(AMQPConnectionError(INTERNAL_ERROR, "internal error"))
+        finally:
+            self._in_receive = False
+            self.flush()
+
+    def eof_received(self) -> bool | None:
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.closed and not self._closing:
+            log.info("connection.closed", peer=self.peer, user=self.user_name,
+                     reason="client closed the socket" if exc is None else str(exc))
+        self._teardown()
+
+    def pause_writing(self) -> None:
+        self._set_writes_paused(True)
+
+    def resume_writing(self) -> None:
+        self._set_writes_paused(False)
+
+    def _set_writes_paused(self, paused: bool) -> None:
+        self.writes_paused = paused
+        self._update_reading()
+        for channel in list(self.channels.values()):
+            channel.on_writes_paused_changed()
+
+    @property
+    def reading_paused(self) -> bool:
+        """We hold the socket unread: backpressure, a resource alarm or a channel over commands_soft_limit."""
+        return bool(self.writes_paused or self.blocked or self.paused_channels)
+
+    def _update_reading(self) -> None:
+        if self.transport is None or self.transport.is_closing():
+            return
+        if self.reading_paused:
+            self.transport.pause_reading()
+            self._held_unread = True
+        else:
+            if self._held_unread:
+                # The peer's silence counts from here: what it sent meanwhile waits unread in our socket.
+                self._last_received = time.monotonic()
+                self._held_unread = False
+            self.transport.resume_reading()
+
+    def set_channel_paused(self, channel: Channel, paused: bool) -> None:
+        """A channel has too many quorum-queue commands in flight (or no longer)."""
+        if paused:
+            self.paused_channels.add(channel)
+        else:
+            self.paused_channels.discard(channel)
+        self._update_reading()
+
+    def update_blocked(self) -> None:
+        """Block a publishing connection while a resource alarm is on (RabbitMQ's rule)."""
+        reason = self.broker.alarm
+        blocked = reason is not None and self.has_published
+        if blocked == self.blocked or self._closing or self.closed:
+            return
+        self.blocked = blocked
+        if self.client_capabilities.get("connection.blocked"):
+            method = spec.Connection.Blocked(reason=reason) if blocked else spec.Connection.Unblocked()
+            self._write_now(codec.encode_method(0, method))
+        log.info("connection.blocked" if blocked else "connection.unblocked", peer=self.peer, user=self.user_name)
+        self._update_reading()
+
+    # -- output -----------------------------------------------------------
+    def write(self, data: bytes) -> None:
+        self._out.append(data)
+        if not self._in_receive and not self._flush_scheduled:
+            self._schedule_flush()
+
+    def want_flush(self, channel: Channel) -> None:
+        """A channel has confirms to send at the end of this turn."""
+        self._confirm_channels.add(channel)
+        if not self._in_receive and not self._flush_scheduled:
+            self._schedule_flush()
+
+    def _schedule_flush(self) -> None:
+        """Once per turn: at the end of the Raft turn that produced the output
+        (its confirms and deliveries), else one call_soon later."""
+        self._flush_scheduled = True
+        if not self.broker.cluster.runtime.after_turn(self.flush):
+            asyncio.get_running_loop().call_soon(self.flush)
+
+    def flush(self) -> None:
+        self._flush_scheduled = False
+        if self._confirm_channels:
+            channels, self._confirm_channels = self._confirm_channels, set()
+            for channel in channels:
+                if not channel.closed:
+                    channel.flush_confirms()
+        if self._out and self.transport is not None and not self.transport.is_closing():
+            data = b"".join(self._out) if len(self._out) > 1 else self._out[0]
+            self._out.clear()
+            self._wrote_since_tick = True
+            self.transport.write(data)
+        else:
+            self._out.clear()
+
+    def _write_now(self, data: bytes) -> None:
+        self._out.append(data)
+        self.flush()
+
+    # -- dispatch ---------------------------------------------------------
+    def _dispatch(self, events: list) -> None:
+        channels = self.channels
+        for event in events:
+            kind = event[0]
+            number = event[1]
+            channel = channels.get(number)
+            try:
+                if kind == EV_PUBLISH:
+                    self.has_published = True
+                    if channel is not None and not channel.closed:
+                        channel.on_publish(event[2], event[3], event[4], event[5], event[6], event[7])
+                elif kind == EV_ACK:
+                    if channel is not None and not channel.closed:
+                        channel.on_ack(event[2], event[3])
+                elif kind == EV_METHOD:
+                    self._on_method(number, channel, event[2])
+                elif kind == EV_NACK:
+                    if channel is not None and not channel.closed:
+                        channel.on_nack(event[2], event[3], event[4])
+                elif kind == EV_REJECT:
+                    if channel is not None and not channel.closed:
+                        channel.on_reject(event[2], event[3])
+                elif kind == EV_CHANNEL_ERROR:
+                    raise event[2]
+                elif kind == EV_HEARTBEAT:
+                    pass
+            except ChannelError as error:
+                self._channel_error(number, error)
+            except AMQPConnectionError as error:
+                self._hard_error(error)
+                return
+            if self._closing:
+                return
+        if not self.blocked and self.has_published and self.broker.alarm is not None:
+            self.update_blocked()
+
+    def _on_method(self, number: int, channel: Channel | None, method: Any) -> None:
+        if number == 0:
+            self._on_connection_method(method)
+            return
+        if isinstance(method, spec.Channel.Open):
+            self.channels[number] = Channel(self, number)
+            self.write(codec.encode_method(number, spec.Channel.OpenOk()))
+            return
+        if isinstance(method, spec.Channel.Close):
+            self._close_channel(number)
+            self.protocol.channel_closed(number)
+            self.write(codec.encode_method(number, spec.Channel.CloseOk()))
+            return
+        if isinstance(method, spec.Channel.CloseOk):
+            return  # the protocol already forgot the channel
+        if channel is None or channel.closed:
+            return  # parsed in the same read as the error that closed it
+        channel.on_method(method)
+
+    def _on_connection_method(self, method: Any) -> None:
+        match method:
+            case spec.Connection.StartOk():
+                self._on_start_ok(method)
+            case spec.Connection.TuneOk():
+                self._on_tune_ok(method)
+            case spec.Connection.Open():
+                self._on_open(method)
+            case spec.Connection.Close():
+                log.info("connection.closed", peer=self.peer, user=self.user_name,
+                         reason=f"client: {method.reply_code} {method.reply_text}")
+                self._close_all_channels()
+                self.protocol.start_closing()
+                self._closing = True
+                self._write_now(codec.encode_method(0, spec.Connection.CloseOk()))
+                # The client closes the socket once it has read close-ok; we do if it does not.
+                self._cancel_timer()
+                self._timer = asyncio.get_running_loop().call_later(CLOSE_OK_TIMEOUT_SECONDS, self._drop)
+            case spec.Connection.CloseOk():
+                self._drop()
+            case spec.Connection.UpdateSecret():
+                self._on_update_secret(method)
+            case _:
+                pass  # blocked/unblocked from a client: nothing to do
+
+    # -- handshake (AMQP 0-9-1 §2.2.4) ------------------------------------
+    def _send_start(self) -> None:
+        self.write(codec.encode_method(0, spec.Connection.Start(
+            version_major=0, version_minor=9,
+            server_properties=server_properties(self.broker.version, self.broker.settings.node_name),
+            mechanisms="PLAIN AMQPLAIN", locales="en_US")))
+
+    def _on_start_ok(self, method: spec.Connection.StartOk) -> None:
+        self.client_properties = method.client_properties or {}
+        self.client_capabilities = self.client_properties.get("capabilities") or {}
+        try:
+            user = authenticate(self.broker.access, method.mechanism, method.response, self.peer_host)
+        except AuthenticationError as error:
+            log.warning("connection.auth_failed", peer=self.peer, mechanism=method.mechanism, reason=str(error))
+            raise AMQPConnectionError(
+                ACCESS_REFUSED, f"Login was refused using authentication mechanism {method.mechanism}. "
+                "For details see the broker logfile.", 10, 11) from None
+        self.user = user
+        self.user_name = user.name
+        settings = self.broker.settings
+        self.write(codec.encode_method(0, spec.Connection.Tune(
+            channel_max=settings.channel_max, frame_max=settings.frame_max, heartbeat=settings.heartbeat)))
+
+    def _on_tune_ok(self, method: spec.Connection.TuneOk) -> None:
+        settings = self.broker.settings
+        frame_max = method.frame_max or settings.frame_max
+        if frame_max < FRAME_MIN_SIZE:
+            raise AMQPConnectionError(NOT_ALLOWED, f"frame_max={frame_max} < {FRAME_MIN_SIZE} min size", 10, 31)
+        if frame_max > settings.frame_max:
+            raise AMQPConnectionError(NOT_ALLOWED, f"frame_max={frame_max} > {settings.frame_max} max size", 10, 31)
+        channel_max = method.channel_max or settings.channel_max
+        if channel_max > settings.channel_max:
+            raise AMQPConnectionError(
+                NOT_ALLOWED, f"channel_max={channel_max} > {settings.channel_max} max size", 10, 31)
+        self.frame_max = frame_max
+        self.protocol.tune(frame_max, channel_max)
+        self.heartbeat_seconds = method.heartbeat
+
+    def _on_open(self, method: spec.Connection.Open) -> None:
+        vhost = self.broker.vhosts.get(method.virtual_host)
+        if vhost is None:
+            raise AMQPConnectionError(NOT_ALLOWED, f"vhost {method.virtual_host} not found", 10, 40)
+        if self.broker.access.permission(self.user_name, method.virtual_host) is None:
+            # RabbitMQ's check_vhost_access: no permissions at all on the vhost
+            raise AMQPConnectionError(
+                NOT_ALLOWED, f"access to vhost '{method.virtual_host}' refused for user '{self.user_name}'", 10, 40)
+        self.vhost = vhost
+        self.write(codec.encode_method(0, spec.Connection.OpenOk()))
+        self._cancel_timer()
+        if self.heartbeat_seconds:
+            self._schedule_heartbeat()
+        log.info("connection.opened", peer=self.peer, user=self.user_name, vhost=vhost.name,
+                 client=str(self.client_properties.get("product", "")))
+
+    def _on_update_secret(self, method: spec.Connection.UpdateSecret) -> None:
+        """As RabbitMQ with its internal user store: a password cannot expire, so
+        rabbit_access_control:update_state keeps the user as it is and the new
+        secret is accepted unchecked (it is for token backends such as OAuth 2)."""
+        log.info("connection.secret_updated", peer=self.peer, user=self.user_name, reason=method.reason)
+        self.write(codec.encode_method(0, spec.Connection.UpdateSecretOk()))
+
+    # -- heartbeats (AMQP 0-9-1 §4.2.7) -----------------------------------
+    def _schedule_heartbeat(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._timer = loop.call_later(self.heartbeat_seconds / 2, self._on_heartbeat_tick)
+
+    def _on_heartbeat_tick(self) -> None:
+        if self.closed:
+            return
+        if self.reading_paused:
+            self._last_received = time.monotonic()  # we stopped reading, not the peer (as RabbitMQ)
+        silent_for = time.monotonic() - self._last_received
+        if silent_for > 2 * self.heartbeat_seconds:
+            log.warning("connection.heartbeat_timeout", peer=self.peer, user=self.user_name,
+                        timeout_seconds=self.heartbeat_seconds)
+            self._drop()
+            return
+        if not self._wrote_since_tick:
+            self._write_now(codec.HEARTBEAT_FRAME)
+        self._wrote_since_tick = False
+        self._schedule_heartbeat()
+
+    def _on_handshake_timeout(self) -> None:
+        if self.vhost is None and not self.closed:
+            log.warning("connection.handshake_timeout", peer=self.peer)
+            self._drop()
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    # -- errors and closing -----------------------------------------------
+    def check_consumer_timeout(self, now: float, timeout_seconds: float) -> None:
+        """Close channels whose oldest unacknowledged delivery is too old (RabbitMQ's rule)."""
+        for number, channel in list(self.channels.items()):
+            if channel.timed_out(now, timeout_seconds):
+                self._channel_error(number, ChannelError(
+                    PRECONDITION_FAILED, f"delivery acknowledgement on channel {number} timed out. "
+                    f"Timeout value used: {int(timeout_seconds * 1000)} ms. This timeout value can be "
+                    "configured, see consumers doc guide to learn more"))
+                self.flush()
+
+    def _channel_error(self, number: int, error: ChannelError) -> None:
+        log.info("channel.error", peer=self.peer, channel=number, reply_code=error.reply_code, text=error.text)
+        self.broker.counters.channel_errors += 1
+        self._close_channel(number)
+        self.protocol.close_channel(number)
+        self.write(codec.encode_method(number, spec.Channel.Close(
+            reply_code=error.reply_code, reply_text=error.reply_text,
+            class_id=error.class_id, method_id=error.method_id)))
+
+    def _hard_error(self, error: AMQPError) -> None:
+        if self._closing:
+            return
+        log.warning("connection.error", peer=self.peer, user=self.user_name,
+                    reply_code=error.reply_code, text=error.text)
+        self.close(error.reply_code, error.reply_text, error.class_id, error.method_id)
+
+    def close(self, reply_code: int, reply_text: str, class_id: int = 0, method_id: int = 0) -> None:
+        """Server-initiated connection.close; the socket goes after close-ok."""
+        if self._closing or self.closed:
+            return
+        self._closing = True
+        self._close_all_channels()
+        self.protocol.start_closing()
+        self._write_now(codec.encode_method(0, spec.Connection.Close(
+            reply_code=reply_code, reply_text=reply_text, class_id=class_id, method_id=method_id)))
+        self._cancel_timer()
+        self._timer = asyncio.get_running_loop().call_later(CLOSE_OK_TIMEOUT_SECONDS, self._drop)
+
+    def shutdown(self) -> None:
+        """The node is stopping (AMQP 0-9-1: 320 CONNECTION_FORCED)."""
+        self.close(CONNECTION_FORCED, "CONNECTION_FORCED - broker forced connection closure with reason 'shutdown'")
+
+    def _close_channel(self, number: int) -> None:
+        channel = self.channels.pop(number, None)
+        if channel is not None:
+            channel.close()
+        self._confirm_channels.discard(channel)  # type: ignore[arg-type]
+
+    def _close_all_channels(self) -> None:
+        for number in list(self.channels):
+            self._close_channel(number)
+
+    def _drop(self) -> None:
+        self.flush()
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.close()
+        self._teardown()
+
+    def _teardown(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self._cancel_timer()
+        self._close_all_channels()
+        if self.vhost is not None:
+            self.vhost.delete_exclusive_queues(self.id)
+        self.broker.connection_closed(self)
+
+
+def server_properties(version: str, node_name: str) -> dict:
+    return {
+        "product": "Warren",
+        "version": version,
+        "platform": "Python",
+        "cluster_name": node_name,
+        "copyright": "Warren developers",
+        "information": "An AMQP 0-9-1 broker with Raft quorum queues",
+        "capabilities": {
+            "publisher_confirms": True,
+            "exchange_exchange_bindings": True,
+            "basic.nack": True,
+            "consumer_cancel_notify": True,
+            "connection.blocked": True,
+            "consumer_priorities": True,
+            "authentication_failure_close": True,
+            "per_consumer_qos": True,
+            "direct_reply_to": True,
+        },
+    }
+

@@ -1,0 +1,168 @@
+"""The node's broker state: vhosts, live connections, counters, reply-to routes."""
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import structlog
+
+from warren.broker.admin.auth import AccessControl
+from warren.broker.admin.definitions import Definitions
+from warren.broker.node.cluster import Cluster
+from warren.broker.node.durability import Durability
+from warren.broker.node.metadata import Metadata
+from warren.broker.routing.vhost import VirtualHost
+from warren.config import Settings
+from warren.protocol.constants import CONNECTION_FORCED
+
+if TYPE_CHECKING:
+    from warren.broker.amqp.channel import Channel
+    from warren.broker.amqp.connection import AMQPConnection
+
+VERSION = "0.1.0"
+log = structlog.get_logger("warren.broker")
+
+
+@dataclass(slots=True)
+class Counters:
+    """Plain integers bumped on the hot path; the metrics collector reads them."""
+
+    published: int = 0
+    delivered: int = 0
+    acknowledged: int = 0
+    unroutable: int = 0
+    channel_errors: int = 0
+    connections_opened: int = 0
+    connections_closed: int = 0
+
+
+class Broker:
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self.version = VERSION
+        self.durability = Durability(settings)
+        # The config's vhosts, users and permissions: what a fresh node starts with; the
+        # metadata log's definitions replace them at recovery (broker/node/durability.py).
+        self.vhosts = {name: VirtualHost(name, self.durability) for name in settings.vhosts}
+        self.access = AccessControl.from_settings(settings)
+        self.cluster = Cluster(self)
+        self.metadata = Metadata(self, self.cluster)
+        self.definitions = Definitions(self, self.metadata)
+        self.durability.raft_visit = self.cluster.runtime.recover_visit
+        self.durability.raft_rollover = self.cluster.runtime.prepare_rollover
+        self.connections: set["AMQPConnection"] = set()
+        self.counters = Counters()
+        self._reply_channels: dict[str, "Channel"] = {}
+        self.started_monotonic = time.monotonic()
+        self.listeners: dict[str, list[str]] = {}   # what the server bound, by listener (broker/node/server.py)
+        self.memory_alarm = False
+        self.disk_alarm = False
+        # cluster peers whose authenticated link is up (node-pair failure detection)
+        self.peers_up: set[str] = set()
+
+    def connection_opened(self, connection: "AMQPConnection") -> None:
+        self.connections.add(connection)
+        self.counters.connections_opened += 1
+
+    def connection_closed(self, connection: "AMQPConnection") -> None:
+        if connection in self.connections:
+            self.connections.discard(connection)
+            self.counters.connections_closed += 1
+
+    def add_vhost(self, name: str) -> VirtualHost:
+        """A new vhost with the default exchanges (amq.direct, ...), as the config's."""
+        assert name not in self.vhosts, f"vhost {name} exists"
+        vhost = self.vhosts[name] = VirtualHost(name, self.durability)
+        return vhost
+
+    def remove_vhost(self, name: str) -> None:
+        """Forget a vhost and its permissions (its queues were deleted first)."""
+        self.vhosts.pop(name, None)
+        self.access.delete_vhost(name)
+
+    def close_connections(self, which: Callable[["AMQPConnection"], bool], reply_text: str,
+                          reply_code: int = CONNECTION_FORCED) -> int:
+        """Close the matching connections (320 CONNECTION_FORCED by default); how many."""
+        closing = [connection for connection in self.connections if which(connection)]
+        for connection in closing:
+            connection.close(reply_code, reply_text)
+        return len(closing)
+
+    @property
+    def channel_count(self) -> int:
+        return sum(len(c.channels) for c in self.connections)
+
+    # -- direct reply-to ---------------------------------------------------
+    def register_reply_channel(self, channel: "Channel") -> str:
+        token = secrets.token_urlsafe(18)
+        self._reply_channels[token] = channel
+        return token
+
+    def unregister_reply_channel(self, token: str | None) -> None:
+        self._reply_channels.pop(token or "", None)
+
+    def deliver_reply(self, routing_key: str, properties: bytes, body: bytes) -> bool:
+        """Route a publish to amq.rabbitmq.reply-to.<token>; False if no one waits."""
+        token = routing_key.rsplit(".", 1)[-1]
+        channel = self._reply_channels.get(token)
+        if channel is None or channel.closed:
+            return False
+        channel.deliver_reply(properties, body, routing_key)
+        return True
+
+    @property
+    def queued_message_bytes(self) -> int:
+        return sum(q.bytes_in_memory for v in self.vhosts.values() for q in v.queues.values())
+
+    def check_consumer_timeouts(self) -> None:
+        timeout_ms = self.settings.consumer_timeout_ms
+        if not timeout_ms:
+            return
+        now = time.monotonic()
+        for connection in list(self.connections):
+            connection.check_consumer_timeout(now, timeout_ms / 1000)
+
+    def tick_queues(self) -> None:
+        """Expire messages past their TTL and queues past x-expires (periodic)."""
+        for vhost in self.vhosts.values():
+            for queue in list(vhost.queues.values()):
+                if queue.state.expiries or queue.expires_ms is not None:
+                    queue.tick()
+
+    def check_alarms(self) -> None:
+        """Raise or clear the memory alarm; called periodically by the server."""
+        memory = self.queued_message_bytes > self.settings.memory_high_watermark_bytes
+        try:
+            free = self.durability.store.files.free_bytes(self.settings.data_dir)
+        except OSError:
+            free = 0
+        disk = free < self.settings.disk_free_limit_bytes
+        if (memory, disk) == (self.memory_alarm, self.disk_alarm):
+            return
+        self.memory_alarm, self.disk_alarm = memory, disk
+        for connection in list(self.connections):
+            connection.update_blocked()
+
+    @property
+    def alarm(self) -> str | None:
+        """The reason publishers are blocked, as RabbitMQ words it, or None."""
+        if self.disk_alarm:
+            return "low on disk"
+        if self.memory_alarm:
+            return "low on memory"
+        return None
+
+    def peer_up(self, name: str) -> None:
+        self.peers_up.add(name)
+        log.info("cluster.peer_up", peer=name, running=sorted(self.peers_up | {self.settings.node_name}))
+
+    def peer_down(self, name: str) -> None:
+        self.peers_up.discard(name)
+        log.warning("cluster.peer_down", peer=name, running=sorted(self.peers_up | {self.settings.node_name}))
+
+    def shutdown_connections(self) -> None:
+        for connection in list(self.connections):
+            connection.shutdown()

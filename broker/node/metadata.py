@@ -1,0 +1,354 @@
+"""The metadata Raft group's shell on one node (the machine: broker/node/metadata_machine.py).
+
+Theory of operation. The channel checks a topology change against its node's
+vhost first (so that mistakes get RabbitMQ's reply at once), warrenctl
+checks a users/vhosts/permissions or membership change against the machine's
+state here; then the change is submitted to the group as a typed command
+(broker/node/metadata_commands.py). Every node applies the committed command to
+its own `MetaState` through the pure machine and performs the effects it
+returns (broker/node/metadata_effects.py): the routing read model
+(`VirtualHost`, broker/routing/metadata_read_model.py), users and permissions
+(broker/admin/definitions.py), Raft groups hosted, dropped and campaigned for,
+connections closed, and the membership reconciler's follow-up
+(broker/node/metadata_reconcile.py). The asking node answers once it, and every
+running node, applied the change.
+
+What goes through the group: every durable exchange, every replicated queue
+(quorum, and durable classic queues on a group of one), the bindings between
+those, users, vhosts and permissions, and quorum queue membership
+(warrenctl add_member, delete_member, grow, shrink, rebalance). Exclusive,
+auto-delete and transient objects, and bindings with such an end, stay on
+the node that made them (this step of issue 11 leaves them local).
+
+Membership: `SetMembers` sets the queue's wanted members on every node; the
+node added hosts the group with an empty log (`RaftRuntime.join_group`: no
+vote until the leader's CONFIG entry makes it a voter) and a fresh machine;
+a node removed keeps its replica until its removal is committed (it may be
+needed for that commit), so the machine notes it as leaving until a
+`ReleaseReplica`. `TransferLeaders` has the node leading each group hand
+leadership over (rebalance; best effort).
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
+
+import structlog
+
+from warren.broker.node import metadata_commands as mc
+from warren.broker.node import metadata_effects as fx
+from warren.broker.node import metadata_machine as machine
+from warren.broker.node.cluster import META, METADATA_APPLIED
+from warren.broker.node.metadata_reconcile import Reconciler
+from warren.broker.queues import fifo
+from warren.broker.queues import quorum_machine as qm
+from warren.broker.queues.quorum import QuorumQueue
+from warren.broker.routing import metadata_read_model as read_model
+from warren.protocol.errors import ChannelError
+
+if TYPE_CHECKING:
+    from warren.broker.node.broker import Broker
+    from warren.broker.node.cluster import Cluster
+    from warren.broker.routing.vhost import VirtualHost
+    from warren.raft.messages import Entry
+
+log = structlog.get_logger("warren.metadata")
+
+# a new quorum queue's first leader campaigns again after these delays while it has no leader
+CAMPAIGN_AGAIN_SECONDS = (0.05, 0.15, 0.3)
+# An apply's reply is [APPLIED_AT, index, result]: the asking node answers once it applied `index` too.
+APPLIED_AT = "@"
+# A change is answered once every running node applied it, or after this long (a node
+# that is up but cannot apply, say cut off from the group's leader alone, holds no one back).
+SPREAD_WAIT_SECONDS = 10.0
+
+
+@dataclass(slots=True, eq=False)
+class AwaitingApply:
+    index: int
+    on_done: Callable[[Any], None]
+    result: Any
+    everywhere: bool
+    deadline: float
+
+
+# A metadata change that cannot be made: an HTTP status and one line of text (the
+# machine's refusal; the shell raises it as MembershipError or DefinitionError).
+ChangeRefused = machine.Refused
+
+
+class MembershipError(ChangeRefused):
+    """A quorum queue membership change that cannot be made."""
+
+
+def raise_if_error(result: Any) -> None:
+    if isinstance(result, list) and len(result) == 4:
+        code, text, class_id, method_id = result
+        raise ChannelError(code, text, class_id, method_id)
+
+
+class Metadata:
+    def __init__(self, broker: "Broker", cluster: "Cluster") -> None:
+        self.broker = broker
+        self.cluster = cluster
+        cluster.metadata = self
+        # the machine's state: the config's seed now, rebuilt from the recovered read model at start
+        self.state = read_model.state_from_read_model(broker)
+        # answers that came from the group's leader before this node (or every running one) applied them
+        self._awaiting_apply: list[AwaitingApply] = []
+        self.peer_applied: dict[str, int] = {}   # how far each running peer has applied the group
+        self.reconciler = Reconciler(self)
+
+    def load_state(self) -> None:
+        """After recovery, before the group re-applies anything: the machine's state
+        as of the last entry this node's metadata log holds (`meta_applied`)."""
+        self.state = read_model.state_from_read_model(self.broker)
+
+    # -- asked by channels ---------------------------------------------------------
+    def submit(self, command: mc.Command, on_done: Callable[[Any], None], everywhere: bool = True) -> None:
+        """Have the metadata group apply `command`; `on_done(reply)` once this
+        node has applied it and (`everywhere`) so has every running node, as
+        RabbitMQ answers a declaration only once every running node can use it:
+        a client that declares through one node and publishes through another
+        never meets a name the other does not know yet. The leader answers when
+        it has applied it, which may be before this node: then the answer waits
+        here (`release_answers`)."""
+        self.cluster.submit(META, mc.encode(command), lambda answer: self._on_answer(answer, on_done, everywhere))
+
+    def _on_answer(self, answer: Any, on_done: Callable[[Any], None], everywhere: bool) -> None:
+        if not (isinstance(answer, list) and len(answer) == 3 and answer[0] == APPLIED_AT):
+            on_done(answer)   # None: the leader had applied it before a restart
+            return
+        _, index, result = answer
+        waiting = AwaitingApply(index, on_done, result, everywhere, time.monotonic() + SPREAD_WAIT_SECONDS)
+        if not self._applied_where_needed(waiting):
+            self._awaiting_apply.append(waiting)
+            return
+        on_done(result)
+
+    def _applied_where_needed(self, waiting: "AwaitingApply") -> bool:
+        if self.broker.durability.meta_applied_index < waiting.index:
+            return False
+        if not waiting.everywhere:
+            return True
+        lagging = [peer for peer in self.cluster.running_peers() if self.peer_applied.get(peer, 0) < waiting.index]
+        if lagging and time.monotonic() >= waiting.deadline:
+            log.warning("metadata.change_not_applied_everywhere", index=waiting.index, lagging=lagging,
+                        waited_seconds=SPREAD_WAIT_SECONDS)
+            return True
+        return not lagging
+
+    def release_answers(self) -> None:
+        """Answer what every node it waits for has applied now: after a local
+        apply, a peer's METADATA_APPLIED, a peer going down, and now and then
+        (the wait is bounded)."""
+        if not self._awaiting_apply:
+            return
+        ready = [waiting for waiting in self._awaiting_apply if self._applied_where_needed(waiting)]
+        if ready:
+            self._awaiting_apply = [waiting for waiting in self._awaiting_apply if waiting not in ready]
+            for waiting in ready:
+                waiting.on_done(waiting.result)
+
+    def on_applied_here(self, index: int) -> None:
+        """This node applied metadata entries up to `index` (once per turn):
+        tell every peer, and answer what waited for it."""
+        for peer in self.cluster.running_peers():
+            self.cluster.app_send(peer, [METADATA_APPLIED, index])
+        self.release_answers()
+
+    def on_peer_applied(self, peer: str, index: int) -> None:
+        self.peer_applied[peer] = max(self.peer_applied.get(peer, 0), index)
+        self.release_answers()
+
+    def on_peer_up(self, peer: str) -> None:
+        self.cluster.app_send(peer, [METADATA_APPLIED, self.broker.durability.meta_applied_index])
+
+    def on_peer_down(self, peer: str) -> None:
+        """A node that went down no longer holds answers back; when it is back it
+        says how far it got (and a restarted node catches up before it opens its
+        AMQP port: `catch_up`)."""
+        self.peer_applied.pop(peer, None)
+        self.release_answers()
+
+    async def catch_up(self, seconds: float) -> bool:
+        """A barrier through the group (Raft's read index, by a no-op entry):
+        True once this node applied everything committed before it started, so
+        a restarted node does not answer 404 or route past a queue declared
+        while it was away. False if no leader answered in `seconds` (no
+        majority: nothing new can be declared then either)."""
+        caught_up = asyncio.Event()
+        self.submit(mc.Sync(), lambda _: caught_up.set(), everywhere=False)
+        try:
+            await asyncio.wait_for(caught_up.wait(), seconds)
+        except TimeoutError:
+            return False
+        return True
+
+    def replicates_exchange(self, durable: bool) -> bool:
+        return durable
+
+    def replicates_binding(self, vhost: "VirtualHost", source: str, kind: str, destination: str) -> bool:
+        return read_model.owns_binding(vhost, source, kind, destination)
+
+    def check_membership(self, vhost: str, name: str, op: str, node: str) -> list[str]:
+        """The queue's members after `op` of `node`, or MembershipError (checked again where applied)."""
+        try:
+            return machine.members_after(self.state, vhost, name, op, node, tuple(self.cluster.nodes))[1]
+        except machine.Refused as refused:
+            raise MembershipError(refused.status, refused.text) from None
+
+    # -- applied on every node ---------------------------------------------------------
+    def apply(self, entry: "Entry") -> Any:
+        """Apply one committed entry: the machine decides, this node performs the effects."""
+        try:
+            command = mc.decode(entry.data)
+        except (mc.BadCommand, ValueError, TypeError):
+            log.warning("metadata.bad_command", index=entry.index)
+            return [APPLIED_AT, entry.index, None]
+        meta = machine.Meta(entry.index, tuple(self.cluster.nodes))
+        self.state, reply, effects = machine.apply(meta, command, self.state)
+        counts: dict[str, int] = {}
+        for effect in effects:
+            try:
+                outcome = self.perform(effect)
+            except Exception:  # noqa: BLE001 -- a bug: logged; the other effects and entries go on
+                log.exception("metadata.effect_failed", effect=type(effect).__name__, index=entry.index)
+                continue
+            if isinstance(effect, fx.QueueDeleted):
+                counts[effect.group] = outcome
+        if isinstance(reply, machine.MessageCountOfDeletedQueue):
+            reply = counts.get(reply.group) or 0
+        return [APPLIED_AT, entry.index, reply]
+
+    def perform(self, effect: fx.Effect) -> Any:
+        match effect:
+            case fx.ExchangeDeclared():
+                read_model.exchange_declared(self.broker, effect)
+            case fx.ExchangeDeleted():
+                read_model.exchange_deleted(self.broker, effect)
+            case fx.BindingChanged():
+                read_model.binding_changed(self.broker, effect)
+            case fx.QueueDeclared():
+                self._queue_declared(effect)
+            case fx.Campaign():
+                self._campaign_first(effect)
+            case fx.QueueDeleted():
+                return self._queue_deleted(effect)
+            case fx.MembersChanged():
+                self._members_changed(effect)
+            case fx.HostIfMember():
+                self._host_if_member(effect)
+            case fx.ReplicaReleased():
+                self._replica_released(effect)
+            case fx.LeavingNoted():
+                if effect.group in self.cluster.runtime.groups:
+                    self.reconciler.converging.add(effect.group)
+            case fx.TransferLeadership():
+                self._transfer_leadership(effect)
+            case _:
+                self.broker.definitions.perform(effect)
+        return None
+
+    def _vhost(self, name: str) -> "VirtualHost | None":
+        return self.broker.vhosts.get(name)
+
+    def _queue(self, vhost_name: str, name: str, group: str) -> QuorumQueue | None:
+        vhost = self._vhost(vhost_name)
+        queue = vhost.queues.get(name) if vhost is not None else None
+        return queue if isinstance(queue, QuorumQueue) and queue.group == group else None
+
+    def _queue_declared(self, effect: fx.QueueDeclared) -> None:
+        vhost = self._vhost(effect.vhost)
+        if vhost is None:
+            return
+        if effect.name in vhost.queues:
+            log.warning("metadata.queue_name_taken_here", queue=effect.name, vhost=effect.vhost)
+            return   # a local (exclusive, auto-delete or transient) queue of that name
+        cluster = self.cluster
+        queue = QuorumQueue(vhost, effect.name, effect.arguments, cluster, effect.group, list(effect.members))
+        cluster.queues[effect.group] = queue
+        vhost.add_queue(queue)
+        vhost.journal.queue_declared(vhost, queue)
+        if cluster.node in effect.members:
+            cluster.runtime.add_group(effect.group, list(effect.members))
+
+    def _campaign_first(self, effect: fx.Campaign) -> None:
+        if effect.node != self.cluster.node or effect.group not in self.cluster.runtime.groups:
+            return
+        self._campaign_if_leaderless(effect.group)
+        # The other members may not host the group yet (they apply this entry a little
+        # later) and drop the votes asked: ask again before their election timers fire.
+        loop = asyncio.get_running_loop()
+        for delay in CAMPAIGN_AGAIN_SECONDS:
+            loop.call_later(delay, self._campaign_if_leaderless, effect.group)
+
+    def _campaign_if_leaderless(self, group: str) -> None:
+        runtime = self.cluster.runtime
+        if (not runtime.stopped and runtime.failed is None and group in runtime.groups
+                and self.cluster.local_leader(group) is None):
+            runtime.campaign(group)
+
+    def _queue_deleted(self, effect: fx.QueueDeleted) -> int:
+        queue = self._queue(effect.vhost, effect.name, effect.group)
+        if queue is None:
+            return 0
+        return self.drop_queue(queue.vhost, queue)
+
+    def drop_queue(self, vhost: "VirtualHost", queue: QuorumQueue) -> int:
+        """Delete a replicated queue here (its consumers cancelled, its replica dropped); its message count."""
+        count = queue.message_count
+        vhost.delete_queue_now(queue)
+        self.cluster.queues.pop(queue.group, None)
+        self.reconciler.forget(queue.group)
+        if queue.group in self.cluster.runtime.groups:
+            self.cluster.runtime.remove_group(queue.group)
+        return count
+
+    def _members_changed(self, effect: fx.MembersChanged) -> None:
+        queue = self._queue(effect.vhost, effect.name, effect.group)
+        if queue is None:
+            return
+        queue.members = list(effect.members)
+        queue.vhost.journal.queue_declared(queue.vhost, queue)
+        log.info("quorum.members_changed", queue=effect.name, vhost=effect.vhost, op=effect.op, node=effect.node,
+                 members=list(effect.members))
+        self.reconciler.soon(effect.group)
+
+    def _host_if_member(self, effect: fx.HostIfMember) -> None:
+        """A member that does not host the group joins it: a fresh machine, an
+        empty log starting from the voters before (the leader sends the rest)."""
+        queue = self._queue(effect.vhost, effect.name, effect.group)
+        runtime = self.cluster.runtime
+        me = self.cluster.node
+        if queue is None or me not in queue.members or queue.group in runtime.groups:
+            return
+        voters = effect.voters_before
+        if voters is None:
+            voters = tuple(member for member in queue.members if member != me)
+        queue.machine = qm.QuorumMachine(queue.state.limits)
+        queue.state = queue.machine.state
+        queue.applied_since_snapshot = 0
+        runtime.join_group(queue.group, list(voters))
+
+    def _replica_released(self, effect: fx.ReplicaReleased) -> None:
+        self.reconciler.released(effect.group, effect.node)
+        queue = self._queue(effect.vhost, effect.name, effect.group)
+        cluster = self.cluster
+        me = cluster.node
+        if queue is None or effect.node != me or me in queue.members or effect.group not in cluster.runtime.groups:
+            return
+        leader = cluster.local_leader(effect.group)
+        cluster.runtime.remove_group(effect.group)
+        queue.machine = None
+        queue.state = fifo.FifoState(limits=queue.state.limits)
+        queue.leader_hint = leader if leader not in (None, me) else queue.members[0]
+        self.reconciler.forget(effect.group)
+        log.info("quorum.replica_released", queue=effect.name, vhost=effect.vhost)
+
+    def _transfer_leadership(self, effect: fx.TransferLeadership) -> None:
+        for _, _, group, to in effect.moves:
+            if to != self.cluster.node and self.cluster.is_leader(group):
+                self.cluster.runtime.transfer_leadership(group, to)

@@ -1,0 +1,182 @@
+"""Reconciling a quorum queue group's Raft configuration with its members.
+
+The metadata machine (broker/node/metadata_machine.py) holds each queue's wanted
+members and, per group, the nodes removed that may still hold a replica
+(`MetaState.leaving`); this shell part, with timers, makes each group follow
+them one single-server change at a time (thesis §4.1). The leader of each
+group reconciles, on apply and every `RECONCILE_SECONDS` for groups in flux:
+once its configuration is committed it proposes the next change, additions
+first; a leader that is itself removed first hands leadership to the most
+caught-up remaining voter (`TRANSFER_GRACE_SECONDS`, then it proposes its own
+removal and steps down once that commits, thesis §4.2.2). When the committed
+configuration no longer has a leaving node, the leader submits
+`ReleaseReplica`: that node drops its replica. A leaving node not released
+(say the leader restarted and forgot) submits `NoteLeaving` now and then.
+Its decisions read the members and leaving nodes from the machine's state.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING
+
+import structlog
+
+from warren.broker.node import metadata_commands as mc
+
+if TYPE_CHECKING:
+    from warren.broker.node.metadata import Metadata
+    from warren.broker.queues.quorum import QuorumQueue
+
+log = structlog.get_logger("warren.metadata")
+
+RECONCILE_SECONDS = 0.2
+# a leader being removed from its group tries this long to hand leadership over, then removes itself
+TRANSFER_GRACE_SECONDS = 2.0
+RELEASE_RESEND_SECONDS = 3.0
+LEAVING_ANNOUNCE_SECONDS = 5.0
+LEAVING_ANNOUNCE_MAX_SECONDS = 60.0
+
+
+class Reconciler:
+    def __init__(self, metadata: "Metadata") -> None:
+        self.metadata = metadata
+        self.cluster = metadata.cluster
+        # groups hosted here whose Raft configuration may differ from their members
+        self.converging: set[str] = set()
+        self._scan_all = True
+        self._transfer_started: dict[str, float] = {}
+        self._release_sent: dict[tuple[str, str], float] = {}
+        self._leaving_announce: dict[str, tuple[float, float]] = {}   # group -> (next at, interval)
+        self._task: asyncio.Task | None = None
+        self.ensure_running()
+
+    def ensure_running(self) -> None:
+        if self._task is not None and not self._task.done():
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return   # no event loop yet: the first membership change starts it
+        self._task = loop.create_task(self._reconcile_forever())
+
+    def soon(self, group: str) -> None:
+        """The group's members changed: reconcile it now and until it converged."""
+        self.converging.add(group)
+        self.ensure_running()
+        asyncio.get_running_loop().call_soon(self._reconcile_one, group)
+
+    def forget(self, group: str) -> None:
+        self.converging.discard(group)
+        self._transfer_started.pop(group, None)
+        self._leaving_announce.pop(group, None)
+        for key in [key for key in self._release_sent if key[0] == group]:
+            del self._release_sent[key]
+
+    def released(self, group: str, node: str) -> None:
+        self._release_sent.pop((group, node), None)
+
+    async def _reconcile_forever(self) -> None:
+        runtime = self.cluster.runtime
+        while not runtime.stopped:
+            await asyncio.sleep(RECONCILE_SECONDS)
+            if runtime.system is None or runtime.stopped or runtime.failed is not None:
+                continue
+            try:
+                if self._scan_all:
+                    # After a start: any hosted group may be mid-change (or a replica left behind).
+                    self._scan_all = False
+                    self.converging.update(group for group in self.cluster.queues if group in runtime.groups)
+                for group in list(self.converging):
+                    self.reconcile(group)
+            except Exception:  # housekeeping must go on; the bug is logged
+                log.exception("quorum.reconcile_failed")
+
+    def _reconcile_one(self, group: str) -> None:
+        runtime = self.cluster.runtime
+        if runtime.system is None or runtime.stopped or runtime.failed is not None:
+            return
+        try:
+            self.reconcile(group)
+        except Exception:  # a bug: logged, and the periodic pass tries again
+            log.exception("quorum.reconcile_failed", group=group)
+
+    def reconcile(self, group: str) -> None:
+        """One step towards the group's configuration being its members; drops
+        the group from `converging` when done here."""
+        cluster = self.cluster
+        runtime = cluster.runtime
+        queue = cluster.queues.get(group)
+        config = runtime.configuration(group)
+        record = self.metadata.state.queue(queue.vhost.name, queue.name) if queue is not None else None
+        if queue is None or queue.deleted or config is None or record is None or record.group != group:
+            self.converging.discard(group)
+            return
+        voters, committed = set(config[0]), config[1]
+        members = set(record.members)
+        me = cluster.node
+        leaving = self.metadata.state.leaving.get(group, set())
+        if not cluster.is_leader(group):
+            self._transfer_started.pop(group, None)
+            if me not in members:
+                self._announce_leaving(queue)
+            elif voters == members and committed and not leaving:
+                self.converging.discard(group)
+            return
+        if not committed:
+            return   # one change at a time (the leader's first entry must commit too)
+        adds = sorted(members - voters)
+        removes = sorted(voters - members - {me})
+        if adds or removes:
+            op, node = ("add", adds[0]) if adds else ("remove", removes[0])
+            if runtime.propose_conf_change(group, op, node) is not None:
+                log.info("quorum.conf_change_proposed", queue=queue.name, vhost=queue.vhost.name, op=op, node=node)
+            return
+        if me not in members:
+            self._hand_over(group, voters & members)
+            return
+        self._transfer_started.pop(group, None)
+        self._release_left(queue, leaving - voters)
+        if not leaving:
+            self.converging.discard(group)
+
+    def _release_left(self, queue: "QuorumQueue", gone: set[str]) -> None:
+        """Nodes out of the committed configuration may drop their replicas (resent now and then)."""
+        now = time.monotonic()
+        for node in sorted(gone):
+            sent = self._release_sent.get((queue.group, node))
+            if sent is None or now - sent >= RELEASE_RESEND_SECONDS:
+                self._release_sent[(queue.group, node)] = now
+                self.metadata.submit(mc.ReleaseReplica(queue.vhost.name, queue.name, queue.group, node),
+                                     lambda _: None)
+
+    def _hand_over(self, group: str, remaining: set[str]) -> None:
+        """This node leads `group` but is no longer a member: hand leadership
+        to the most caught-up remaining voter, or after `TRANSFER_GRACE_SECONDS`
+        propose its own removal (it steps down once that commits)."""
+        runtime = self.cluster.runtime
+        now = time.monotonic()
+        started = self._transfer_started.setdefault(group, now)
+        if now - started >= TRANSFER_GRACE_SECONDS or not remaining:
+            if runtime.propose_conf_change(group, "remove", self.cluster.node) is not None:
+                log.info("quorum.conf_change_proposed", group=group, op="remove", node=self.cluster.node)
+            return
+        status = runtime.status(group)
+        down = self.cluster.down_since
+        best = max(sorted(remaining), key=lambda voter: (voter not in down, status.match_index(voter) or 0))
+        if status.lead_transferee != best and runtime.transfer_leadership(group, best):
+            log.info("quorum.leadership_handed_over", group=group, to=best)
+
+    def _announce_leaving(self, queue: "QuorumQueue") -> None:
+        group = queue.group
+        now = time.monotonic()
+        due = self._leaving_announce.get(group)
+        if due is None:
+            self._leaving_announce[group] = (now + LEAVING_ANNOUNCE_SECONDS, LEAVING_ANNOUNCE_SECONDS)
+            return
+        next_at, interval = due
+        if now < next_at:
+            return
+        interval = min(interval * 2, LEAVING_ANNOUNCE_MAX_SECONDS)
+        self._leaving_announce[group] = (now + interval, interval)
+        self.metadata.submit(mc.NoteLeaving(queue.vhost.name, queue.name, group, self.cluster.node), lambda _: None)

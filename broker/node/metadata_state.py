@@ -1,0 +1,132 @@
+"""The metadata machine's state: plain data, and its snapshot.
+
+What the metadata Raft group decides, the same on every node: vhosts (with
+their durable exchanges, replicated queues with their members and group
+ids, the bindings between those, and room for policies), users with their
+password hashes and tags, permissions, and for each group in a membership
+change the nodes removed from its members that may still hold a replica
+(`leaving`). Exclusive, auto-delete and transient objects are not here:
+they live only on the node that made them (`VirtualHost`).
+
+`snapshot(state)` is msgpack of a plain structure with a version number,
+rows sorted so that equal states give equal bytes; `restore(bytes)` is its
+inverse. Pure: no I/O, no clock.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import msgpack
+
+from warren.broker.routing.exchanges import DEFAULT_EXCHANGES, Binding
+
+SNAPSHOT_VERSION = 1
+
+
+@dataclass(slots=True)
+class ExchangeRecord:
+    type: str
+    auto_delete: bool = False
+    internal: bool = False
+    arguments: dict = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class QueueRecord:
+    arguments: dict
+    group: str
+    members: list[str]
+
+    @property
+    def queue_type(self) -> str:
+        return self.arguments.get("x-queue-type", "classic")
+
+
+@dataclass(slots=True)
+class VhostRecord:
+    exchanges: dict[str, ExchangeRecord] = field(default_factory=dict)   # durable ones, built-ins too
+    queues: dict[str, QueueRecord] = field(default_factory=dict)
+    bindings: set[Binding] = field(default_factory=set)
+    policies: dict[str, dict] = field(default_factory=dict)   # none yet: no command sets one
+
+    @staticmethod
+    def fresh() -> "VhostRecord":
+        return VhostRecord({name: ExchangeRecord(type_) for name, type_ in DEFAULT_EXCHANGES})
+
+    def bindings_from(self, source: str) -> list[Binding]:
+        return [binding for binding in self.bindings if binding.source == source]
+
+
+@dataclass(frozen=True, slots=True)
+class UserRecord:
+    password_hash: str
+    tags: tuple[str, ...] = ()
+
+
+@dataclass(slots=True)
+class MetaState:
+    vhosts: dict[str, VhostRecord] = field(default_factory=dict)
+    users: dict[str, UserRecord] = field(default_factory=dict)
+    permissions: dict[tuple[str, str], tuple[str, str, str]] = field(default_factory=dict)   # (user, vhost)
+    leaving: dict[str, set[str]] = field(default_factory=dict)   # group -> nodes
+
+    def queue(self, vhost: str, name: str) -> QueueRecord | None:
+        record = self.vhosts.get(vhost)
+        return record.queues.get(name) if record is not None else None
+
+
+def initial_state(vhosts: Iterable[str] = (), users: dict[str, UserRecord] | None = None,
+                  permissions: dict[tuple[str, str], tuple[str, str, str]] | None = None) -> MetaState:
+    """A fresh node's state: the config's vhosts (with their built-in exchanges), users, permissions."""
+    return MetaState({name: VhostRecord.fresh() for name in vhosts}, dict(users or {}), dict(permissions or {}))
+
+
+# -- snapshot --------------------------------------------------------------------------
+def snapshot(state: MetaState) -> bytes:
+    return msgpack.packb(_plain(state), use_bin_type=True, default=str)
+
+
+def _plain(state: MetaState) -> dict:
+    return {
+        "version": SNAPSHOT_VERSION,
+        "vhosts": {name: _plain_vhost(record) for name, record in sorted(state.vhosts.items())},
+        "users": [[name, user.password_hash, list(user.tags)] for name, user in sorted(state.users.items())],
+        "permissions": [[user, vhost, *expressions]
+                        for (user, vhost), expressions in sorted(state.permissions.items())],
+        "leaving": [[group, sorted(nodes)] for group, nodes in sorted(state.leaving.items())],
+    }
+
+
+def _plain_vhost(record: VhostRecord) -> dict:
+    return {
+        "exchanges": [[name, x.type, x.auto_delete, x.internal, x.arguments]
+                      for name, x in sorted(record.exchanges.items())],
+        "queues": [[name, q.arguments, q.group, list(q.members)] for name, q in sorted(record.queues.items())],
+        "bindings": sorted(([b.source, b.destination[0], b.destination[1], b.routing_key, b.table]
+                            for b in record.bindings), key=repr),
+        "policies": dict(sorted(record.policies.items())),
+    }
+
+
+def restore(data: bytes) -> MetaState:
+    plain = msgpack.unpackb(data, raw=False, strict_map_key=False)
+    if plain.get("version") != SNAPSHOT_VERSION:
+        raise ValueError(f"metadata snapshot version {plain.get('version')!r}, this node reads {SNAPSHOT_VERSION}")
+    return MetaState(
+        {name: _restore_vhost(rows) for name, rows in plain["vhosts"].items()},
+        {name: UserRecord(password_hash, tuple(tags)) for name, password_hash, tags in plain["users"]},
+        {(user, vhost): (configure, write, read) for user, vhost, configure, write, read in plain["permissions"]},
+        {group: set(nodes) for group, nodes in plain["leaving"]},
+    )
+
+
+def _restore_vhost(rows: dict) -> VhostRecord:
+    return VhostRecord(
+        {name: ExchangeRecord(type_, auto_delete, internal, arguments)
+         for name, type_, auto_delete, internal, arguments in rows["exchanges"]},
+        {name: QueueRecord(arguments, group, list(members)) for name, arguments, group, members in rows["queues"]},
+        {Binding.make(source, (kind, destination), routing_key, table)
+         for source, kind, destination, routing_key, table in rows["bindings"]},
+        dict(rows["policies"]),
+    )

@@ -1,0 +1,229 @@
+"""``warren-server``: start one node (AMQP listener + Prometheus endpoint).
+
+Reads the config (``--config`` TOML file, WARREN_* environment), runs on
+uvloop, and shuts down gracefully on SIGTERM/SIGINT: every client connection
+gets connection.close 320 CONNECTION_FORCED before the process exits.
+
+If the node's Raft fails as a whole (its WAL lost a batch, or a failure no
+single group owns: raft/runtime.py, "Failure"), the node must not go on
+accepting clients it can no longer answer: it logs ``server.fatal``, shuts
+down the same way and exits with status 1, so that a supervisor restarts it
+(the restart rebuilds Raft from the WAL).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import errno
+import fcntl
+import ipaddress
+import os
+import signal
+import socket
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import IO
+
+import structlog
+import uvloop
+
+from warren.broker.admin.http import start_http_server
+from warren.broker.amqp.connection import AMQPConnection
+from warren.broker.node.broker import VERSION, Broker
+from warren.broker.node.logs import configure_logging
+from warren.config import ConfigError, Settings, load_settings
+from warren.storage.records import CorruptLog
+
+log = structlog.get_logger("warren.server")
+# How long shutdown waits for clients to answer connection.close.
+SHUTDOWN_GRACE_SECONDS = 5.0
+# Exit status after a fatal failure of the node's Raft (a supervisor restarts the node).
+FATAL_EXIT_STATUS = 1
+LISTEN_BACKLOG = 1024
+# In the data directory: held locked (flock) by the server using it, naming its pid and node.
+DATA_DIR_LOCK_FILE = "warren.lock"
+
+
+# A bind to an IPv6 address fails so on a host without IPv6 (kernel without it, or disabled).
+IPV6_UNAVAILABLE_ERRNOS = (errno.EAFNOSUPPORT, errno.EADDRNOTAVAIL, errno.EPROTONOSUPPORT)
+
+
+class DataDirInUse(Exception):
+    """Another process holds the data directory's lock."""
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="warren-server",
+        description="Warren: an AMQP 0-9-1 message broker. Configuration comes from an optional TOML "
+                    "file and WARREN_* environment variables (which win), e.g. WARREN_AMQP_PORT=5672, "
+                    "WARREN_DATA_DIR=./warren-data, WARREN_LOG_FORMAT=console.")
+    parser.add_argument("--config", metavar="PATH", help="TOML configuration file")
+    parser.add_argument("--version", action="version", version=f"warren {VERSION}")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if not _assertions_enabled():
+        print("warren-server: refusing to run with assertions disabled (python -O)", file=sys.stderr)
+        return 2
+    try:
+        settings = load_settings(args.config)
+        _check_cluster_config(settings)
+    except ConfigError as error:
+        print(f"warren-server: {error}", file=sys.stderr)
+        return 2
+    configure_logging(settings.log_level, settings.log_format)
+    try:
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        print(f"warren-server: data_dir {settings.data_dir}: {error.strerror}", file=sys.stderr)
+        return 2
+    try:
+        lock = lock_data_dir(settings.data_dir, settings.node_name)  # held until the process exits
+    except DataDirInUse as error:
+        print(f"warren-server: {error}", file=sys.stderr)
+        return 1
+    except OSError as error:
+        print(f"warren-server: data_dir {settings.data_dir}: cannot lock: {error.strerror}", file=sys.stderr)
+        return 2
+    try:
+        return uvloop.run(serve(settings))
+    except CorruptLog as error:
+        log.error("server.start_failed", error=str(error))
+        print(f"warren-server: cannot start: {error}", file=sys.stderr)
+        return 1
+    except OSError as error:
+        log.error("server.start_failed", error=str(error))
+        print(f"warren-server: cannot start: {error}", file=sys.stderr)
+        return 1
+    finally:
+        lock.close()
+
+
+def lock_data_dir(data_dir: Path, node_name: str) -> IO[str]:
+    """Lock the data directory for this process's life: two nodes appending to one
+    WAL corrupt each other's log and lose confirmed messages. The kernel drops an
+    flock when its holder dies, so a kill -9 leaves no stale lock."""
+    lock = open(data_dir / DATA_DIR_LOCK_FILE, "a+")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.seek(0)
+        holder = lock.read().strip() or "another process"
+        lock.close()
+        raise DataDirInUse(f"data_dir {data_dir} is in use by {holder}; "
+                           "a data directory serves one node at a time") from None
+    lock.truncate(0)
+    lock.write(f"pid {os.getpid()} (node {node_name})\n")
+    lock.flush()
+    return lock
+
+
+def _check_cluster_config(settings: Settings) -> None:
+    names = [node.name for node in settings.cluster_nodes]
+    if not names:
+        return
+    if len(set(names)) != len(names):
+        raise ConfigError(f"invalid configuration: cluster_nodes: a node name appears twice ({names})")
+    if settings.node_name not in names:
+        raise ConfigError(f"invalid configuration: cluster_nodes: must list this node ({settings.node_name})")
+    if len(names) > 1 and (settings.cluster_secret is None or not settings.cluster_secret.get_secret_value()):
+        raise ConfigError("invalid configuration: cluster_secret: required when cluster_nodes lists other nodes")
+
+
+def _assertions_enabled() -> bool:
+    try:
+        assert False  # noqa: B011 (this is the check that asserts are on)
+    except AssertionError:
+        return True
+    return False
+
+
+async def _housekeeping_forever(broker: Broker) -> None:
+    """Resource alarms, message TTL and x-expires, on one timer."""
+    while True:
+        await asyncio.sleep(broker.settings.alarm_check_interval_seconds)
+        broker.check_alarms()
+        broker.tick_queues()
+        broker.check_consumer_timeouts()
+
+
+async def serve(settings: Settings) -> int:
+    loop = asyncio.get_running_loop()
+    # Handlers first: a SIGTERM during start-up must still mean a graceful stop.
+    stop = asyncio.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    broker = Broker(settings)
+    fatal: list[BaseException] = []
+    broker.cluster.runtime.on_fatal = lambda error: _on_fatal(error, fatal, stop)
+    broker.durability.recover(broker)
+    # The Raft groups (metadata, quorum queues) and the links to the other nodes.
+    await broker.cluster.start()
+    servers = await listen(lambda host: loop.create_server(
+        lambda: AMQPConnection(broker), host, settings.amqp_port, reuse_address=True, backlog=LISTEN_BACKLOG),
+        settings.amqp_host, "amqp")
+    metrics_servers: list[asyncio.Server] = []
+    if settings.metrics_port:
+        metrics_servers = await listen(lambda host: start_http_server(broker, host, settings.metrics_port),
+                                       settings.metrics_host, "metrics")
+    alarm_task = asyncio.create_task(_housekeeping_forever(broker))
+    broker.listeners = {"amqp": _addresses(servers), "metrics": _addresses(metrics_servers)}
+    log.info("server.started", node=settings.node_name, **broker.listeners, data_dir=str(settings.data_dir),
+             version=VERSION)
+    await stop.wait()
+    log.info("server.stopping", connections=len(broker.connections))
+    for server in servers:
+        server.close()
+    alarm_task.cancel()
+    broker.shutdown_connections()
+    deadline = loop.time() + SHUTDOWN_GRACE_SECONDS
+    while broker.connections and loop.time() < deadline:
+        await asyncio.sleep(0.05)
+    await broker.cluster.stop()
+    await broker.durability.close()
+    for server in metrics_servers:
+        server.close()
+    log.info("server.stopped")
+    return FATAL_EXIT_STATUS if fatal else 0
+
+
+async def listen(start: Callable[[str], Awaitable[asyncio.Server]], hosts: str,
+                 listener: str) -> list[asyncio.Server]:
+    """One server per address of `hosts` (comma-separated). An IPv6 address the host
+    cannot bind (no IPv6) is skipped with a warning while another address listens."""
+    addresses = [host.strip() for host in hosts.split(",") if host.strip()]
+    servers = []
+    for host in addresses:
+        try:
+            servers.append(await start(host))
+        except OSError as error:
+            if not (_is_ipv6(host) and error.errno in IPV6_UNAVAILABLE_ERRNOS and len(addresses) > 1):
+                raise
+            log.warning("server.ipv6_unavailable", listener=listener, host=host, error=str(error))
+    if not servers:
+        raise OSError(errno.EADDRNOTAVAIL, f"no {listener} listener could bind any of {hosts}")
+    return servers
+
+
+def _addresses(servers: list[asyncio.Server]) -> list[str]:
+    """Where the servers listen, as "[::]:5672" and "0.0.0.0:5672"."""
+    return [f"[{name[0]}]:{name[1]}" if sock.family == socket.AF_INET6 else f"{name[0]}:{name[1]}"
+            for server in servers for sock in server.sockets for name in [sock.getsockname()]]
+
+
+def _is_ipv6(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).version == 6
+    except ValueError:
+        return False
+
+
+def _on_fatal(error: BaseException, fatal: list[BaseException], stop: asyncio.Event) -> None:
+    """The node's Raft stopped for good: stop the node rather than serve half alive."""
+    log.critical("server.fatal", reason="raft failed", error=repr(error), exit_status=FATAL_EXIT_STATUS)
+    fatal.append(error)
+    stop.set()

@@ -1,0 +1,126 @@
+"""Validation of the queue arguments RabbitMQ knows (x-*), with its error texts.
+
+Unknown arguments are kept as given; a known one with a bad value is a 406
+PRECONDITION_FAILED naming the argument, the way RabbitMQ words it:
+``invalid arg 'x-max-length' for queue 'q' in vhost '/': {unacceptable_type,longstr}``.
+"""
+from __future__ import annotations
+
+from warren.protocol.constants import PRECONDITION_FAILED
+from warren.protocol.errors import ChannelError
+
+QUEUE_TYPES = ("classic", "quorum", "stream")
+OVERFLOW_MODES = ("drop-head", "reject-publish", "reject-publish-dlx")
+LEADER_LOCATORS = ("client-local", "balanced", "min-masters", "random", "least-leaders")
+
+
+def _amqp_type(value: object) -> str:
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int):
+        return "long"
+    if isinstance(value, float):
+        return "double"
+    if isinstance(value, (str, bytes)):
+        return "longstr"
+    if isinstance(value, dict):
+        return "table"
+    if isinstance(value, list):
+        return "array"
+    return "void" if value is None else type(value).__name__
+
+
+def _non_negative_int(value: object) -> str | None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        return f"{{unacceptable_type,{_amqp_type(value)}}}"
+    if value < 0:
+        return f"{{value_negative,{value}}}"
+    return None
+
+
+def _positive_int(value: object) -> str | None:
+    problem = _non_negative_int(value)
+    if problem is None and value == 0:
+        return "{value_zero,0}"
+    return problem
+
+
+def _string_in(choices: tuple[str, ...]):
+    def check(value: object) -> str | None:
+        if not isinstance(value, str):
+            return f"{{unacceptable_type,{_amqp_type(value)}}}"
+        if value not in choices:
+            return f"{{unacceptable_value,{value}}}" if value else "{unacceptable_value,<<>>}"
+        return None
+    return check
+
+
+def _string(value: object) -> str | None:
+    return None if isinstance(value, str) else f"{{unacceptable_type,{_amqp_type(value)}}}"
+
+
+def _boolean(value: object) -> str | None:
+    return None if isinstance(value, bool) else f"{{unacceptable_type,{_amqp_type(value)}}}"
+
+
+def _priority(value: object) -> str | None:
+    problem = _non_negative_int(value)
+    if problem is None and value > 255:  # type: ignore[operator]
+        return f"{{value_too_large,{value},255}}"
+    return problem
+
+
+QUEUE_ARGUMENT_CHECKS = {
+    "x-message-ttl": _non_negative_int,
+    "x-expires": _positive_int,
+    "x-max-length": _non_negative_int,
+    "x-max-length-bytes": _non_negative_int,
+    "x-max-priority": _priority,
+    "x-overflow": _string_in(OVERFLOW_MODES),
+    "x-dead-letter-exchange": _string,
+    "x-dead-letter-routing-key": _string,
+    "x-dead-letter-strategy": _string_in(("at-most-once", "at-least-once")),
+    "x-queue-type": _string_in(QUEUE_TYPES),
+    "x-queue-mode": _string_in(("default", "lazy")),
+    "x-single-active-consumer": _boolean,
+    "x-delivery-limit": _non_negative_int,
+    "x-quorum-initial-group-size": _positive_int,
+    "x-queue-leader-locator": _string_in(LEADER_LOCATORS),
+    "x-queue-master-locator": _string_in(LEADER_LOCATORS),
+}
+
+# Arguments whose difference on redeclare is an error (RabbitMQ compares these).
+EQUIVALENCE_CHECKED = (
+    "x-message-ttl", "x-expires", "x-max-length", "x-max-length-bytes", "x-max-priority",
+    "x-overflow", "x-dead-letter-exchange", "x-dead-letter-routing-key", "x-queue-type",
+    "x-single-active-consumer", "x-delivery-limit", "x-quorum-initial-group-size",
+    "x-dead-letter-strategy",
+)
+
+
+def validate_queue_arguments(arguments: dict, queue: str, vhost: str) -> None:
+    for name, value in arguments.items():
+        check = QUEUE_ARGUMENT_CHECKS.get(name)
+        if check is None:
+            continue
+        problem = check(value)
+        if problem is not None:
+            raise ChannelError(
+                PRECONDITION_FAILED,
+                f"invalid arg '{name}' for queue '{queue}' in vhost '{vhost}': {problem}", 50, 10)
+
+
+def check_equivalent(existing: dict, received: dict, queue: str, vhost: str) -> None:
+    for name in EQUIVALENCE_CHECKED:
+        old = existing.get(name)
+        new = received.get(name)
+        if name == "x-queue-type":  # classic is what an untyped declare means
+            old = old or "classic"
+            new = new or old
+        if old != new:
+            current = "none" if old is None else f"the value '{old}' of type '{_amqp_type(old)}'"
+            got = "none" if new is None else f"the value '{new}' of type '{_amqp_type(new)}'"
+            raise ChannelError(
+                PRECONDITION_FAILED,
+                f"inequivalent arg '{name}' for queue '{queue}' in vhost '{vhost}': "
+                f"received {got} but current is {current}", 50, 10)

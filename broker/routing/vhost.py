@@ -1,0 +1,401 @@
+"""A virtual host: its exchanges, queues and bindings, and routing between them.
+
+Every operation raises ``ChannelError`` with the reply code and text RabbitMQ
+sends for the same mistake. No I/O here: the channel calls in, queues call
+back for dead-lettering and auto-delete.
+"""
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable, Hashable
+from datetime import UTC, datetime
+from typing import Any
+
+from pamqp import commands as spec
+
+from warren.broker.queues.queue import Queue
+from warren.broker.routing import arguments as queue_arguments
+from warren.broker.routing.exchanges import (
+    DEFAULT_EXCHANGES,
+    EXCHANGE_TYPES,
+    Binding,
+    Destination,
+    Exchange,
+    make_exchange,
+)
+from warren.protocol import codec
+from warren.protocol.constants import (
+    ACCESS_REFUSED,
+    NOT_FOUND,
+    PRECONDITION_FAILED,
+    RESOURCE_LOCKED,
+)
+from warren.protocol.errors import ChannelError
+
+QUEUE_TYPES_DURABLE_ONLY = ("quorum", "stream")
+# Longest path through exchange-to-exchange bindings we follow; cycles are cut by a visited set.
+E2E_HOPS_MAX = 64
+
+
+class NullJournal:
+    """Where a vhost reports durable changes when nothing is written (tests, replay)."""
+
+    def exchange_declared(self, vhost: "VirtualHost", exchange: Exchange) -> None:
+        pass
+
+    def exchange_deleted(self, vhost: "VirtualHost", exchange: Exchange) -> None:
+        pass
+
+    def queue_declared(self, vhost: "VirtualHost", queue: Queue) -> None:
+        pass
+
+    def queue_deleted(self, vhost: "VirtualHost", queue: Queue) -> None:
+        pass
+
+    def binding_changed(self, vhost: "VirtualHost", binding: Binding, bound: bool) -> None:
+        pass
+
+
+class VirtualHost:
+    def __init__(self, name: str, journal: Any = None):
+        self.name = name
+        self.journal = journal or NullJournal()
+        self.exchanges: dict[str, Exchange] = {"": make_exchange("", "direct")}
+        for exchange_name, exchange_type in DEFAULT_EXCHANGES:
+            self.exchanges[exchange_name] = make_exchange(exchange_name, exchange_type)
+        self.queues: dict[str, Queue] = {}
+
+    # -- exchanges --------------------------------------------------------
+    def exchange(self, name: str, class_id: int = 40, method_id: int = 10) -> Exchange:
+        found = self.exchanges.get(name)
+        if found is None:
+            raise ChannelError(NOT_FOUND, f"no exchange '{name}' in vhost '{self.name}'", class_id, method_id)
+        return found
+
+    def declare_exchange(self, method: spec.Exchange.Declare,
+                         replicate: Callable[[], None] | None = None) -> Exchange | None:
+        """The exchange; or None when `replicate` (given for a change the
+        metadata group makes) was called to create it everywhere."""
+        name = method.exchange
+        if method.passive:
+            _check_not_default_exchange(name, 40, 10)  # as RabbitMQ: a passive declare too
+            return self.exchange(name)
+        if method.exchange_type not in EXCHANGE_TYPES:
+            raise ChannelError(
+                PRECONDITION_FAILED, f"invalid exchange type '{method.exchange_type}' for exchange "
+                f"'{name}' in vhost '{self.name}'", 40, 10)
+        existing = self.exchanges.get(name)
+        _check_not_default_exchange(name, 40, 10)
+        if name.startswith("amq.") and existing is None:
+            raise ChannelError(
+                ACCESS_REFUSED, f"exchange name '{name}' contains reserved prefix 'amq.*'", 40, 10)
+        if existing is not None:
+            self._check_exchange_equivalent(existing, method)
+            return existing
+        if replicate is not None:
+            replicate()
+            return None
+        exchange = make_exchange(name, method.exchange_type, method.durable, method.auto_delete,
+                                 method.internal, method.arguments or {})
+        self.add_exchange(exchange)
+        return exchange
+
+    def add_exchange(self, exchange: Exchange) -> None:
+        """The read model's update: no checks (made where asked, or by the metadata machine)."""
+        self.exchanges[exchange.name] = exchange
+        self.journal.exchange_declared(self, exchange)
+
+    def _check_exchange_equivalent(self, existing: Exchange, method: spec.Exchange.Declare) -> None:
+        for field, received, current in (
+            ("type", method.exchange_type, existing.type),
+            ("durable", method.durable, existing.durable),
+            ("auto_delete", method.auto_delete, existing.auto_delete),
+            ("internal", method.internal, existing.internal),
+        ):
+            if received != current:
+                raise ChannelError(
+                    PRECONDITION_FAILED,
+                    f"inequivalent arg '{field}' for exchange '{existing.name}' in vhost '{self.name}': "
+                    f"received '{_erl(received)}' but current is '{_erl(current)}'", 40, 10)
+
+    def delete_exchange(self, name: str, if_unused: bool, replicate: Callable[[], None] | None = None) -> None:
+        if name == "" or name.startswith("amq."):
+            raise ChannelError(ACCESS_REFUSED, "operation not permitted on the default exchange"
+                               if name == "" else f"exchange '{name}' in vhost '{self.name}' is built in", 40, 20)
+        exchange = self.exchanges.get(name)
+        if exchange is None:
+            return  # deleting what does not exist succeeds, as in RabbitMQ 3.x
+        if if_unused and exchange.bindings:  # as RabbitMQ: only bindings with it as source count
+            raise ChannelError(PRECONDITION_FAILED, f"exchange '{name}' in vhost '{self.name}' in use", 40, 20)
+        if replicate is not None and exchange.durable:
+            replicate()
+            return
+        self.remove_exchange(exchange)
+
+    def remove_exchange(self, exchange: Exchange) -> None:
+        del self.exchanges[exchange.name]
+        self.journal.exchange_deleted(self, exchange)
+        for other in list(self.exchanges.values()):
+            if other.unbind_destination(("exchange", exchange.name)):
+                self._maybe_auto_delete_exchange(other)
+
+    def _maybe_auto_delete_exchange(self, exchange: Exchange) -> None:
+        if exchange.auto_delete and not exchange.bindings and exchange.name in self.exchanges:
+            self.remove_exchange(exchange)
+
+    # -- queues -----------------------------------------------------------
+    def queue(self, name: str, owner: Hashable | None, class_id: int = 50, method_id: int = 10) -> Queue:
+        found = self.queues.get(name)
+        if found is None:
+            raise ChannelError(NOT_FOUND, f"no queue '{name}' in vhost '{self.name}'", class_id, method_id)
+        self._check_exclusive(found, owner, class_id, method_id)
+        return found
+
+    def _check_exclusive(self, queue: Queue, owner: Hashable | None, class_id: int, method_id: int) -> None:
+        if queue.exclusive_owner is not None and queue.exclusive_owner != owner:
+            raise ChannelError(RESOURCE_LOCKED, self._locked_text(queue), class_id, method_id)
+
+    def _locked_text(self, queue: Queue) -> str:
+        return (f"cannot obtain exclusive access to locked queue '{queue.name}' in vhost '{self.name}'. "
+                "It could be originally declared on another connection or the exclusive property value "
+                "does not match that of the original declaration.")
+
+    def declare_queue(self, method: spec.Queue.Declare, owner: Hashable,
+                      replicate: Callable[[str, dict], bool] | None = None,
+                      authorize: Callable[[str], None] | None = None) -> Queue | None:
+        """The queue; or None when a new quorum (or replicable durable) queue was
+        taken by `replicate(name, arguments)` (the metadata group creates it).
+        `authorize(name)` raises if the user may not configure the queue (called,
+        as RabbitMQ does, once a server-named queue has its name)."""
+        name = method.queue
+        arguments = dict(method.arguments or {})
+        if method.passive:
+            return self.queue(name, owner)
+        if name.startswith("amq."):
+            raise ChannelError(ACCESS_REFUSED, f"queue name '{name}' contains reserved prefix 'amq.*'", 50, 10)
+        if not name:
+            name = "amq.gen-" + secrets.token_urlsafe(16)
+        if authorize is not None:
+            authorize(name)
+        queue_arguments.validate_queue_arguments(arguments, name, self.name)
+        existing = self.queues.get(name)
+        if existing is not None:
+            self._check_queue_equivalent(existing, method, arguments, owner)
+            existing.touch()
+            return existing
+        self._check_queue_type_properties(method, arguments, name)
+        if replicate is not None and (arguments.get("x-queue-type") == "quorum" or (
+                method.durable and not method.exclusive and not method.auto_delete)):
+            if replicate(name, arguments):
+                return None
+        queue = Queue(self, name, method.durable, owner if method.exclusive else None,
+                      method.auto_delete, arguments)
+        self.add_queue(queue)
+        self.journal.queue_declared(self, queue)
+        return queue
+
+    def _check_queue_equivalent(self, existing: Queue, method: spec.Queue.Declare, arguments: dict,
+                                owner: Hashable) -> None:
+        """RabbitMQ's rabbit_amqqueue:assert_equivalence, in its order: durable,
+        auto_delete, arguments, then exclusivity (strict: a redeclare must say
+        exclusive exactly when the queue is, else 405, from the owner too)."""
+        for field, received, current in (("durable", method.durable, existing.durable),
+                                         ("auto_delete", method.auto_delete, existing.auto_delete)):
+            if received != current:
+                raise ChannelError(
+                    PRECONDITION_FAILED,
+                    f"inequivalent arg '{field}' for queue '{existing.name}' in vhost '{self.name}': "
+                    f"received '{_erl(received)}' but current is '{_erl(current)}'", 50, 10)
+        queue_arguments.check_equivalent(existing.arguments, arguments, existing.name, self.name)
+        if existing.exclusive_owner != (owner if method.exclusive else None):
+            raise ChannelError(RESOURCE_LOCKED, self._locked_text(existing), 50, 10)
+
+    def add_queue(self, queue: Queue) -> None:
+        self.queues[queue.name] = queue
+        self.exchanges[""].bind(Binding.make("", ("queue", queue.name), queue.name, None))
+
+    def _check_queue_type_properties(self, method: spec.Queue.Declare, arguments: dict, name: str) -> None:
+        if arguments.get("x-queue-type") not in QUEUE_TYPES_DURABLE_ONLY:
+            return
+        for prop, bad in (("exclusive", method.exclusive), ("non-durable", not method.durable),
+                          ("auto-delete", method.auto_delete)):
+            if bad:
+                raise ChannelError(
+                    PRECONDITION_FAILED, f"invalid property '{prop}' for queue '{name}' in vhost '{self.name}'",
+                    50, 10)
+
+    def delete_queue(self, name: str, owner: Hashable, if_unused: bool, if_empty: bool,
+                     replicate: Callable[[str], None] | None = None) -> int | None:
+        """The message count; None when a replicated queue was handed to `replicate(name)`."""
+        queue = self.queues.get(name)
+        if queue is None:
+            return 0  # as RabbitMQ 3.x: deleting a missing queue succeeds
+        self._check_exclusive(queue, owner, 50, 40)
+        if if_unused and queue.consumer_count:
+            raise ChannelError(PRECONDITION_FAILED, f"queue '{name}' in vhost '{self.name}' in use", 50, 40)
+        if if_empty and queue.message_count:
+            raise ChannelError(PRECONDITION_FAILED, f"queue '{name}' in vhost '{self.name}' is not empty", 50, 40)
+        if queue.replicated and replicate is not None:
+            replicate(name)
+            return None
+        count = queue.message_count
+        self.delete_queue_now(queue)
+        return count
+
+    def delete_queue_now(self, queue: Queue) -> None:
+        if self.queues.get(queue.name) is not queue:
+            return
+        del self.queues[queue.name]
+        self.journal.queue_deleted(self, queue)
+        for exchange in list(self.exchanges.values()):
+            if exchange.unbind_destination(("queue", queue.name)):
+                self._maybe_auto_delete_exchange(exchange)
+        queue.notify_deleted()
+
+    def delete_exclusive_queues(self, owner: Hashable) -> None:
+        for queue in [q for q in self.queues.values() if q.exclusive_owner == owner]:
+            self.delete_queue_now(queue)
+
+    # -- bindings ---------------------------------------------------------
+    def bind(self, source: str, destination: Destination, routing_key: str, arguments: dict | None,
+             owner: Hashable, class_id: int, method_id: int, replicate: Callable[[], None] | None = None) -> None:
+        exchange = self._binding_source(source, class_id, method_id)
+        self._binding_destination(destination, owner, class_id, method_id)
+        if replicate is not None:
+            replicate()
+            return
+        self.add_binding(exchange, Binding.make(source, destination, routing_key, arguments))
+
+    def add_binding(self, exchange: Exchange, binding: Binding) -> None:
+        """The read model's update: no checks."""
+        if binding not in exchange.bindings:
+            exchange.bind(binding)
+            self.journal.binding_changed(self, binding, True)
+
+    def remove_binding(self, exchange: Exchange, binding: Binding) -> bool:
+        """The read model's update: no checks, no auto-delete (the caller decides)."""
+        if not exchange.unbind(binding):
+            return False
+        self.journal.binding_changed(self, binding, False)
+        return True
+
+    def unbind(self, source: str, destination: Destination, routing_key: str, arguments: dict | None,
+               owner: Hashable, class_id: int, method_id: int, replicate: Callable[[], None] | None = None) -> None:
+        _check_not_default_exchange(source, class_id, method_id)
+        exchange = self.exchanges.get(source)
+        kind, name = destination
+        target = self.queues.get(name) if kind == "queue" else self.exchanges.get(name)
+        if exchange is None or target is None:
+            return  # as RabbitMQ: unbinding what is already gone succeeds
+        if kind == "queue":
+            self._check_exclusive(target, owner, class_id, method_id)
+        if replicate is not None:
+            replicate()
+            return
+        if self.remove_binding(exchange, Binding.make(source, destination, routing_key, arguments)):
+            self._maybe_auto_delete_exchange(exchange)
+
+    def _binding_source(self, source: str, class_id: int, method_id: int) -> Exchange:
+        _check_not_default_exchange(source, class_id, method_id)
+        return self.exchange(source, class_id, method_id)
+
+    def _binding_destination(self, destination: Destination, owner: Hashable, class_id: int, method_id: int) -> None:
+        kind, name = destination
+        if kind == "queue":
+            self.queue(name, owner, class_id, method_id)
+        else:
+            _check_not_default_exchange(name, class_id, method_id)
+            self.exchange(name, class_id, method_id)
+
+    # -- routing ----------------------------------------------------------
+    def route(self, exchange: Exchange, routing_key: str, properties: bytes) -> list[Queue]:
+        """Queues a message reaches, following e2e bindings and alternate exchanges."""
+        if exchange.name == "":
+            queue = self.queues.get(routing_key)
+            return [queue] if queue is not None else []
+        headers: Any = _UNDECODED
+        found: dict[str, Queue] = {}
+        pending = [exchange]
+        visited = {exchange.name}
+        while pending and len(visited) <= E2E_HOPS_MAX:
+            current = pending.pop()
+            if current.type == "headers" and headers is _UNDECODED:
+                headers = codec.headers_of(properties)
+            destinations = current.route(routing_key, None if headers is _UNDECODED else headers)
+            if not destinations:
+                alternate = self.exchanges.get(current.alternate_exchange or "")
+                if alternate is not None and alternate.name and alternate.name not in visited:
+                    visited.add(alternate.name)
+                    pending.append(alternate)
+                continue
+            for kind, name in destinations:
+                if kind == "queue":
+                    queue = self.queues.get(name)
+                    if queue is not None:
+                        found[name] = queue
+                elif name not in visited:
+                    target = self.exchanges.get(name)
+                    if target is not None:
+                        visited.add(name)
+                        pending.append(target)
+        return list(found.values())
+
+    def dead_letter(self, queue: Queue, reason: str, payloads: tuple, time_ms: int) -> None:
+        """Republish dead messages to the queue's x-dead-letter-exchange, if any."""
+        exchange_name = queue.arguments.get("x-dead-letter-exchange")
+        if exchange_name is None:
+            return
+        exchange = self.exchanges.get(exchange_name)
+        if exchange is None:
+            return  # RabbitMQ drops silently when the DLX does not exist
+        override_key = queue.arguments.get("x-dead-letter-routing-key")
+        for original_exchange, routing_key, properties, body in payloads:
+            key = override_key if override_key is not None else routing_key
+            properties = _with_death(properties, queue, reason, original_exchange, routing_key, time_ms)
+            payload = (exchange_name, key, properties, body)
+            for target in self.route(exchange, key, properties):
+                # A message dead-lettered back into its own queue is dropped unless a
+                # client rejected it (RabbitMQ's cycle rule).
+                if target is not queue or reason == "rejected":
+                    target.enqueue(payload, len(body))
+
+
+_UNDECODED = object()
+
+
+def _with_death(properties: bytes, queue: Queue, reason: str, exchange: str, routing_key: str,
+                time_ms: int) -> bytes:
+    """Add RabbitMQ's x-death record (and x-first-death-*) to the headers."""
+    decoded = codec.decode_properties(properties)
+    headers = dict(decoded.headers or {})
+    deaths = list(headers.get("x-death") or [])
+    for death in deaths:
+        if death.get("queue") == queue.name and death.get("reason") == reason:
+            death["count"] = death.get("count", 1) + 1
+            break
+    else:
+        death = {"count": 1, "reason": reason, "queue": queue.name, "exchange": exchange,
+                 "routing-keys": [routing_key], "time": datetime.fromtimestamp(time_ms // 1000, tz=UTC)}
+        if decoded.expiration is not None:
+            # RabbitMQ keeps the per-message TTL it removes below here (rabbit_dead_letter)
+            death["original-expiration"] = decoded.expiration
+        deaths.insert(0, death)
+        headers.setdefault("x-first-death-reason", reason)
+        headers.setdefault("x-first-death-queue", queue.name)
+        headers.setdefault("x-first-death-exchange", exchange)
+    headers["x-death"] = deaths
+    decoded.headers = headers
+    decoded.expiration = None  # as RabbitMQ: the dead-lettered copy does not expire again by the same TTL
+    return codec.encode_properties(decoded)
+
+
+def _check_not_default_exchange(name: str, class_id: int, method_id: int) -> None:
+    """RabbitMQ's rabbit_channel:check_not_default_exchange."""
+    if name == "":
+        raise ChannelError(ACCESS_REFUSED, "operation not permitted on the default exchange", class_id, method_id)
+
+
+def _erl(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
