@@ -24,12 +24,11 @@ from pamqp import commands as spec
 
 from warren.broker.amqp.channel_topology import REPLY_TO_QUEUE, TopologyMethods
 from warren.broker.amqp.confirms import ConfirmTracker
-from warren.broker.queues import fifo
+from warren.broker.queues import queue_commands as qc
 from warren.broker.queues.queue import Queue
 from warren.protocol import codec
 from warren.protocol.constants import (
     ACCESS_REFUSED,
-    INTERNAL_ERROR,
     NO_ROUTE,
     NOT_ALLOWED,
     NOT_FOUND,
@@ -72,8 +71,6 @@ class Channel(TopologyMethods):
         self.prefetch_count = 0
         self.global_prefetch_count = 0
         self.confirms: ConfirmTracker | None = None
-        # WAL batch number -> publish seqs confirmed when that batch is durable
-        self.durable_waits: dict[int, list[int]] = {}
         self.tx: list[tuple] | None = None
         # commits waiting for their queues and the disk, answered in order
         self.tx_commits: deque[PendingPublish] = deque()
@@ -124,56 +121,31 @@ class Channel(TopologyMethods):
 
     def _route_and_enqueue(self, exchange, routing_key: str, mandatory: bool, properties: bytes, body: bytes,
                            ttl_ms: int | None = None, priority: int = 0,
-                           tx_wait: "PendingPublish | None" = None) -> int:
-        """Route and enqueue one message; returns the WAL batch that makes it durable (0: none).
+                           tx_wait: "PendingPublish | None" = None) -> None:
+        """Route and enqueue one message; confirmed once every queue it reached has it
+        (a replicated one: applied by its leader; a journaled one: on disk).
 
         In a transaction's commit, ``tx_wait`` is the commit's own PendingPublish: every
-        quorum queue's apply of this message counts toward it (the confirm machinery, with
-        commit-ok in place of basic.ack), a refusal fails it; the caller waits for the batch."""
+        queue's enqueue of this message counts toward it (the confirm machinery, with
+        commit-ok in place of basic.ack), a refusal fails it."""
         seq = self.confirms.next_publish() if self.confirms is not None else 0
         if exchange.name == "" and routing_key.startswith(REPLY_TO_PREFIX):
             delivered = self.broker.deliver_reply(routing_key, properties, body)
             self._after_route(seq, delivered, True, mandatory, exchange.name, routing_key, properties, body)
-            return 0
+            return
         queues = self.vhost.route(exchange, routing_key, properties)
-        accepted = True
-        batch = 0
-        waiting = tx_wait
-        if queues:
-            payload = (exchange.name, routing_key, properties, body)
-            size = len(body)
-            for queue in queues:
-                if queue.replicated:
-                    if waiting is None:
-                        waiting = PendingPublish(seq)
-                    waiting.remaining += 1
-                    self._enqueue_replicated(queue, payload, ttl_ms, priority, waiting)
-                    continue
-                taken = queue.enqueue(payload, size, ttl_ms, priority)
-                if taken is None:
-                    accepted = False
-                elif taken > batch:
-                    batch = taken
-        if tx_wait is not None:
-            tx_wait.ok = tx_wait.ok and accepted
-            if not queues:
-                self._after_route(0, False, True, mandatory, exchange.name, routing_key, properties, body)
-            return batch
-        if waiting is not None:
-            # confirmed once every quorum queue applied it (and the WAL batch, if any, is durable)
-            waiting.ok = accepted
-            if batch:
-                waiting.remaining += 1
-                self.broker.durability.committer.when_durable(batch, partial(self._publish_part_done, waiting))
-            return batch
-        if batch and seq and accepted:
-            self._confirm_when_durable(seq, batch)
-            return batch
-        self._after_route(seq, bool(queues), accepted, mandatory, exchange.name, routing_key, properties, body)
-        return batch
+        if not queues:
+            self._after_route(0 if tx_wait is not None else seq, False, True, mandatory, exchange.name, routing_key,
+                              properties, body)
+            return
+        payload = (exchange.name, routing_key, properties, body)
+        waiting = tx_wait if tx_wait is not None else PendingPublish(seq)
+        waiting.remaining += len(queues)   # all counted first: a queue without a log answers at once
+        for queue in queues:
+            self._enqueue(queue, payload, ttl_ms, priority, waiting)
 
-    def _enqueue_replicated(self, queue: Queue, payload: tuple, ttl_ms: int | None, priority: int,
-                            waiting: "PendingPublish") -> None:
+    def _enqueue(self, queue: Queue, payload: tuple, ttl_ms: int | None, priority: int,
+                 waiting: "PendingPublish") -> None:
         self.enqueues_in_flight += 1
         if self.enqueues_in_flight > self.broker.settings.commands_soft_limit and not self.commands_paused:
             # RabbitMQ's soft limit: stop reading this client until the queues catch up.
@@ -200,22 +172,6 @@ class Channel(TopologyMethods):
         if not waiting.seq or self.confirms is None:
             return
         self.confirms.settle(waiting.seq, waiting.ok)
-        self.connection.want_flush(self)
-
-    def _confirm_when_durable(self, seq: int, batch: int) -> None:
-        """Confirm once WAL batch ``batch`` (which holds this publish) is on disk."""
-        waiting = self.durable_waits.get(batch)
-        if waiting is None:
-            waiting = self.durable_waits[batch] = []
-            self.broker.durability.committer.when_durable(batch, partial(self._on_durable, batch))
-        waiting.append(seq)
-
-    def _on_durable(self, batch: int, ok: bool) -> None:
-        seqs = self.durable_waits.pop(batch, ())
-        if self.closed or self.confirms is None:
-            return
-        for seq in seqs:
-            self.confirms.settle(seq, ok)
         self.connection.want_flush(self)
 
     def _after_route(self, seq: int, routed: bool, accepted: bool, mandatory: bool,
@@ -322,15 +278,15 @@ class Channel(TopologyMethods):
                 raise ChannelError(PRECONDITION_FAILED, f"unknown delivery tag {delivery_tag}", 60, 80)
             self.tx.append(("ack", delivery_tag, multiple))
             return
-        self._settle(self._take_unacked(delivery_tag, multiple, 60, 80), fifo.Settle)
+        self._settle(self._take_unacked(delivery_tag, multiple, 60, 80), qc.Settle)
 
     def on_nack(self, delivery_tag: int, multiple: bool, requeue: bool) -> None:
         taken = self._take_unacked(delivery_tag, multiple, 60, 120)
-        self._settle(taken, fifo.Return if requeue else fifo.Discard)
+        self._settle(taken, qc.Return if requeue else qc.Discard)
 
     def on_reject(self, delivery_tag: int, requeue: bool) -> None:
         taken = self._take_unacked(delivery_tag, False, 60, 90)
-        self._settle(taken, fifo.Return if requeue else fifo.Discard)
+        self._settle(taken, qc.Return if requeue else qc.Discard)
 
     def _take_unacked(self, delivery_tag: int, multiple: bool, class_id: int, method_id: int) -> list:
         unacked = self.unacked
@@ -359,27 +315,28 @@ class Channel(TopologyMethods):
         if len(taken) == 1:
             queue, consumer_tag, msg_id = taken[0]
             if not queue.deleted:
-                self._apply_settle(queue, command_type((self.owner, consumer_tag), (msg_id,)), tx_wait)
+                self._release(queue, command_type, consumer_tag, (msg_id,), tx_wait)
         else:
-            groups: dict[tuple, list[int]] = {}
+            groups: dict[tuple, list] = {}
             for queue, consumer_tag, msg_id in taken:
                 groups.setdefault((queue, consumer_tag), []).append(msg_id)
             for (queue, consumer_tag), msg_ids in groups.items():
                 if not queue.deleted:
-                    self._apply_settle(queue, command_type((self.owner, consumer_tag), tuple(msg_ids)), tx_wait)
-        if command_type is fifo.Settle:
+                    self._release(queue, command_type, consumer_tag, msg_ids, tx_wait)
+        if command_type is qc.Settle:
             self.broker.counters.acknowledged += len(taken)
         if self.held:
             self._send_held()
         if self.suspended and self.global_prefetch_count:
             self._set_suspended(qos=len(self.unacked) >= self.global_prefetch_count)
 
-    def _apply_settle(self, queue: Queue, command: Any, tx_wait: "PendingPublish | None") -> None:
-        if tx_wait is None or not queue.replicated:
-            queue.apply(command)
+    def _release(self, queue: Queue, kind: type, consumer_tag: str | None, msg_ids: Any,
+                 tx_wait: "PendingPublish | None") -> None:
+        if tx_wait is None:
+            queue.release(kind, self.owner, consumer_tag, msg_ids)
             return
         tx_wait.remaining += 1
-        queue.apply(command, on_done=lambda _reply: self._publish_part_done(tx_wait, True))
+        queue.release(kind, self.owner, consumer_tag, msg_ids, lambda _reply: self._publish_part_done(tx_wait, True))
 
     def _send_held(self) -> None:
         while self.held and (not self.global_prefetch_count or len(self.unacked) < self.global_prefetch_count):
@@ -387,7 +344,7 @@ class Channel(TopologyMethods):
             consumer = self.consumers.get(consumer_tag)
             if consumer is None:  # cancelled meanwhile: the message goes back, undelivered
                 if not queue.deleted:
-                    queue.apply(fifo.Return((self.owner, consumer_tag), (msg_id,)))
+                    queue.release(qc.Return, self.owner, consumer_tag, (msg_id,))
                 continue
             self._send_delivery(consumer, queue, msg_id, payload, redelivered)
 
@@ -405,7 +362,7 @@ class Channel(TopologyMethods):
             if self.suspended != want:
                 break  # deliveries made while resuming filled the channel again
             if consumer.queue is not None and not consumer.queue.deleted:
-                consumer.queue.apply(fifo.Suspend((self.owner, consumer.tag), active=not want))
+                consumer.queue.suspend((self.owner, consumer.tag), active=not want)
 
     def on_writes_paused_changed(self) -> None:
         self._set_suspended()
@@ -491,20 +448,11 @@ class Channel(TopologyMethods):
         queue = self._readable_queue(method.queue, 60, 70)
         self.queues_used[id(queue)] = queue
         queue.touch()
-        if queue.replicated:
-            queue.get(self.owner, method.no_ack, partial(self._on_replicated_get, queue, method.no_ack))
-            return
-        self._send_get_reply(queue, method.no_ack, queue.apply(fifo.Dequeue((self.owner, None), method.no_ack)))
-
-    def _on_replicated_get(self, queue: Queue, no_ack: bool, reply: Any) -> None:
-        if self.closed:
-            return  # what it took is returned by the channel's DOWN
-        if reply is not None:
-            msg_id, payload, redelivered, message_count, delivery_count = reply
-            reply = fifo.Dequeued(msg_id, tuple(payload), redelivered, message_count, delivery_count)
-        self._send_get_reply(queue, no_ack, reply)
+        queue.get(self.owner, method.no_ack, partial(self._send_get_reply, queue, method.no_ack))
 
     def _send_get_reply(self, queue: Queue, no_ack: bool, reply: Any) -> None:
+        if self.closed:
+            return  # what it took is returned by the channel's Down
         if reply is None:
             self.send(spec.Basic.GetEmpty())
             return
@@ -522,13 +470,13 @@ class Channel(TopologyMethods):
     def on_basic_recover(self, method: spec.Basic.Recover) -> None:
         if not method.requeue:
             raise AMQPConnectionError(NOT_IMPLEMENTED, "requeue=false", 60, 110)
-        self._settle(self._take_unacked(0, True, 60, 110), fifo.Return)
+        self._settle(self._take_unacked(0, True, 60, 110), qc.Return)
         self.send(spec.Basic.RecoverOk())
 
     def on_basic_recover_async(self, method: spec.Basic.RecoverAsync) -> None:
         if not method.requeue:
             raise AMQPConnectionError(NOT_IMPLEMENTED, "requeue=false", 60, 100)
-        self._settle(self._take_unacked(0, True, 60, 100), fifo.Return)
+        self._settle(self._take_unacked(0, True, 60, 100), qc.Return)
 
     def on_confirm_select(self, method: spec.Confirm.Select) -> None:
         if self.tx is not None:
@@ -558,24 +506,13 @@ class Channel(TopologyMethods):
         commit.on_done = partial(self._on_commit_done, commit)
         commit.remaining = 1  # held until everything below is submitted
         self.tx_commits.append(commit)
-        batch = 0
         for entry in pending:
             if entry[0] == "ack":
                 _, delivery_tag, multiple = entry
                 if delivery_tag in self.unacked or (multiple and delivery_tag == 0):
-                    self._settle(self._take_unacked(delivery_tag, multiple, 90, 20), fifo.Settle, commit)
+                    self._settle(self._take_unacked(delivery_tag, multiple, 90, 20), qc.Settle, commit)
                 continue
-            batch = max(batch, self._route_and_enqueue(*entry, tx_wait=commit))
-        if batch:
-            commit.remaining += 1
-            self.broker.durability.committer.when_durable(batch, partial(self._on_commit_durable, commit))
-        self._publish_part_done(commit, True)
-
-    def _on_commit_durable(self, commit: "PendingPublish", ok: bool) -> None:
-        if not ok:
-            if not self.closed:
-                self.connection.close(INTERNAL_ERROR, "INTERNAL_ERROR - could not write the change to disk")
-            return
+            self._route_and_enqueue(*entry, tx_wait=commit)
         self._publish_part_done(commit, True)
 
     def _on_commit_done(self, commit: "PendingPublish", ok: bool) -> None:

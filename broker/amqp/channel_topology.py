@@ -15,7 +15,6 @@ from pamqp import commands as spec
 from warren.broker.admin.auth import refused_text
 from warren.broker.node import metadata_commands as mc
 from warren.broker.node.metadata import raise_if_error
-from warren.broker.queues import fifo
 from warren.broker.queues.queue import Queue
 from warren.protocol.constants import ACCESS_REFUSED, INTERNAL_ERROR, NOT_FOUND
 from warren.protocol.errors import ChannelError
@@ -215,12 +214,7 @@ class TopologyMethods:
 
     def on_queue_purge(self, method: spec.Queue.Purge) -> None:
         queue = self._readable_queue(method.queue, 50, 30)
-        if queue.replicated:
-            queue.purge(lambda count: None if method.nowait or self.closed else self.send(spec.Queue.PurgeOk(count)))
-            return
-        count = queue.apply(fifo.Purge())
-        if not method.nowait:
-            self.send(spec.Queue.PurgeOk(count))
+        queue.purge(lambda count: None if method.nowait or self.closed else self.send(spec.Queue.PurgeOk(count)))
 
     def on_queue_delete(self, method: spec.Queue.Delete) -> None:
         name = self._queue_name(method.queue, 50, 40)

@@ -1,9 +1,20 @@
-"""A queue: the pure fifo machine plus the thin shell that performs its effects.
+"""A queue as one node sees it: the one shell every vhost holds, for every
+queue type.
 
-The shell numbers commands (the future Raft log index), stamps the time into
-each, applies it to ``fifo`` and interprets the effects: deliveries go to the
-consuming channel, dead-letters back into the vhost's routing. Until the
-storage and Raft issues land, commands are applied in memory on this node.
+Theory of operation. A queue is its `QueueReplica` (broker/queues/queue_replica.py:
+the machine, the leader's interpreter of its effects, the snapshot policy),
+present where the queue's state lives, and this node's `QueueClient`
+(broker/queues/queue_client.py: enqueuer and delivery sequences, resends), present
+on every node that knows the queue. The client reaches the replica through a
+route (broker/queues/queue_routes.py). A transient queue (and, until their journal
+goes, a durable auto-delete or exclusive one) is a replica without a log on
+its node: `LocalRoute` applies each command at once. A replicated queue
+(broker/queues/quorum.py: quorum, and durable classic queues on a group of one) goes
+through Raft: `ReplicatedRoute`; its replica exists on members only.
+
+Channels speak to every queue alike: `enqueue_from` (publish), `release`
+(settle, return, discard), `get`, `purge`, `add_consumer`/`remove_consumer`/
+`owner_down`, `suspend`.
 """
 from __future__ import annotations
 
@@ -12,6 +23,11 @@ from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from warren.broker.queues import fifo
+from warren.broker.queues import queue_commands as qc
+from warren.broker.queues import quorum_machine as qm
+from warren.broker.queues.queue_client import QueueClient, now_ms
+from warren.broker.queues.queue_replica import QueueReplica
+from warren.broker.queues.queue_routes import LocalRoute, QueueRoute
 from warren.protocol import codec
 
 if TYPE_CHECKING:
@@ -21,7 +37,7 @@ if TYPE_CHECKING:
 class ConsumerSink(Protocol):
     """What a queue needs from a consuming channel."""
 
-    def deliver(self, queue: "Queue", consumer_tag: str, msg_id: int, payload: Any, redelivered: bool) -> None: ...
+    def deliver(self, queue: "Queue", consumer_tag: str, msg_id: Any, payload: Any, redelivered: bool) -> None: ...
 
     def on_queue_deleted(self, queue: "Queue", consumer_tag: str) -> None: ...
 
@@ -38,8 +54,21 @@ def _wall_clock_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+def limits_of(arguments: dict) -> fifo.QueueLimits:
+    return fifo.QueueLimits(
+        max_length=arguments.get("x-max-length"),
+        max_length_bytes=arguments.get("x-max-length-bytes"),
+        overflow=arguments.get("x-overflow", fifo.DROP_HEAD),
+        message_ttl_ms=arguments.get("x-message-ttl"),
+        single_active_consumer=arguments.get("x-single-active-consumer") is True,
+        max_priority=arguments.get("x-max-priority"),
+        delivery_limit=arguments.get("x-delivery-limit"),
+    )
+
+
 class Queue:
-    replicated = False  # a quorum queue (broker/queues/quorum.py): changed through Raft
+    replicated = False  # a replicated queue (broker/queues/quorum.py): changed through Raft
+    group: str | None = None
 
     def __init__(
         self,
@@ -50,6 +79,7 @@ class Queue:
         auto_delete: bool,
         arguments: dict,
         clock_ms: Callable[[], int] = _wall_clock_ms,
+        route: Callable[["Queue"], QueueRoute] = LocalRoute,
     ):
         self.vhost = vhost
         self.name = name
@@ -59,16 +89,7 @@ class Queue:
         self.arguments = arguments
         self.queue_type = arguments.get("x-queue-type", "classic")
         self._clock_ms = clock_ms
-        self.index = 0
-        self.state = fifo.FifoState(limits=fifo.QueueLimits(
-            max_length=arguments.get("x-max-length"),
-            max_length_bytes=arguments.get("x-max-length-bytes"),
-            overflow=arguments.get("x-overflow", fifo.DROP_HEAD),
-            message_ttl_ms=arguments.get("x-message-ttl"),
-            single_active_consumer=arguments.get("x-single-active-consumer") is True,
-            max_priority=arguments.get("x-max-priority"),
-            delivery_limit=arguments.get("x-delivery-limit"),
-        ))
+        self.limits = limits_of(arguments)
         self.expires_ms: int | None = arguments.get("x-expires")
         self.last_used_ms = clock_ms()
         # consumer id (owner, consumer_tag) -> the channel that consumes
@@ -76,43 +97,203 @@ class Queue:
         self.exclusive_consumer: Hashable | None = None
         self.had_consumers = False
         self.deleted = False
+        self.expiring = False   # its x-expires deletion was asked for
+        self.replica: QueueReplica | None = None
+        self.route = route(self)
+        self.client = QueueClient(self.group or name, self.route, self.route.owner_key, self)
+        self._make_replica(self.route.replica_wanted())
         # Set for a durable queue by the durability layer: its log in the node's WAL.
         self.log_id: int | None = None
         self.journal: Any = None
+        self.index = 0   # the journal's last record index
         # bytes of queued bodies that live only on disk (not in memory)
         self.stored_bytes = 0
 
-    # -- applying commands ------------------------------------------------
-    def apply(self, command: Any) -> Any:
-        self.index += 1
-        reply, effects = fifo.apply(fifo.Meta(self.index, self._clock_ms()), command, self.state)
-        if self.state.removed:
+    def _make_replica(self, wanted: bool, machine: qm.QuorumMachine | None = None) -> None:
+        if not wanted:
+            self.replica = None
+            return
+        self.replica = QueueReplica(machine or qm.QuorumMachine(self.limits), self.route.node, self.client.group,
+                                    self.route.replica_log(), self.client, self.route.send_to, self._dead_letter)
+
+    # -- the machine, as broker/node/cluster.py and broker/node/metadata.py see it -----------------
+    @property
+    def machine(self) -> qm.QuorumMachine | None:
+        return self.replica.machine if self.replica is not None else None
+
+    @machine.setter
+    def machine(self, machine: qm.QuorumMachine | None) -> None:
+        self._make_replica(machine is not None, machine)
+
+    @property
+    def state(self) -> fifo.FifoState:
+        return self.replica.machine.state if self.replica is not None else fifo.FifoState(limits=self.limits)
+
+    @state.setter
+    def state(self, state: fifo.FifoState) -> None:
+        """Kept for callers that set the state beside the machine: it follows the machine."""
+
+    @property
+    def applied_since_snapshot(self) -> int:
+        return self.replica.applied_since_snapshot if self.replica is not None else 0
+
+    @applied_since_snapshot.setter
+    def applied_since_snapshot(self, count: int) -> None:
+        if self.replica is not None:
+            self.replica.applied_since_snapshot = count
+
+    @property
+    def local_consumers(self) -> dict:
+        return self.client.local_consumers
+
+    @property
+    def enqueuers(self) -> dict:
+        return self.client.enqueuers
+
+    # -- the effects that end here ----------------------------------------------------
+    def _dead_letter(self, reason: str, payloads: tuple) -> None:
+        self.vhost.dead_letter(self, reason, tuple(self.hydrate(p) for p in payloads), self._clock_ms())
+
+    def delivery_payload(self, payload: Any, delivery_count: int) -> tuple:
+        """The payload as delivered: from disk if stored; a quorum queue's
+        redelivery carries x-delivery-count, as RabbitMQ's does."""
+        payload = self.hydrate(payload)
+        if delivery_count and self.queue_type == "quorum":
+            payload = _with_delivery_count(payload, delivery_count)
+        return payload
+
+    # -- publishing ---------------------------------------------------------------------
+    def enqueue_from(self, owner: Hashable, payload: tuple, ttl_ms: int | None, priority: int,
+                     on_applied: Callable[[bool], None] | None) -> None:
+        """One publish of `owner`'s; `on_applied(accepted)` once the queue has it."""
+        if self.log_id is not None and codec.is_persistent(payload[2]):
+            self._enqueue_journaled(owner, payload, ttl_ms, priority, on_applied)
+            return
+        self.client.enqueue_from(owner, payload, ttl_ms, priority, on_applied)
+
+    def enqueue(self, payload: Any, size: int, ttl_ms: int | None = None, priority: int = 0) -> int | None:
+        """Dead-lettering into this queue (no confirm): this node's own enqueuer."""
+        self.enqueue_from(("dlx", self.client.group), payload, ttl_ms, priority, None)
+        return 0
+
+    # -- commands from channels -----------------------------------------------------------
+    def release(self, kind: type, owner: Hashable, tag: str | None, msg_ids: Any,
+                on_done: Callable[[Any], None] | None = None) -> None:
+        """qc.Settle, qc.Return or qc.Discard of deliveries (msg_id, seq) or msg ids."""
+        self.client.release(kind, owner, tag, msg_ids, on_done)
+
+    def suspend(self, consumer_id: tuple, active: bool) -> None:
+        owner, tag = consumer_id
+        self.client.submit(qc.Suspend(self.route.owner_key(owner), tag, now_ms(), active))
+
+    def get(self, owner: Hashable, no_ack: bool, on_done: Callable[[fifo.Dequeued | None], None]) -> None:
+        """basic.get; `on_done(dequeued or None)` once the queue answered."""
+        self.client.get(owner, no_ack, lambda reply: on_done(_dequeued(reply)))
+
+    def purge(self, on_done: Callable[[int], None]) -> None:
+        self.client.purge(lambda count: on_done(count or 0))
+
+    def add_consumer(self, consumer_id: Hashable, sink: ConsumerSink, prefetch: int,
+                     priority: int, no_ack: bool, exclusive: bool, active: bool = True) -> None:
+        self.touch()
+        self.consumers[consumer_id] = sink
+        self.had_consumers = True
+        if exclusive:
+            self.exclusive_consumer = consumer_id
+        self.client.checkout(consumer_id, sink, prefetch, priority, no_ack, active)
+
+    def remove_consumer(self, consumer_id: Hashable) -> None:
+        """basic.cancel: no more deliveries; what it holds stays unacked."""
+        self.touch()
+        self.client.cancel(consumer_id)
+        self._forget_consumer(consumer_id)
+
+    def _forget_consumer(self, consumer_id: Hashable) -> None:
+        self.consumers.pop(consumer_id, None)
+        if self.exclusive_consumer == consumer_id:
+            self.exclusive_consumer = None
+        if self.auto_delete and self.had_consumers and not self.consumers and not self.deleted:
+            self.vhost.delete_queue_now(self)
+
+    def owner_down(self, owner: Hashable) -> None:
+        """The channel ``owner`` closed: return all it held, drop its consumers."""
+        for consumer_id in [c for c in self.consumers if c[0] == owner]:
+            self._forget_consumer(consumer_id)
+        self.client.owner_down(owner)
+
+    # -- time: message TTL and x-expires -------------------------------------
+    def touch(self) -> None:
+        """The queue was used (declare, consume, cancel, get): x-expires starts over."""
+        self.last_used_ms = self._clock_ms()
+
+    def tick(self) -> None:
+        """Called periodically on every node; only the leader acts: message TTL, and
+        x-expires (unused: no consumers, no basic.get, no redeclare, for that long)."""
+        if self.replica is None or not self.route.leading():
+            return
+        if self.replica.machine.state.expiries:
+            self.client.submit(qc.Tick(now_ms()))
+        if (self.expires_ms is not None and not self.expiring and not self.deleted
+                and self.consumer_count == 0 and self._clock_ms() - self.last_used_ms >= self.expires_ms):
+            self.route.expire()
+
+    # -- numbers ------------------------------------------------------------------
+    @property
+    def consumer_count(self) -> int:
+        return self.replica.machine.consumer_count if self.replica is not None else len(self.consumers)
+
+    @property
+    def message_count(self) -> int:
+        return self.replica.machine.ready_count if self.replica is not None else 0
+
+    @property
+    def bytes_in_memory(self) -> int:
+        """Bytes of queued bodies held in memory (those stored on disk excluded)."""
+        return self.replica.bytes_in_memory - self.stored_bytes if self.replica is not None else 0
+
+    def notify_deleted(self) -> None:
+        """Deleted: its consumers are told, its unconfirmed publishes confirmed (as
+        RabbitMQ), so the channel's publishes in flight do not hold it."""
+        self.deleted = True
+        for consumer_id, sink in list(self.consumers.items()):
+            sink.on_queue_deleted(self, consumer_id[1])
+        self.consumers.clear()
+        self.client.confirm_all()
+
+    # -- the journal of a durable queue without a log (broker/node/durability.py) ----------------
+    def after_local_apply(self) -> None:
+        """A command was applied here: a journaled queue logs what left it for good."""
+        if self.log_id is not None and self.state.removed:
             self._log_removals()
-        if effects:
-            self._perform(effects)
-        return reply
+
+    def _enqueue_journaled(self, owner: Hashable, payload: tuple, ttl_ms: int | None, priority: int,
+                           on_applied: Callable[[bool], None] | None) -> None:
+        """A persistent message of a journaled queue: applied now under the journal's next
+        index, confirmed once its WAL batch is durable."""
+        machine = self.replica.machine
+        machine.next_msg_id = msg_id = max(self.index + 1, machine.next_msg_id)
+        accepted: list[bool] = []
+        self.client.enqueue_from(owner, payload, ttl_ms, priority, accepted.append)
+        self.index = max(self.index, machine.next_msg_id - 1)
+        if not accepted or not accepted[0]:
+            if on_applied is not None:
+                on_applied(False)
+            return
+        batch = self.journal.log_enqueue(self, msg_id, payload)
+        if on_applied is not None:
+            self.journal.committer.when_durable(batch, on_applied)
 
     def _log_removals(self) -> None:
         self.stored_bytes -= sum(size for _, payload, size in self.state.removed if type(payload) is not tuple)
-        self.index += 1
+        self.index = max(self.index, self.replica.machine.next_msg_id - 1) + 1
+        self.replica.machine.next_msg_id = self.index + 1
         self.journal.log_removals(self.log_id, self.index, self.state.removed)
         self.state.removed.clear()
-
-    def enqueue(self, payload: Any, size: int, ttl_ms: int | None = None, priority: int = 0) -> int | None:
-        """Apply one enqueue. None: refused; 0: taken; N > 0: taken, durable once
-        WAL batch N is on disk (a persistent message in a durable queue)."""
-        msg_id = self.index + 1
-        if self.apply(fifo.Enqueue(payload, size, ttl_ms, priority)) is not fifo.ACCEPTED:
-            return None
-        if self.log_id is None or not codec.is_persistent(payload[2]):
-            return 0
-        return self.journal.log_enqueue(self, msg_id, payload)
 
     def release_cursor(self) -> int:
         """The oldest message still held: log entries below it are dead."""
         return next(iter(self.state.messages), self.index + 1)
 
-    # -- bodies on disk ---------------------------------------------------
     # A persistent message's payload is replaced by the location of its WAL record
     # once that is durable, and read back when it is delivered.
     def store_body(self, msg_id: int, location: Any) -> None:
@@ -126,14 +307,6 @@ class Queue:
         if entry is not None and type(entry[0]) is not tuple:
             self.state.messages[msg_id] = (location, entry[1])
 
-    def delivery_payload(self, payload: Any, delivery_count: int) -> tuple:
-        """The payload as delivered: from disk if stored; a quorum queue's
-        redelivery carries x-delivery-count, as RabbitMQ's does."""
-        payload = self.hydrate(payload)
-        if delivery_count and self.queue_type == "quorum":
-            payload = _with_delivery_count(payload, delivery_count)
-        return payload
-
     def hydrate(self, payload: Any) -> tuple:
         """The (exchange, routing_key, properties, body) of a payload, from disk if stored."""
         return payload if type(payload) is tuple else self.journal.load(payload)
@@ -143,95 +316,29 @@ class Queue:
         """Recovery: re-enqueue the live messages under their original ids.
         TTLs start over from now (the enqueue times are not stored)."""
         self.stored_bytes += sum(size for _, payload, size in live if type(payload) is not tuple)
-        limits = self.state.limits
+        state = self.state
+        limits = state.limits
+        now = self._clock_ms()
         if limits.max_length is None and limits.max_length_bytes is None:
-            fifo.restore(self.state, live, priorities)
-            now = self._clock_ms()
+            fifo.restore(state, live, priorities)
             for msg_id, _, _ in live:
                 ttl = fifo.effective_ttl(limits.message_ttl_ms, (ttls or {}).get(msg_id))
                 if ttl is not None:
-                    self.state.expiries[msg_id] = now + ttl
+                    state.expiries[msg_id] = now + ttl
         else:  # a length limit may drop some on the way back: replay each enqueue
-            now = self._clock_ms()
             for msg_id, payload, size in live:
                 priority = (priorities or {}).get(msg_id, 0)
                 ttl = (ttls or {}).get(msg_id)
-                fifo.apply(fifo.Meta(msg_id, now), fifo.Enqueue(payload, size, ttl, priority), self.state)
+                fifo.apply(fifo.Meta(msg_id, now), fifo.Enqueue(payload, size, ttl, priority), state)
         self.index = max(self.index, last_index)
-        if self.state.removed:  # a length limit dropped some on the way back
+        self.replica.machine.next_msg_id = self.index + 1
+        if state.removed:  # a length limit dropped some on the way back
             self._log_removals()
 
-    def _perform(self, effects: list) -> None:
-        for effect in effects:
-            match effect:
-                case fifo.Deliver(consumer=consumer_id):
-                    sink = self.consumers.get(consumer_id)
-                    assert sink is not None, f"delivery to unknown consumer {consumer_id!r}"
-                    sink.deliver(self, consumer_id[1], effect.msg_id,
-                                 self.delivery_payload(effect.payload, effect.delivery_count), effect.redelivered)
-                case fifo.DeadLetter():
-                    self.vhost.dead_letter(self, effect.reason, tuple(self.hydrate(p) for p in effect.payloads),
-                                           self._clock_ms())
-                case _:
-                    raise AssertionError(f"unknown effect {effect!r}")
 
-    # -- consumers --------------------------------------------------------
-    def add_consumer(self, consumer_id: Hashable, sink: ConsumerSink, prefetch: int,
-                     priority: int, no_ack: bool, exclusive: bool, active: bool = True) -> None:
-        self.touch()
-        self.consumers[consumer_id] = sink
-        self.had_consumers = True
-        if exclusive:
-            self.exclusive_consumer = consumer_id
-        self.apply(fifo.Checkout(consumer_id, prefetch, priority, no_ack, active))
-
-    def remove_consumer(self, consumer_id: Hashable) -> None:
-        """basic.cancel: no more deliveries; what it holds stays unacked."""
-        self.touch()
-        self.apply(fifo.Cancel(consumer_id))
-        self._forget_consumer(consumer_id)
-
-    def _forget_consumer(self, consumer_id: Hashable) -> None:
-        self.consumers.pop(consumer_id, None)
-        if self.exclusive_consumer == consumer_id:
-            self.exclusive_consumer = None
-        if self.auto_delete and self.had_consumers and not self.consumers and not self.deleted:
-            self.vhost.delete_queue_now(self)
-
-    def owner_down(self, owner: Hashable) -> None:
-        """The channel ``owner`` closed: return all it held, drop its consumers."""
-        self.apply(fifo.Down(owner))
-        for consumer_id in [c for c in self.consumers if c[0] == owner]:
-            self._forget_consumer(consumer_id)
-
-    # -- time: message TTL and x-expires -------------------------------------
-    def touch(self) -> None:
-        """The queue was used (declare, consume, cancel, get): x-expires starts over."""
-        self.last_used_ms = self._clock_ms()
-
-    def tick(self) -> None:
-        """Called periodically: expire messages, delete the queue if unused too long."""
-        if self.state.expiries:
-            self.apply(fifo.Tick())
-        if (self.expires_ms is not None and not self.consumers and not self.deleted
-                and self._clock_ms() - self.last_used_ms >= self.expires_ms):
-            self.vhost.delete_queue_now(self)
-
-    @property
-    def consumer_count(self) -> int:
-        return len(self.consumers)
-
-    @property
-    def bytes_in_memory(self) -> int:
-        """Bytes of queued bodies held in memory (those stored on disk excluded)."""
-        return self.state.message_bytes - self.stored_bytes
-
-    @property
-    def message_count(self) -> int:
-        return self.state.ready_count
-
-    def notify_deleted(self) -> None:
-        self.deleted = True
-        for consumer_id, sink in list(self.consumers.items()):
-            sink.on_queue_deleted(self, consumer_id[1])
-        self.consumers.clear()
+def _dequeued(reply: Any) -> fifo.Dequeued | None:
+    """basic.get's answer from its wire form (broker/queues/queue_replica.py `wire_reply`)."""
+    if not reply or isinstance(reply, fifo.Dequeued):
+        return reply or None
+    msg_id, payload, redelivered, message_count, delivery_count = reply
+    return fifo.Dequeued(msg_id, tuple(payload), redelivered, message_count, delivery_count)

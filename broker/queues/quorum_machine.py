@@ -3,20 +3,22 @@
 Theory of operation. Every replica of the queue's Raft group feeds the same
 committed commands, in log order, to its own ``QuorumMachine.apply`` and so
 reaches the same state; only the leader performs the effects it returns. The
-machine is pure: no I/O, no clock. A command is a msgpack list
-``[opcode, ..., now_ms, ...]`` (``encode_*`` build them); ``now_ms`` is the
-proposer's clock, stamped when it proposed, so replicas agree on time. Time in
+machine is pure: no I/O, no clock. A command is a record of
+broker/queues/queue_commands.py (on the log and the wire in the form of
+broker/queues/queue_codec.py); its ``now_ms`` is the proposer's clock, stamped when it
+proposed, so replicas agree on time. A queue without a log (a transient one)
+is the same machine applied on its node alone, with index None. Time in
 the machine never goes back: a command stamped earlier than the last one (a
 proposer with a slower clock) runs at the last one's time.
 
 It wraps the queue machine of broker/queues/fifo.py and adds what replication needs:
 
-* Enqueuer sessions. A publisher (enqueuer) numbers its ENQUEUEs 1, 2, 3...
+* Enqueuer sessions. A publisher (enqueuer) numbers its enqueues 1, 2, 3...
   and resends the unconfirmed ones after a leader change, so the log holds
   duplicates and, when a resend overtakes, gaps. Per enqueuer the machine
   keeps the next expected seq, from 1: a lower seq is a duplicate (confirmed again,
   not enqueued again), a higher one is held (at most ``HOLD_MAX``) until the
-  gap is filled. Every applied or duplicate ENQUEUE yields ``Applied``, the
+  gap is filled. Every applied or duplicate enqueue yields ``Applied``, the
   publisher's confirm.
 * Message ids. The machine counts its own ids (``next_msg_id``) rather than
   using the log index, so that held enqueues released by one command get
@@ -25,15 +27,15 @@ It wraps the queue machine of broker/queues/fifo.py and adds what replication ne
   seq of every message still checked out is remembered, so that a new leader
   can resend them all (``checked_out_deliveries``) and a consumer that saw a
   gap can ask for the rest (``deliveries_since``); the consuming node drops
-  seqs it already saw. SETTLE/RETURN/DISCARD may name a delivery as
-  ``[msg_id, seq]`` instead of a bare msg_id: a stale resend of a RETURN then
+  seqs it already saw. Settle/Return/Discard may name a delivery as
+  ``[msg_id, seq]`` instead of a bare msg_id: a stale resend of a Return then
   cannot return a later delivery of the same message.
 * Node failures. Owners (channels) are named ``node/incarnation/rest``.
-  NODE_DOWN suspects a node: its consumers keep what they hold but get
-  nothing new. NODE_UP with the node's incarnation resumes them; owners of an
+  NodeDown suspects a node: its consumers keep what they hold but get
+  nothing new. NodeUp with the node's incarnation resumes them; owners of an
   older incarnation died with it and are Down (their messages return), its
-  publishers' sessions are forgotten, and its late commands (ENQUEUE,
-  CHECKOUT, DEQUEUE still in flight) are refused from then on. NODE_GONE
+  publishers' sessions are forgotten, and its late commands (enqueues,
+  Checkout, Dequeue still in flight) are refused from then on. NodeGone
   Downs the owners of the incarnations the node had when suspected, not those
   of a newer one that spoke since.
 
@@ -46,56 +48,14 @@ from __future__ import annotations
 import dataclasses
 from collections import deque
 from dataclasses import dataclass, field
-from enum import IntEnum
 from typing import Any
 
 import msgpack
 
-from warren.broker.queues import fifo
+from warren.broker.queues import fifo, queue_codec
+from warren.broker.queues import queue_commands as qc
+from warren.broker.queues.queue_commands import Applied, Delivery, Got, Purged, owner_incarnation, owner_node
 from warren.protocol import codec
-
-
-# -- opcodes (the first element of every command) ------------------------------------
-class Op(IntEnum):
-    ENQUEUE = 1      # [op, enqueuer, seq, now_ms, exchange, routing_key, properties, body, ttl_ms, priority]
-    CHECKOUT = 2     # [op, owner, tag, now_ms, prefetch, priority, no_ack, active]
-    CANCEL = 3       # [op, owner, tag, now_ms]
-    SETTLE = 4       # [op, owner, tag, now_ms, [msg_id | [msg_id, seq], ...]]
-    RETURN = 5       # same as SETTLE
-    DISCARD = 6      # same as SETTLE
-    SUSPEND = 7      # [op, owner, tag, now_ms, active]
-    DEQUEUE = 8      # [op, owner, request_id, now_ms, no_ack]
-    PURGE = 9        # [op, owner, request_id, now_ms]
-    DOWN = 10        # [op, owner, now_ms]
-    NODE_DOWN = 11   # [op, node, now_ms]
-    NODE_UP = 12     # [op, node, incarnation, now_ms]
-    NODE_GONE = 13   # [op, node, now_ms]
-    TICK = 14        # [op, now_ms]
-    # One channel's publishes of one event-loop turn: seqs first_seq, first_seq + 1, ...
-    # [op, enqueuer, first_seq, now_ms, [[exchange, routing_key, properties, body, ttl_ms, priority], ...]]
-    ENQUEUE_BATCH = 15
-    # A classic queue's node restarted: its ready transient messages go (RabbitMQ's classic queues).
-    # Written by earlier versions only (it raced the first publishes after it); applied as it was.
-    DROP_TRANSIENT = 16  # [op, now_ms]
-    # The same, only for messages of entries below `before_index` (the restarted leader's first
-    # entry of its term): what was enqueued in this incarnation stays, whenever this is applied.
-    DROP_TRANSIENT_BEFORE = 17  # [op, before_index, now_ms]
-
-
-(ENQUEUE, CHECKOUT, CANCEL, SETTLE, RETURN, DISCARD, SUSPEND, DEQUEUE, PURGE, DOWN, NODE_DOWN, NODE_UP,
- NODE_GONE, TICK, ENQUEUE_BATCH, DROP_TRANSIENT, DROP_TRANSIENT_BEFORE) = (int(op) for op in Op)
-
-ARITY = {ENQUEUE: 10, CHECKOUT: 8, CANCEL: 4, SETTLE: 5, RETURN: 5, DISCARD: 5, SUSPEND: 5,
-         DEQUEUE: 5, PURGE: 4, DOWN: 3, NODE_DOWN: 3, NODE_UP: 4, NODE_GONE: 3, TICK: 2, ENQUEUE_BATCH: 5,
-         DROP_TRANSIENT: 2, DROP_TRANSIENT_BEFORE: 3}
-# Where each command carries now_ms.
-TIME_FIELD = {ENQUEUE: 3, ENQUEUE_BATCH: 3, NODE_UP: 3, DOWN: 2, NODE_DOWN: 2, NODE_GONE: 2, TICK: 1,
-              DROP_TRANSIENT: 1, DROP_TRANSIENT_BEFORE: 2}
-TIME_FIELD_DEFAULT = 3
-
-# What one node states about others (a leader's own view, broker/queues/quorum.py `_state_own_view`):
-# proposed only by the leader into its own log, never forwarded, so a peer that sends one is refused.
-LIVENESS_OPS = frozenset({NODE_DOWN, NODE_UP, NODE_GONE})
 
 # Out-of-order enqueues held per enqueuer; beyond it they are dropped (the sender resends).
 HOLD_MAX = 4096
@@ -103,55 +63,19 @@ HOLD_MAX = 4096
 RETIRED_MAX = 16
 SNAPSHOT_VERSION = 2
 # A message reference: index * REF_SLOTS + its position in the entry (an
-# ENQUEUE_BATCH carries at most REF_SLOTS messages), negated minus one for a
+# EnqueueBatch carries at most REF_SLOTS messages), negated minus one for a
 # transient message (delivery_mode != 2): see `ref_location`.
 REF_SLOTS = 1 << 16
 
-
-# -- effects ----------------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class Delivery:
-    consumer: tuple
-    seq: int               # the consumer's delivery number: 1, 2, 3...
-    msg_id: int
-    payload: tuple         # (exchange, routing_key, properties, body)
-    redelivered: bool
-    delivery_count: int
+# Names kept for broker/node/cluster.py (its check of a forwarded command): the positional
+# form of an entry, the arity per tag, the tags of liveness statements.
+decode = queue_codec.decode_positional
+ARITY = queue_codec.ARITY
+LIVENESS_OPS = queue_codec.LIVENESS_TAGS
 
 
-@dataclass(frozen=True, slots=True)
-class Applied:
-    """An ENQUEUE was applied (or was a duplicate of one): the publisher's confirm."""
-    enqueuer: str
-    seq: int
-    accepted: bool         # False: the queue refused it (reject-publish overflow)
-    duplicate: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class Got:
-    """The answer to a DEQUEUE (basic.get), for the requester."""
-    owner: str
-    request_id: int
-    dequeued: fifo.Dequeued | None
-
-
-@dataclass(frozen=True, slots=True)
-class Purged:
-    owner: str
-    request_id: int
-    count: int
-
-
-# -- encoding ---------------------------------------------------------------------------
-def _pack(command: list) -> bytes:
-    return msgpack.packb(command, use_bin_type=True)
-
-
-def decode(data: bytes) -> list:
-    command = msgpack.unpackb(data, raw=False)
-    assert isinstance(command, list) and command, "a command is a non-empty list"
-    return command
+def _pack(value: list) -> bytes:
+    return msgpack.packb(value, use_bin_type=True)
 
 
 def ref_location(ref: int) -> tuple[int, int]:
@@ -168,8 +92,7 @@ def is_transient(payload: Any) -> bool:
 
 def enqueued_before(payload: Any, index: int) -> bool:
     """Was the message enqueued by an entry below `index`? A message kept
-    inline (a machine applied without indexes: unit tests) has no index and
-    counts as earlier."""
+    inline (a replica without a log) has no index and counts as earlier."""
     return type(payload) is not int or ref_location(payload)[0] < index
 
 
@@ -178,102 +101,14 @@ def _persistent(properties: bytes) -> bool:
     return len(properties) >= 2 and codec.is_persistent(properties)
 
 
-def message_payload(command: list, slot: int) -> tuple:
-    """(exchange, routing_key, properties, body) of the message at `slot` of
-    an ENQUEUE or ENQUEUE_BATCH command: what a message reference names."""
-    if command[0] == ENQUEUE:
-        assert slot == 0, f"an ENQUEUE has one message, not slot {slot}"
-        return tuple(command[4:8])
-    assert command[0] == ENQUEUE_BATCH, f"a message reference into a command of opcode {command[0]}"
-    return tuple(command[4][slot][:4])
-
-
-def encode_enqueue(enqueuer: str, seq: int, now_ms: int, exchange: str, routing_key: str, properties: bytes,
-                   body: bytes, ttl_ms: int | None = None, priority: int = 0) -> bytes:
-    return _pack([ENQUEUE, enqueuer, seq, now_ms, exchange, routing_key, properties, body, ttl_ms, priority])
-
-
-def encode_enqueue_batch(enqueuer: str, first_seq: int, now_ms: int, messages: list) -> bytes:
-    """`messages`: [exchange, routing_key, properties, body, ttl_ms, priority] each, seqs from `first_seq`."""
-    return _pack([ENQUEUE_BATCH, enqueuer, first_seq, now_ms, messages])
-
-
-def encode_checkout(owner: str, tag: str, now_ms: int, prefetch: int, priority: int = 0,
-                    no_ack: bool = False, active: bool = True) -> bytes:
-    return _pack([CHECKOUT, owner, tag, now_ms, prefetch, priority, no_ack, active])
-
-
-def encode_cancel(owner: str, tag: str, now_ms: int) -> bytes:
-    return _pack([CANCEL, owner, tag, now_ms])
-
-
-def _ids(msg_ids) -> list:
-    return [list(item) if isinstance(item, tuple) else item for item in msg_ids]
-
-
-def encode_settle(owner: str, tag: str | None, now_ms: int, msg_ids) -> bytes:
-    """msg_ids: bare msg ids, or (msg_id, seq) pairs naming one delivery."""
-    return _pack([SETTLE, owner, tag, now_ms, _ids(msg_ids)])
-
-
-def encode_return(owner: str, tag: str | None, now_ms: int, msg_ids) -> bytes:
-    return _pack([RETURN, owner, tag, now_ms, _ids(msg_ids)])
-
-
-def encode_discard(owner: str, tag: str | None, now_ms: int, msg_ids) -> bytes:
-    return _pack([DISCARD, owner, tag, now_ms, _ids(msg_ids)])
-
-
-def encode_suspend(owner: str, tag: str, now_ms: int, active: bool) -> bytes:
-    return _pack([SUSPEND, owner, tag, now_ms, active])
-
-
-def encode_dequeue(owner: str, request_id: int, now_ms: int, no_ack: bool) -> bytes:
-    return _pack([DEQUEUE, owner, request_id, now_ms, no_ack])
-
-
-def encode_purge(owner: str, request_id: int, now_ms: int) -> bytes:
-    return _pack([PURGE, owner, request_id, now_ms])
-
-
-def encode_down(owner: str, now_ms: int) -> bytes:
-    return _pack([DOWN, owner, now_ms])
-
-
-def encode_node_down(node: str, now_ms: int) -> bytes:
-    return _pack([NODE_DOWN, node, now_ms])
-
-
-def encode_node_up(node: str, incarnation: str, now_ms: int) -> bytes:
-    return _pack([NODE_UP, node, incarnation, now_ms])
-
-
-def encode_node_gone(node: str, now_ms: int) -> bytes:
-    return _pack([NODE_GONE, node, now_ms])
-
-
-def encode_drop_transient(now_ms: int) -> bytes:
-    return _pack([DROP_TRANSIENT, now_ms])
-
-
-def encode_drop_transient_before(before_index: int, now_ms: int) -> bytes:
-    return _pack([DROP_TRANSIENT_BEFORE, before_index, now_ms])
-
-
-def encode_tick(now_ms: int) -> bytes:
-    return _pack([TICK, now_ms])
-
-
-# -- owners ----------------------------------------------------------------------------
-def owner_node(owner: Any) -> str | None:
-    """The node of an owner named f"{node}/{incarnation}/{rest}"; None if not so named."""
-    parts = owner.split("/", 2) if isinstance(owner, str) else ()
-    return parts[0] if len(parts) == 3 else None
-
-
-def owner_incarnation(owner: Any) -> str | None:
-    parts = owner.split("/", 2) if isinstance(owner, str) else ()
-    return parts[1] if len(parts) == 3 else None
+def message_payload(command: Any, slot: int) -> tuple:
+    """(exchange, routing_key, properties, body) of the message at `slot` of an
+    Enqueue or EnqueueBatch: what a message reference names."""
+    if type(command) is qc.EnqueueBatch:
+        return tuple(command.messages[slot][:4])
+    assert type(command) is qc.Enqueue, f"a message reference into {type(command).__name__}"
+    assert slot == 0, f"an Enqueue has one message, not slot {slot}"
+    return command.exchange, command.routing_key, command.properties, command.body
 
 
 # -- the machine -------------------------------------------------------------------------
@@ -376,62 +211,58 @@ class QuorumMachine:
         return Delivery(consumer, seq, msg_id, payload, count > 0, count)
 
     # --- applying --------------------------------------------------------------------
-    def apply(self, command: list, index: int | None = None) -> tuple[Any, list]:
-        """Apply one committed command; `index` is its Raft log index. With
-        an index, messages are kept as references into the log (see
-        `ref_location`), without one (unit tests) with their payloads."""
+    def apply(self, command: Any, index: int | None = None) -> tuple[Any, list]:
+        """Apply one committed command (a record of broker/queues/queue_commands.py);
+        `index` is its Raft log index. With an index, messages are kept as
+        references into the log (see `ref_location`); without one (a replica
+        without a log: a transient queue, or unit tests) with their payloads."""
         self._index = index
-        op = command[0]
-        assert len(command) == ARITY.get(op, -1), f"malformed command {command!r}"
         effects: list = []
-        if op in (Op.ENQUEUE, Op.CHECKOUT, Op.DEQUEUE, Op.ENQUEUE_BATCH) and self._is_retired(command[1]):
-            return _REFUSED[op], effects
-        match op:
-            case Op.ENQUEUE:
-                _, enqueuer, seq, now_ms, *fields = command
-                reply = self._on_enqueue(enqueuer, seq, self._held_form(now_ms, fields, 0), effects)
-            case Op.ENQUEUE_BATCH:
-                # Exactly as the ENQUEUEs it stands for, one after the other.
-                _, enqueuer, first_seq, now_ms, messages = command
-                reply = []
-                for slot, fields in enumerate(messages):
-                    reply += self._on_enqueue(enqueuer, first_seq + slot, self._held_form(now_ms, fields, slot),
-                                              effects)
-            case Op.CHECKOUT:
-                reply = self._on_checkout(command, effects)
-            case Op.CANCEL:
-                consumer = _consumer(command)
-                reply = self._fifo_apply(_time(command), fifo.Cancel(consumer), effects, [consumer])
-            case Op.SETTLE | Op.RETURN | Op.DISCARD:
-                reply = self._on_release(command, effects)
-            case Op.SUSPEND:
-                reply = self._on_suspend(command, effects)
-            case Op.DEQUEUE:
-                reply = self._on_dequeue(command, effects)
-            case Op.PURGE:
-                reply = self._fifo_apply(_time(command), fifo.Purge(), effects)
-                effects.append(Purged(command[1], command[2], reply))
-            case Op.DOWN:
-                # The channel closed: what it held returns, and as a publisher it is done.
-                reply = self._down_owners(command, [command[1]], effects)
-                self._sessions.pop(command[1], None)
-            case Op.NODE_DOWN:
-                reply = self._on_node_down(command, effects)
-            case Op.NODE_UP:
-                reply = self._on_node_up(command, effects)
-            case Op.NODE_GONE:
-                reply = self._on_node_gone(command, effects)
-            case Op.TICK:
-                reply = self._fifo_apply(_time(command), fifo.Tick(), effects)
-            case Op.DROP_TRANSIENT:
-                reply = fifo.drop_ready(self._fifo, is_transient)
-            case Op.DROP_TRANSIENT_BEFORE:
-                before = command[1]
-                reply = fifo.drop_ready(self._fifo, lambda payload: is_transient(payload)
-                                        and enqueued_before(payload, before))
-            case _:
-                raise AssertionError(f"unknown opcode {op!r}")
-        return reply, effects
+        kind = type(command)
+        handler = _APPLY.get(kind)
+        if handler is None:
+            raise AssertionError(f"malformed command {command!r}")
+        if kind in qc.FROM_LIVE_OWNERS and self._is_retired(_owner_of(command)):
+            return _REFUSED[kind], effects
+        return handler(self, command, effects), effects
+
+    def _on_enqueue_command(self, command: qc.Enqueue, effects: list) -> list[Applied]:
+        fields = [command.exchange, command.routing_key, command.properties, command.body, command.ttl_ms,
+                  command.priority]
+        return self._on_enqueue(command.enqueuer, command.seq, self._held_form(command.now_ms, fields, 0), effects)
+
+    def _on_enqueue_batch(self, command: qc.EnqueueBatch, effects: list) -> list[Applied]:
+        """Exactly as the Enqueues it stands for, one after the other."""
+        enqueuer, first_seq, now_ms = command.enqueuer, command.first_seq, command.now_ms
+        reply: list[Applied] = []
+        for slot, fields in enumerate(command.messages):
+            reply += self._on_enqueue(enqueuer, first_seq + slot, self._held_form(now_ms, fields, slot), effects)
+        return reply
+
+    def _on_cancel(self, command: qc.Cancel, effects: list) -> Any:
+        consumer = (command.owner, command.tag)
+        return self._fifo_apply(command.now_ms, fifo.Cancel(consumer), effects, [consumer])
+
+    def _on_purge(self, command: qc.Purge, effects: list) -> int:
+        count = self._fifo_apply(command.now_ms, fifo.Purge(), effects)
+        effects.append(Purged(command.owner, command.request_id, count))
+        return count
+
+    def _on_down(self, command: qc.Down, effects: list) -> int:
+        """The channel closed: what it held returns, and as a publisher it is done."""
+        returned = self._down_owners(command.now_ms, [command.owner], effects)
+        self._sessions.pop(command.owner, None)
+        return returned
+
+    def _on_tick(self, command: qc.Tick, effects: list) -> Any:
+        return self._fifo_apply(command.now_ms, fifo.Tick(), effects)
+
+    def _on_drop_transient(self, command: qc.DropTransient, effects: list) -> int:
+        return fifo.drop_ready(self._fifo, is_transient)
+
+    def _on_drop_transient_before(self, command: qc.DropTransientBefore, effects: list) -> int:
+        before = command.before_index
+        return fifo.drop_ready(self._fifo, lambda payload: is_transient(payload) and enqueued_before(payload, before))
 
     def _fifo_apply(self, command_ms: int, fifo_command: Any, effects: list, touched=()) -> Any:
         """Apply to the fifo at the command's time, translate its effects, then
@@ -439,10 +270,10 @@ class QuorumMachine:
         now_ms = max(command_ms, self._fifo.now_ms)
         reply, fifo_effects = fifo.apply(fifo.Meta(self.next_msg_id, now_ms), fifo_command, self._fifo)
         for effect in fifo_effects:
-            if isinstance(effect, fifo.Deliver):
+            if type(effect) is fifo.Deliver:
                 effects.append(self._number(effect))
             else:
-                effects.append(effect)
+                effects.append(qc.DeadLettered(effect.reason, effect.payloads))
         for consumer in touched:
             self._forget_released(consumer)
         return reply
@@ -523,28 +354,27 @@ class QuorumMachine:
         return applied
 
     # --- consumers ---------------------------------------------------------------------
-    def _on_checkout(self, command: list, effects: list) -> str:
-        _, owner, tag, _, prefetch, priority, no_ack, active = command
-        consumer = (owner, tag)
+    def _on_checkout(self, command: qc.Checkout, effects: list) -> str:
+        consumer = (command.owner, command.tag)
         # A new checkout is a live channel speaking: it starts unsuspected (the
         # failure detector suspects it again if its node is still unreachable).
         self._suspected.pop(consumer, None)
-        checkout = fifo.Checkout(consumer, prefetch, priority, no_ack, active)
-        return self._fifo_apply(_time(command), checkout, effects, [consumer])
+        checkout = fifo.Checkout(consumer, command.prefetch, command.priority, command.no_ack, command.active)
+        return self._fifo_apply(command.now_ms, checkout, effects, [consumer])
 
-    def _on_suspend(self, command: list, effects: list) -> str:
-        consumer, active = _consumer(command), command[4]
+    def _on_suspend(self, command: qc.Suspend, effects: list) -> str:
+        consumer, active = (command.owner, command.tag), command.active
         if consumer in self._suspected:
             # Stays suspended until its node is back; then it takes this state.
             self._suspected[consumer] = active
             return fifo.ACCEPTED
-        return self._fifo_apply(_time(command), fifo.Suspend(consumer, active), effects, [consumer])
+        return self._fifo_apply(command.now_ms, fifo.Suspend(consumer, active), effects, [consumer])
 
-    def _on_release(self, command: list, effects: list) -> int:
-        consumer = _consumer(command)
-        msg_ids = self._select(consumer, command[4])
-        kind = {SETTLE: fifo.Settle, RETURN: fifo.Return, DISCARD: fifo.Discard}[command[0]]
-        return self._fifo_apply(_time(command), kind(consumer, msg_ids), effects, [consumer])
+    def _on_release(self, command: qc.Settle | qc.Return | qc.Discard, effects: list) -> int:
+        consumer = (command.owner, command.tag)
+        msg_ids = self._select(consumer, list(command.msg_ids))
+        release = _FIFO_RELEASE[type(command)]
+        return self._fifo_apply(command.now_ms, release(consumer, msg_ids), effects, [consumer])
 
     def _select(self, consumer: tuple, items: list) -> tuple[int, ...]:
         """Bare msg ids pass; [msg_id, seq] only while that delivery is checked out."""
@@ -557,8 +387,8 @@ class QuorumMachine:
                 selected.append(item[0])
         return tuple(dict.fromkeys(selected))   # an id named twice is released once
 
-    def _on_dequeue(self, command: list, effects: list) -> fifo.Dequeued | None:
-        _, owner, request_id, _, no_ack = command
+    def _on_dequeue(self, command: qc.Dequeue, effects: list) -> fifo.Dequeued | None:
+        owner, request_id = command.owner, command.request_id
         last = self._gets.get(owner)
         if last is not None and request_id <= last[0]:
             # A resent basic.get (its answer was lost with a leader): the same answer,
@@ -566,17 +396,17 @@ class QuorumMachine:
             effects.append(Got(owner, request_id, last[1]))
             return last[1]
         # basic.get's pseudo-consumer (owner, None), as broker/queues/queue.py has it
-        dequeued = self._fifo_apply(_time(command), fifo.Dequeue((owner, None), no_ack), effects)
+        dequeued = self._fifo_apply(command.now_ms, fifo.Dequeue((owner, None), command.no_ack), effects)
         self._gets[owner] = (request_id, dequeued)
         effects.append(Got(owner, request_id, dequeued))
         return dequeued
 
-    def _down_owners(self, command: list, owners: list, effects: list) -> int:
+    def _down_owners(self, now_ms: int, owners: list, effects: list) -> int:
         returned = 0
         for owner in owners:
             self._gets.pop(owner, None)
             touched = [c for c in self._fifo.consumers if c[0] == owner]
-            returned += self._fifo_apply(_time(command), fifo.Down(owner), effects, touched)
+            returned += self._fifo_apply(now_ms, fifo.Down(owner), effects, touched)
         return returned
 
     # --- nodes -----------------------------------------------------------------------------
@@ -587,36 +417,36 @@ class QuorumMachine:
         owners = [c[0] for c in self._consumers_on(node) if keep(owner_incarnation(c[0]))]
         return list(dict.fromkeys(owners))
 
-    def _on_node_down(self, command: list, effects: list) -> list[tuple]:
+    def _on_node_down(self, command: qc.NodeDown, effects: list) -> list[tuple]:
         """Suspect the node: its consumers keep what they hold and get nothing new."""
-        node = command[1]
+        node = command.node
         suspected = []
         for consumer in self._consumers_on(node):
             if consumer in self._suspected:
                 continue
             self._suspected[consumer] = not self._fifo.consumers[consumer].suspended
-            self._fifo_apply(_time(command), fifo.Suspend(consumer, active=False), effects)
+            self._fifo_apply(command.now_ms, fifo.Suspend(consumer, active=False), effects)
             suspected.append(consumer)
         incarnations = set(self._suspected_nodes.get(node, ()))
         incarnations.update(owner_incarnation(c[0]) for c in self._consumers_on(node))
         self._suspected_nodes[node] = sorted(incarnations)
         return suspected
 
-    def _on_node_up(self, command: list, effects: list) -> list[str]:
+    def _on_node_up(self, command: qc.NodeUp, effects: list) -> list[str]:
         """The node answers as `incarnation`: older incarnations died, so their
         owners are Down (messages return, redelivered); the suspected consumers
         of this incarnation resume."""
-        _, node, incarnation, _ = command
+        node, incarnation = command.node, command.incarnation
         self._suspected_nodes.pop(node, None)
         self._retire(node, incarnation)
         dead = self._owners_on(node, lambda inc: inc != incarnation)
-        self._down_owners(command, dead, effects)
+        self._down_owners(command.now_ms, dead, effects)
         self._forget_gets(node, lambda inc: inc != incarnation)
         for enqueuer in [e for e in self._sessions if owner_node(e) == node and owner_incarnation(e) != incarnation]:
             del self._sessions[enqueuer]
         for consumer in [c for c in self._suspected if owner_node(c[0]) == node]:
             active = self._suspected.pop(consumer)
-            self._fifo_apply(_time(command), fifo.Suspend(consumer, active), effects, [consumer])
+            self._fifo_apply(command.now_ms, fifo.Suspend(consumer, active), effects, [consumer])
         return dead
 
     def _forget_gets(self, node: str, dead) -> None:
@@ -642,12 +472,12 @@ class QuorumMachine:
         node = owner_node(owner)
         return node is not None and owner_incarnation(owner) in self._retired.get(node, ())
 
-    def _on_node_gone(self, command: list, effects: list) -> list[str]:
+    def _on_node_gone(self, command: qc.NodeGone, effects: list) -> list[str]:
         """The node did not come back in time: Down its owners of the incarnations
         it had when suspected (all of them if it never was). A newer incarnation
         that spoke since is left alone: this command may have been proposed
         before the node restarted."""
-        node = command[1]
+        node = command.node
         incarnations = self._suspected_nodes.pop(node, None)
         if incarnations is None:
             owners = self._owners_on(node)
@@ -655,7 +485,7 @@ class QuorumMachine:
         else:
             owners = self._owners_on(node, lambda inc: inc in incarnations)
             self._forget_gets(node, lambda inc: inc in incarnations)
-        self._down_owners(command, owners, effects)
+        self._down_owners(command.now_ms, owners, effects)
         return owners
 
     # --- snapshots -----------------------------------------------------------------------
@@ -696,62 +526,29 @@ class QuorumMachine:
         return machine
 
 
-class ReleaseCursor:
-    """Which snapshot the log may be truncated to (rabbit_fifo's release
-    cursor). Messages are references into the log, so a snapshot at index X
-    can only replace the log up to X once no message kept refers to an entry
-    at or below X. The shell offers the machine every so often; each offer
-    takes the state then as a candidate and promotes the newest candidate
-    whose index is below every reference still kept. Between a candidate's
-    capture and its promotion every message it holds was settled by a
-    committed entry after it, so a replica that restores it and re-applies
-    the log meets no reference it cannot read except those of messages
-    settled further on (whose deliveries the consumers saw already).
-    At most `keep` candidates: the oldest (the next to promote) and the
-    newest. A message that is never consumed keeps the whole log after it,
-    as in RabbitMQ."""
-
-    def __init__(self, keep: int = 2) -> None:
-        assert keep >= 2
-        self.keep = keep
-        self.candidates: deque[tuple[int, bytes]] = deque()
-
-    def offer(self, index: int, machine: QuorumMachine) -> tuple[int, bytes] | None:
-        """`machine` has applied through `index`: the (index, snapshot) to
-        compact to now, if any."""
-        oldest = machine.oldest_ref_index()
-        if oldest is None:   # nothing refers to the log: the state now is the snapshot
-            self.candidates.clear()
-            return index, machine.snapshot()
-        promoted = None
-        while self.candidates and self.candidates[0][0] < oldest:
-            promoted = self.candidates.popleft()
-        self.candidates.append((index, machine.snapshot()))
-        if len(self.candidates) > self.keep:
-            del self.candidates[-2]
-        return promoted
-
-    def reset(self) -> None:
-        """The machine was replaced (a snapshot installed): its candidates are void."""
-        self.candidates.clear()
-
-
 # The reply to a command from a dead incarnation (nobody is listening for it).
-_REFUSED = {ENQUEUE: [], ENQUEUE_BATCH: [], CHECKOUT: fifo.REJECTED, DEQUEUE: None}
+_REFUSED: dict[type, Any] = {qc.Enqueue: [], qc.EnqueueBatch: [], qc.Checkout: fifo.REJECTED, qc.Dequeue: None}
+_FIFO_RELEASE = {qc.Settle: fifo.Settle, qc.Return: fifo.Return, qc.Discard: fifo.Discard}
+_APPLY = {
+    qc.Enqueue: QuorumMachine._on_enqueue_command, qc.EnqueueBatch: QuorumMachine._on_enqueue_batch,
+    qc.Checkout: QuorumMachine._on_checkout, qc.Cancel: QuorumMachine._on_cancel,
+    qc.Settle: QuorumMachine._on_release, qc.Return: QuorumMachine._on_release, qc.Discard: QuorumMachine._on_release,
+    qc.Suspend: QuorumMachine._on_suspend, qc.Dequeue: QuorumMachine._on_dequeue, qc.Purge: QuorumMachine._on_purge,
+    qc.Down: QuorumMachine._on_down, qc.NodeDown: QuorumMachine._on_node_down, qc.NodeUp: QuorumMachine._on_node_up,
+    qc.NodeGone: QuorumMachine._on_node_gone, qc.Tick: QuorumMachine._on_tick,
+    qc.DropTransient: QuorumMachine._on_drop_transient, qc.DropTransientBefore: QuorumMachine._on_drop_transient_before,
+}
+assert set(_APPLY) == set(qc.COMMANDS), "every command has its handler"
+
+
+def _owner_of(command: Any) -> str:
+    return command.enqueuer if type(command) in (qc.Enqueue, qc.EnqueueBatch) else command.owner
 
 
 def _payload_from_wire(message: list) -> list:
     if type(message[1]) is list:
         message[1] = tuple(message[1])
     return message
-
-
-def _time(command: list) -> int:
-    return command[TIME_FIELD.get(command[0], TIME_FIELD_DEFAULT)]
-
-
-def _consumer(command: list) -> tuple:
-    return (command[1], command[2])
 
 
 # -- the fifo state on the wire ---------------------------------------------------------

@@ -17,10 +17,7 @@ BROKER_TO_STORAGE = {
 }
 
 # Groups of modules that import each other (imports that run, including those inside functions).
-# broker/queues/quorum.py takes constants from broker/node/cluster.py, which builds QuorumQueues inside a function.
-IMPORT_CYCLES = [
-    {"broker.node.cluster", "broker.queues.quorum"},
-]
+IMPORT_CYCLES: list[set[str]] = []
 
 # Functions longer than 60 lines: "path:qualified name" -> lines (def line to last line).
 LONG_FUNCTIONS = {
@@ -29,9 +26,8 @@ LONG_FUNCTIONS = {
 
 # Modules longer than 600 lines: path -> lines.
 LONG_MODULES = {
-    "broker/amqp/channel.py": 679,
+    "broker/amqp/channel.py": 616,
     "broker/queues/fifo.py": 613,
-    "broker/queues/quorum_machine.py": 802,
     "raft/core.py": 650,
 }
 
@@ -39,7 +35,7 @@ LONG_MODULES = {
 # reused for several types in one match statement).
 MYPY_ERRORS = {
     "broker/queues/fifo.py": 7,
-    "broker/queues/quorum_machine.py": 31,
+    "broker/queues/quorum_machine.py": 17,
     "protocol/connection.py": 1,
     "raft/core.py": 1,
     "raft/log.py": 1,

@@ -8,7 +8,7 @@ payloads. A restarted node rebuilds its machine from its snapshot and the
 committed log Raft hands it again. As in the broker, the machine keeps
 messages as references into the log (the leader reads bodies back from its
 log to deliver them) and compaction takes the snapshot the release cursor
-offers (`qm.ReleaseCursor`), so a log is never cut below a message kept.
+offers (`ReleaseCursor`), so a log is never cut below a message kept.
 
 Clients live on nodes, as channels do, and die with their node; a restart
 brings new ones with the node's next incarnation (owners are named
@@ -42,6 +42,7 @@ is the same.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from tests.unit.raftsim import (
     Scenario,
@@ -52,7 +53,10 @@ from tests.unit.raftsim import (
     encode_state,
 )
 from warren.broker.queues import fifo
+from warren.broker.queues import queue_codec as qcodec
+from warren.broker.queues import queue_commands as qc
 from warren.broker.queues import quorum_machine as qm
+from warren.broker.queues.queue_snapshots import ReleaseCursor
 from warren.raft.messages import EntryKind, Role, Snapshot
 
 __all__ = ["QUEUE_SCENARIOS", "QueueScenario", "QueueSimulation", "SimulationFailure", "replay_command"]
@@ -158,7 +162,7 @@ class QueueSimulation(Simulation):
         self.queue_scenario = queue_scenario
         self.limits = fifo.QueueLimits()
         self.machines: dict[str, qm.QuorumMachine] = {}
-        self.cursors: dict[str, qm.ReleaseCursor] = {}
+        self.cursors: dict[str, ReleaseCursor] = {}
         self.incarnations: dict[str, int] = {}
         self.publishers: dict[str, Publisher] = {}
         self.consumers: dict[str, Consumer] = {}
@@ -196,7 +200,7 @@ class QueueSimulation(Simulation):
         else:
             self.machines[node_id] = qm.QuorumMachine(self.limits)
         node.payloads = []
-        self.cursors[node_id] = qm.ReleaseCursor()
+        self.cursors[node_id] = ReleaseCursor()
         incarnation = self.incarnations[node_id] = self.incarnations.get(node_id, 0) + 1
         self.down_since.pop(node_id, None)
         publisher = Publisher(f"{node_id}/inc{incarnation}/p", node_id, last_send=self.now)
@@ -241,10 +245,10 @@ class QueueSimulation(Simulation):
         node.payloads.clear()          # raftsim keeps raw payloads; the machine is the state here
         if entry.kind != EntryKind.NORMAL:
             return
-        command = qm.decode(entry.data)
+        command = qcodec.decode(entry.data)
         output = self.machines[node.node_id].apply(command, entry.index)
         first = self.outputs.setdefault(entry.index, output)
-        self.check(first == output, f"{node.node_id} applied {command[:3]} at {entry.index} with other results "
+        self.check(first == output, f"{node.node_id} applied {command} at {entry.index} with other results "
                                     f"than another replica: {output} vs {first}")
         if first is output:
             self.on_first_apply(node, command, output)
@@ -258,12 +262,12 @@ class QueueSimulation(Simulation):
         raft_log = node.raft.log
         if not raft_log.snapshot_index < index <= raft_log.last_index():
             return None
-        return qm.message_payload(qm.decode(raft_log.entry(index).data), slot)[3]
+        return qm.message_payload(qcodec.decode(raft_log.entry(index).data), slot)[3]
 
-    def on_first_apply(self, node: SimNode, command: list, output: tuple) -> None:
+    def on_first_apply(self, node: SimNode, command: Any, output: tuple) -> None:
         """History checks, once per index (all replicas produce the same output)."""
         reply, effects = output
-        if command[0] == qm.ENQUEUE and not reply:
+        if type(command) is qc.Enqueue and not reply:
             self.stats["held"] += 1
         for effect in effects:
             match effect:
@@ -271,14 +275,14 @@ class QueueSimulation(Simulation):
                     body = self.body_of(node, effect)
                     self.check(body is not None, f"{node.node_id}: the body of a first delivery is gone: {effect}")
                     self.check_first_delivery(body)
-                case fifo.DeadLetter():
+                case qc.DeadLettered():
                     self.fail(f"dead-lettered without limits: {effect}")
-        if command[0] == qm.ENQUEUE:
+        if type(command) is qc.Enqueue:
             self.check_enqueued_once(command, reply)
-        if command[0] in (qm.NODE_DOWN, qm.NODE_UP, qm.NODE_GONE) and reply:
-            self.stats[{qm.NODE_DOWN: "suspects", qm.NODE_UP: "ups", qm.NODE_GONE: "gone"}[command[0]]] += 1
+        if type(command) in qc.LIVENESS and reply:
+            self.stats[{qc.NodeDown: "suspects", qc.NodeUp: "ups", qc.NodeGone: "gone"}[type(command)]] += 1
 
-    def check_enqueued_once(self, command: list, applied: list) -> None:
+    def check_enqueued_once(self, command: Any, applied: list) -> None:
         for result in applied:
             if result.duplicate:
                 self.stats["duplicates"] += 1
@@ -293,7 +297,7 @@ class QueueSimulation(Simulation):
         self.check(int(seq) > last, f"{enqueuer}: first delivery of seq {seq} after seq {last}")
         self.last_first_delivery[enqueuer] = int(seq)
 
-    def perform(self, leader: str, command: list, output: tuple) -> None:
+    def perform(self, leader: str, command: Any, output: tuple) -> None:
         """The leader's effects and answers, sent to the clients' nodes."""
         for effect in output[1]:
             match effect:
@@ -301,17 +305,17 @@ class QueueSimulation(Simulation):
                     self.to_publisher(leader, effect.enqueuer, lambda p, e=effect: self.on_applied(p, e))
                 case qm.Delivery():
                     self.send_delivery(leader, effect)
-        owner = command[1]
-        if command[0] == qm.CHECKOUT:
-            self.to_consumer(leader, owner, self.on_consume_ok)
-        elif command[0] in (qm.SETTLE, qm.RETURN):
-            items = [tuple(item) for item in command[4]]
+        if type(command) is qc.Checkout:
+            self.to_consumer(leader, command.owner, self.on_consume_ok)
+        elif type(command) in (qc.Settle, qc.Return):
+            owner = command.owner
+            items = [tuple(item) for item in command.msg_ids]
             self.to_consumer(leader, owner, lambda c: self.on_release_ok(c, items))
 
     def with_bodies(self, leader: str, deliveries: list[qm.Delivery]) -> list[tuple[qm.Delivery, bytes]]:
         """The leader reads each delivery's body through its reference. A body
         can be gone only for a message a later committed entry settles
-        (qm.ReleaseCursor); it is skipped, and the end checks fail if one that
+        (ReleaseCursor); it is skipped, and the end checks fail if one that
         mattered was."""
         found = []
         for delivery in deliveries:
@@ -368,7 +372,7 @@ class QueueSimulation(Simulation):
                    f"{consumer.owner} got msg {delivery.msg_id} again after settling it: {delivery}")
         self.received.add(body)
         returning = delivery.delivery_count < 3 and self.rng.random() < self.queue_scenario.return_rate
-        op = qm.RETURN if returning else qm.SETTLE
+        op = qc.Return if returning else qc.Settle
         if not returning:
             consumer.settled.add(delivery.msg_id)
         consumer.pending[delivery.msg_id] = (op, (delivery.msg_id, delivery.seq))
@@ -428,8 +432,8 @@ class QueueSimulation(Simulation):
             self.propose(publisher.node, leader, commands)
 
     def enqueue_command(self, publisher: Publisher, seq: int) -> bytes:
-        return qm.encode_enqueue(publisher.enqueuer, seq, self.now_ms(publisher.node), "", "q", b"",
-                                 publisher.unconfirmed[seq])
+        return qcodec.encode(qc.Enqueue(publisher.enqueuer, seq, self.now_ms(publisher.node), "", "q", b"",
+                                 publisher.unconfirmed[seq]))
 
     def consumer_step(self, consumer: Consumer) -> None:
         scenario = self.queue_scenario
@@ -440,8 +444,8 @@ class QueueSimulation(Simulation):
             return
         if not consumer.registered and resend:
             consumer.last_send = self.now
-            self.propose(consumer.node, leader, [qm.encode_checkout(
-                consumer.owner, consumer.tag, self.now_ms(consumer.node), scenario.prefetch)])
+            self.propose(consumer.node, leader, [qcodec.encode(qc.Checkout(
+                consumer.owner, consumer.tag, self.now_ms(consumer.node), scenario.prefetch))])
         elif consumer.pending and resend:
             consumer.last_send = self.now
             self.send_releases(consumer, list(consumer.pending.values()))
@@ -454,13 +458,13 @@ class QueueSimulation(Simulation):
         if leader is None:
             return
         now_ms = self.now_ms(consumer.node)
-        settles = [item for op, item in releases if op == qm.SETTLE]
-        returns = [item for op, item in releases if op == qm.RETURN]
+        settles = [item for op, item in releases if op is qc.Settle]
+        returns = [item for op, item in releases if op is qc.Return]
         commands = []
         if settles:
-            commands.append(qm.encode_settle(consumer.owner, consumer.tag, now_ms, settles))
+            commands.append(qcodec.encode(qc.Settle(consumer.owner, consumer.tag, now_ms, settles)))
         if returns:
-            commands.append(qm.encode_return(consumer.owner, consumer.tag, now_ms, returns))
+            commands.append(qcodec.encode(qc.Return(consumer.owner, consumer.tag, now_ms, returns)))
         self.propose(consumer.node, leader, commands)
 
     def poll(self, consumer: Consumer, leader: str) -> None:
@@ -500,16 +504,17 @@ class QueueSimulation(Simulation):
             if reachable:
                 stale = any(qm.owner_incarnation(c[0]) != incarnation for c in consumers)
                 if node_id in machine.suspected_nodes or stale:
-                    self.detector_propose(leader, qm.encode_node_up(node_id, incarnation, self.now_ms(leader.node_id)))
+                    now_ms = self.now_ms(leader.node_id)
+                    self.detector_propose(leader, qcodec.encode(qc.NodeUp(node_id, incarnation, now_ms)))
                 continue
             if any(c not in machine.suspected_consumers for c in consumers):
-                self.detector_propose(leader, qm.encode_node_down(node_id, self.now_ms(leader.node_id)))
+                self.detector_propose(leader, qcodec.encode(qc.NodeDown(node_id, self.now_ms(leader.node_id))))
             down_for = self.now - self.down_since.get(node_id, self.now)
             if node_id in machine.suspected_nodes and down_for >= self.queue_scenario.gone_ticks:
-                self.detector_propose(leader, qm.encode_node_gone(node_id, self.now_ms(leader.node_id)))
+                self.detector_propose(leader, qcodec.encode(qc.NodeGone(node_id, self.now_ms(leader.node_id))))
 
     def detector_propose(self, leader: SimNode, data: bytes) -> None:
-        key = (leader.node_id, tuple(qm.decode(data)[:2]))
+        key = (leader.node_id, tuple(qcodec.decode_positional(data)[:2]))
         if self.now - self.detector_last.get(key, -1_000) < self.queue_scenario.detector_retry_ticks:
             return
         self.detector_last[key] = self.now

@@ -4,10 +4,11 @@ it proposes, submits and sends."""
 from __future__ import annotations
 
 from warren.broker.node.cluster import DELIVER, RESEND
-from warren.broker.queues import quorum_machine as qm
+from warren.broker.queues import queue_codec as qcodec
+from warren.broker.queues import queue_commands as qc
 from warren.broker.queues.quorum import LocalConsumer, QuorumQueue
 
-LIVENESS = {qm.NODE_DOWN, qm.NODE_UP, qm.NODE_GONE}
+LIVENESS = qc.LIVENESS
 
 
 class FakeCluster:
@@ -23,11 +24,11 @@ class FakeCluster:
     def propose(self, group, data):
         if not self.leading:
             return None
-        self.proposed.append(qm.decode(data))
+        self.proposed.append(qcodec.decode(data))
         return len(self.proposed)
 
     def submit(self, group, data, callback=None):
-        self.submitted.append(qm.decode(data))
+        self.submitted.append(qcodec.decode(data))
 
     def is_leader(self, group):
         return self.leading
@@ -53,7 +54,7 @@ def test_liveness_commands_are_only_proposed_by_a_leader_in_its_own_term_never_s
     leader.on_node_down("b")
     leader.on_node_up("b", "i2")
     leader.on_node_gone("c")
-    assert [c[0] for c in leader.cluster.proposed] == [qm.NODE_DOWN, qm.NODE_UP, qm.NODE_GONE]
+    assert [type(c) for c in leader.cluster.proposed] == [qc.NodeDown, qc.NodeUp, qc.NodeGone]
     assert not leader.cluster.submitted, "a liveness command must never be resent to another leader"
     deposed = queue_on("a", leading=False)
     deposed.on_node_down("b")
@@ -66,17 +67,18 @@ def test_a_new_leader_states_its_own_view_in_its_own_term():
     queue.cluster.down_since = {"c": 0.0}
     queue.cluster.peer_incarnations = {"b": "ib", "c": "ic"}
     queue.on_leader_change("a", True)
-    assert [c[:2] for c in queue.cluster.proposed] == [[qm.NODE_UP, "a"], [qm.NODE_DOWN, "c"], [qm.NODE_UP, "b"]]
-    assert not [c for c in queue.cluster.submitted if c[0] in LIVENESS]
+    assert [(type(c), c.node) for c in queue.cluster.proposed] == [(qc.NodeUp, "a"), (qc.NodeDown, "c"),
+                                                                    (qc.NodeUp, "b")]
+    assert not [c for c in queue.cluster.submitted if type(c) in LIVENESS]
 
 
 def test_a_leader_resends_what_is_checked_out_to_a_peers_consumers_when_its_link_comes_up():
     queue = queue_on("a", leading=True)
     machine = queue.machine
-    machine.apply([qm.CHECKOUT, "b/ib/1/1", "t", 1, 5, 0, False, True], 1)
-    machine.apply([qm.CHECKOUT, "c/ic/1/1", "t", 1, 5, 0, False, True], 2)
+    machine.apply(qc.Checkout("b/ib/1/1", "t", 1, 5), 1)
+    machine.apply(qc.Checkout("c/ic/1/1", "t", 1, 5), 2)
     for seq in (1, 2, 3, 4):
-        machine.apply(qm.decode(qm.encode_enqueue("a/i1/1/1", seq, 1, "", "q", b"\x00\x00", b"m%d" % seq)))
+        machine.apply(qcodec.decode(qcodec.encode(qc.Enqueue("a/i1/1/1", seq, 1, "", "q", b"\x00\x00", b"m%d" % seq))))
     queue.on_link_up("b")
     delivered = [(peer, m[2], m[4]) for peer, m in queue.cluster.sent if m[0] == DELIVER]
     assert delivered == [("b", "b/ib/1/1", 1), ("b", "b/ib/1/1", 2)], "b's consumer's two, again; not c's"

@@ -11,8 +11,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from warren.broker.queues import fifo
+from warren.broker.queues import queue_codec as qcodec
+from warren.broker.queues import queue_commands as qc
 from warren.broker.queues import quorum_machine as qm
-from warren.broker.queues.quorum_machine import Applied, Delivery, Got, Purged, QuorumMachine
+from warren.broker.queues.queue_commands import Applied, Delivery, Got, Purged
+from warren.broker.queues.queue_snapshots import ReleaseCursor
+from warren.broker.queues.quorum_machine import QuorumMachine
 
 P1 = "n1/i1/p1"
 P2 = "n2/i1/p2"
@@ -30,19 +34,24 @@ class Replica:
 
     def run(self, data: bytes):
         self.now_ms += 10
-        return self.machine.apply(qm.decode(data))
+        return self.machine.apply(qcodec.decode(data))
 
     def publish(self, enqueuer: str, seq: int, body: bytes = b"x", **options):
-        return self.run(qm.encode_enqueue(enqueuer, seq, self.now_ms, "", "q", b"", body, **options))
+        return self.run(qcodec.encode(qc.Enqueue(enqueuer, seq, self.now_ms, "", "q", b"", body, **options)))
 
     def consume(self, consumer: tuple, prefetch: int = 0, **options):
-        return self.run(qm.encode_checkout(consumer[0], consumer[1], self.now_ms, prefetch, **options))
+        return self.run(qcodec.encode(qc.Checkout(consumer[0], consumer[1], self.now_ms, prefetch, **options)))
 
     def settle(self, consumer: tuple, msg_ids):
-        return self.run(qm.encode_settle(consumer[0], consumer[1], self.now_ms, msg_ids))
+        return self.run(qcodec.encode(qc.Settle(consumer[0], consumer[1], self.now_ms, msg_ids)))
 
     def requeue(self, consumer: tuple, msg_ids):
-        return self.run(qm.encode_return(consumer[0], consumer[1], self.now_ms, msg_ids))
+        return self.run(qcodec.encode(qc.Return(consumer[0], consumer[1], self.now_ms, msg_ids)))
+
+
+def wire(record):
+    """The record as it comes out of the log: through the codec and back."""
+    return qcodec.decode(qcodec.encode(record))
 
 
 def deliveries(effects) -> list[Delivery]:
@@ -62,9 +71,9 @@ def test_an_enqueue_batch_is_exactly_its_enqueues_one_after_the_other():
     batches = [(1, [m[0]]), (3, [m[2], m[3], m[4]]), (2, [m[1], m[2]])]
     effects_b, effects_s = [], []
     for first, messages in batches:
-        effects_b += batched.apply(qm.decode(qm.encode_enqueue_batch(P1, first, 5, messages)))[1]
+        effects_b += batched.apply(wire(qc.EnqueueBatch(P1, first, 5, messages)))[1]
         for offset, fields in enumerate(messages):
-            effects_s += single.apply(qm.decode(qm.encode_enqueue(P1, first + offset, 5, *fields)))[1]
+            effects_s += single.apply(wire(qc.Enqueue(P1, first + offset, 5, *fields)))[1]
     assert effects_b == effects_s
     assert [(a.seq, a.duplicate) for a in effects_b if isinstance(a, qm.Applied)] == [
         (1, False), (2, False), (3, False), (4, False), (5, False), (3, True)]
@@ -73,51 +82,21 @@ def test_an_enqueue_batch_is_exactly_its_enqueues_one_after_the_other():
 
 def test_an_id_named_twice_in_one_settle_or_return_is_released_once():
     machine = qm.QuorumMachine()
-    machine.apply(qm.decode(qm.encode_enqueue(P1, 1, 5, "", "q", b"", b"x")))
-    machine.apply(qm.decode(qm.encode_checkout("n1/i1/c", "t", 5, 10)))
+    machine.apply(wire(qc.Enqueue(P1, 1, 5, "", "q", b"", b"x")))
+    machine.apply(wire(qc.Checkout("n1/i1/c", "t", 5, 10)))
     (delivery,) = machine.checked_out_deliveries()
     pair = (delivery.msg_id, delivery.seq)
-    assert machine.apply(qm.decode(qm.encode_return("n1/i1/c", "t", 6, [pair, pair])))[0] == 1
+    assert machine.apply(wire(qc.Return("n1/i1/c", "t", 6, [pair, pair])))[0] == 1
     (again,) = machine.checked_out_deliveries()
-    assert machine.apply(qm.decode(qm.encode_settle("n1/i1/c", "t", 7, [again.msg_id, again.msg_id])))[0] == 1
+    assert machine.apply(wire(qc.Settle("n1/i1/c", "t", 7, [again.msg_id, again.msg_id])))[0] == 1
     assert machine.ready_count == 0 and machine.unacked_count == 0
-
-
-def test_opcodes_are_distinct_ints_and_every_command_round_trips():
-    assert len({int(op) for op in qm.Op}) == len(qm.Op)
-    assert qm.ENQUEUE == 1 and qm.TICK == 14
-    commands = {
-        qm.encode_enqueue(P1, 1, 5, "ex", "rk", b"props", b"body", 100, 2):
-            [qm.ENQUEUE, P1, 1, 5, "ex", "rk", b"props", b"body", 100, 2],
-        qm.encode_checkout("o", "t", 5, 10, 1, True, False): [qm.CHECKOUT, "o", "t", 5, 10, 1, True, False],
-        qm.encode_cancel("o", "t", 5): [qm.CANCEL, "o", "t", 5],
-        qm.encode_settle("o", "t", 5, [1, (2, 7)]): [qm.SETTLE, "o", "t", 5, [1, [2, 7]]],
-        qm.encode_return("o", None, 5, [3]): [qm.RETURN, "o", None, 5, [3]],
-        qm.encode_discard("o", "t", 5, []): [qm.DISCARD, "o", "t", 5, []],
-        qm.encode_suspend("o", "t", 5, False): [qm.SUSPEND, "o", "t", 5, False],
-        qm.encode_dequeue("o", 9, 5, True): [qm.DEQUEUE, "o", 9, 5, True],
-        qm.encode_purge("o", 9, 5): [qm.PURGE, "o", 9, 5],
-        qm.encode_down("o", 5): [qm.DOWN, "o", 5],
-        qm.encode_node_down("n1", 5): [qm.NODE_DOWN, "n1", 5],
-        qm.encode_node_up("n1", "i2", 5): [qm.NODE_UP, "n1", "i2", 5],
-        qm.encode_node_gone("n1", 5): [qm.NODE_GONE, "n1", 5],
-        qm.encode_tick(5): [qm.TICK, 5],
-        qm.encode_enqueue_batch(P1, 3, 5, [["ex", "rk", b"p", b"b", None, 0]]):
-            [qm.ENQUEUE_BATCH, P1, 3, 5, [["ex", "rk", b"p", b"b", None, 0]]],
-        qm.encode_drop_transient(5): [qm.DROP_TRANSIENT, 5],
-        qm.encode_drop_transient_before(7, 5): [qm.DROP_TRANSIENT_BEFORE, 7, 5],
-    }
-    for data, expected in commands.items():
-        assert isinstance(data, bytes)
-        assert qm.decode(data) == expected
-    assert {c[0] for c in commands.values()} == {int(op) for op in qm.Op}
 
 
 def test_a_malformed_command_is_a_bug_not_a_silent_no_op():
     with pytest.raises(AssertionError, match="malformed"):
-        QuorumMachine().apply([qm.TICK])
+        QuorumMachine().apply([qc.Tick.TAG, 5])
     with pytest.raises(AssertionError, match="malformed"):
-        QuorumMachine().apply([99, 1])
+        QuorumMachine().apply(fifo.Tick())
 
 
 def test_owner_names_carry_node_and_incarnation():
@@ -220,14 +199,14 @@ def test_reject_publish_dlx_dead_letters_and_applies_as_not_accepted():
     replica = Replica(max_length=1, overflow=fifo.REJECT_PUBLISH_DLX)
     replica.publish(P1, 1)
     _, effects = replica.publish(P1, 2, b"late")
-    assert effects == [fifo.DeadLetter("maxlen", (("", "q", b"", b"late"),)), Applied(P1, 2, accepted=False)]
+    assert effects == [qc.DeadLettered("maxlen", (("", "q", b"", b"late"),)), Applied(P1, 2, accepted=False)]
 
 
 def test_message_ids_are_never_reused_even_after_refusals():
     replica = Replica(max_length=1, overflow=fifo.REJECT_PUBLISH)
     replica.publish(P1, 1)
     replica.publish(P1, 2)                         # refused: id 2 is spent anyway
-    replica.run(qm.encode_purge("o", 1, 0))
+    replica.run(qcodec.encode(qc.Purge("o", 1, 0)))
     replica.publish(P1, 3)
     assert list(replica.machine.state.messages) == [3]
 
@@ -307,8 +286,8 @@ def test_discard_dead_letters_and_forgets_the_seq():
     replica = Replica()
     replica.consume(C1)
     replica.publish(P1, 1, b"bad")
-    reply, effects = replica.run(qm.encode_discard(C1[0], C1[1], 0, [1]))
-    assert reply == 1 and effects == [fifo.DeadLetter("rejected", (("", "q", b"", b"bad"),))]
+    reply, effects = replica.run(qcodec.encode(qc.Discard(C1[0], C1[1], 0, [1])))
+    assert reply == 1 and effects == [qc.DeadLettered("rejected", (("", "q", b"", b"bad"),))]
     assert replica.machine.checked_out_deliveries() == []
 
 
@@ -316,7 +295,7 @@ def test_cancel_keeps_what_is_held_and_a_reused_tag_numbers_from_one_again():
     replica = Replica()
     replica.consume(C1)
     replica.publish(P1, 1)
-    assert replica.run(qm.encode_cancel(C1[0], C1[1], 0))[0] == fifo.ACCEPTED
+    assert replica.run(qcodec.encode(qc.Cancel(C1[0], C1[1], 0)))[0] == fifo.ACCEPTED
     assert replica.machine.consumer_count == 0
     _, effects = replica.publish(P1, 2)
     assert deliveries(effects) == []
@@ -331,20 +310,20 @@ def test_suspend_and_resume_a_consumer():
     replica = Replica()
     replica.consume(C1, active=False)
     assert deliveries(replica.publish(P1, 1)[1]) == []
-    _, effects = replica.run(qm.encode_suspend(C1[0], C1[1], 0, True))
+    _, effects = replica.run(qcodec.encode(qc.Suspend(C1[0], C1[1], 0, True)))
     assert [d.msg_id for d in deliveries(effects)] == [1]
 
 
 def test_dequeue_answers_with_got_and_an_acked_get_is_settled_with_tag_none():
     replica = Replica()
     replica.publish(P1, 1, b"g")
-    reply, effects = replica.run(qm.encode_dequeue("n1/i1/ch1", 42, 0, False))
+    reply, effects = replica.run(qcodec.encode(qc.Dequeue("n1/i1/ch1", 42, 0, False)))
     assert reply == fifo.Dequeued(1, ("", "q", b"", b"g"), False, 0, 0)
     assert effects == [Got("n1/i1/ch1", 42, reply)]
     assert replica.machine.unacked_count == 1
     assert replica.machine.checked_out_deliveries() == []       # answered by Got, not resent
-    assert replica.run(qm.encode_settle("n1/i1/ch1", None, 0, [1]))[0] == 1
-    reply, effects = replica.run(qm.encode_dequeue("n1/i1/ch1", 43, 0, True))
+    assert replica.run(qcodec.encode(qc.Settle("n1/i1/ch1", None, 0, [1])))[0] == 1
+    reply, effects = replica.run(qcodec.encode(qc.Dequeue("n1/i1/ch1", 43, 0, True)))
     assert reply is None and effects == [Got("n1/i1/ch1", 43, None)]
 
 
@@ -352,33 +331,33 @@ def test_purge_answers_with_purged():
     replica = Replica()
     replica.publish(P1, 1)
     replica.publish(P1, 2)
-    reply, effects = replica.run(qm.encode_purge("n1/i1/ch1", 7, 0))
+    reply, effects = replica.run(qcodec.encode(qc.Purge("n1/i1/ch1", 7, 0)))
     assert reply == 2 and effects == [Purged("n1/i1/ch1", 7, 2)]
     assert replica.machine.message_bytes == 0
 
 
 def test_tick_expires_by_the_commands_time():
     replica = Replica(message_ttl_ms=100)
-    replica.run(qm.encode_enqueue(P1, 1, 1_000, "", "q", b"", b"old", None, 0))
-    assert replica.run(qm.encode_tick(1_100))[1] == []
-    _, effects = replica.run(qm.encode_tick(1_101))
-    assert effects == [fifo.DeadLetter("expired", (("", "q", b"", b"old"),))]
+    replica.run(qcodec.encode(qc.Enqueue(P1, 1, 1_000, "", "q", b"", b"old", None, 0)))
+    assert replica.run(qcodec.encode(qc.Tick(1_100)))[1] == []
+    _, effects = replica.run(qcodec.encode(qc.Tick(1_101)))
+    assert effects == [qc.DeadLettered("expired", (("", "q", b"", b"old"),))]
 
 
 def test_time_never_goes_back():
     replica = Replica(message_ttl_ms=100)
-    replica.run(qm.encode_tick(5_000))
-    replica.run(qm.encode_enqueue(P1, 1, 1_000, "", "q", b"", b"m", None, 0))   # a slow clock
+    replica.run(qcodec.encode(qc.Tick(5_000)))
+    replica.run(qcodec.encode(qc.Enqueue(P1, 1, 1_000, "", "q", b"", b"m", None, 0)))   # a slow clock
     assert replica.machine.state.expiries[1] == 5_100
-    assert replica.run(qm.encode_tick(2_000))[1] == []
+    assert replica.run(qcodec.encode(qc.Tick(2_000)))[1] == []
 
 
 def test_down_returns_what_the_owner_held_and_forgets_it_as_an_enqueuer():
     replica = Replica()
     replica.consume(C1)
-    replica.run(qm.encode_enqueue(C1[0], 1, 0, "", "q", b"", b"m", None, 0))
+    replica.run(qcodec.encode(qc.Enqueue(C1[0], 1, 0, "", "q", b"", b"m", None, 0)))
     replica.consume(C2)
-    reply, effects = replica.run(qm.encode_down(C1[0], 0))
+    reply, effects = replica.run(qcodec.encode(qc.Down(C1[0], 0)))
     assert reply == 1
     assert deliveries(effects) == [Delivery(C2, 1, 1, ("", "q", b"", b"m"), True, 1)]
     assert replica.machine.next_seq(C1[0]) is None
@@ -392,7 +371,7 @@ def test_a_suspected_node_keeps_what_it_holds_and_gets_nothing_new():
     replica.consume(C1)
     replica.consume(C2)
     replica.publish(P1, 1)
-    reply, _ = replica.run(qm.encode_node_down("n1", 0))
+    reply, _ = replica.run(qcodec.encode(qc.NodeDown("n1", 0)))
     assert reply == [C1]
     assert replica.machine.suspected_nodes == {"n1"} and replica.machine.suspected_consumers == {C1}
     effects = replica.publish(P1, 2)[1] + replica.publish(P1, 3)[1]
@@ -404,9 +383,9 @@ def test_a_suspected_node_keeps_what_it_holds_and_gets_nothing_new():
 def test_node_up_with_the_same_incarnation_resumes_its_consumers():
     replica = Replica()
     replica.consume(C1)
-    replica.run(qm.encode_node_down("n1", 0))
+    replica.run(qcodec.encode(qc.NodeDown("n1", 0)))
     replica.publish(P1, 1)
-    reply, effects = replica.run(qm.encode_node_up("n1", "i1", 0))
+    reply, effects = replica.run(qcodec.encode(qc.NodeUp("n1", "i1", 0)))
     assert reply == []
     assert [d.consumer for d in deliveries(effects)] == [C1]
     assert replica.machine.suspected_nodes == frozenset() and replica.machine.suspected_consumers == frozenset()
@@ -415,20 +394,20 @@ def test_node_up_with_the_same_incarnation_resumes_its_consumers():
 def test_a_suspend_during_suspicion_is_the_state_resumed_into():
     replica = Replica()
     replica.consume(C1)
-    replica.run(qm.encode_node_down("n1", 0))
-    replica.run(qm.encode_suspend(C1[0], C1[1], 0, False))
+    replica.run(qcodec.encode(qc.NodeDown("n1", 0)))
+    replica.run(qcodec.encode(qc.Suspend(C1[0], C1[1], 0, False)))
     replica.publish(P1, 1)
-    assert deliveries(replica.run(qm.encode_node_up("n1", "i1", 0))[1]) == []
+    assert deliveries(replica.run(qcodec.encode(qc.NodeUp("n1", "i1", 0)))[1]) == []
     assert replica.machine.state.consumers[C1].suspended
 
 
 def test_node_up_with_a_new_incarnation_downs_the_old_owners():
     replica = Replica()
     replica.consume(C1)
-    replica.run(qm.encode_enqueue("n1/i1/pub", 1, 0, "", "q", b"", b"m", None, 0))
-    replica.run(qm.encode_node_down("n1", 0))
+    replica.run(qcodec.encode(qc.Enqueue("n1/i1/pub", 1, 0, "", "q", b"", b"m", None, 0)))
+    replica.run(qcodec.encode(qc.NodeDown("n1", 0)))
     replica.consume(C2)
-    reply, effects = replica.run(qm.encode_node_up("n1", "i2", 0))
+    reply, effects = replica.run(qcodec.encode(qc.NodeUp("n1", "i2", 0)))
     assert reply == [C1[0]]
     assert deliveries(effects) == [Delivery(C2, 1, 1, ("", "q", b"", b"m"), True, 1)]
     assert C1 not in replica.machine.state.consumers
@@ -441,10 +420,10 @@ def test_after_node_up_the_dead_incarnations_late_commands_are_refused():
     forgotten session (it would enqueue seq 1 again)."""
     replica = Replica()
     replica.publish("n1/i1/pub", 1)
-    replica.run(qm.encode_node_up("n1", "i2", 0))
+    replica.run(qcodec.encode(qc.NodeUp("n1", "i2", 0)))
     assert replica.publish("n1/i1/pub", 1) == ([], [])
     assert replica.consume(("n1/i1/ch", "t")) == (fifo.REJECTED, [])
-    assert replica.run(qm.encode_dequeue("n1/i1/ch", 1, 0, False)) == (None, [])
+    assert replica.run(qcodec.encode(qc.Dequeue("n1/i1/ch", 1, 0, False))) == (None, [])
     assert replica.machine.ready_count == 1 and replica.machine.consumer_count == 0
     assert replica.publish("n1/i2/pub", 1)[0] == [Applied("n1/i2/pub", 1, accepted=True)]
     assert replica.publish("n1/i3/pub", 1)[0] == [Applied("n1/i3/pub", 1, accepted=True)]   # not yet known dead
@@ -454,7 +433,7 @@ def test_retired_incarnations_are_bounded_per_node():
     replica = Replica()
     for incarnation in range(qm.RETIRED_MAX + 5):
         replica.publish(f"n1/i{incarnation}/pub", 1)
-        replica.run(qm.encode_node_up("n1", f"i{incarnation + 1}", 0))
+        replica.run(qcodec.encode(qc.NodeUp("n1", f"i{incarnation + 1}", 0)))
     assert replica.publish("n1/i0/pub", 1)[0] == [Applied("n1/i0/pub", 1, accepted=True)]   # long forgotten
     assert replica.publish(f"n1/i{qm.RETIRED_MAX + 4}/pub", 2) == ([], [])
 
@@ -463,7 +442,7 @@ def test_node_up_after_a_quick_restart_without_suspicion_also_downs_the_old_owne
     replica = Replica()
     replica.consume(C1)
     replica.publish(P1, 1)
-    reply, _ = replica.run(qm.encode_node_up("n1", "i2", 0))
+    reply, _ = replica.run(qcodec.encode(qc.NodeUp("n1", "i2", 0)))
     assert reply == [C1[0]] and replica.machine.unacked_count == 0 and replica.machine.ready_count == 1
 
 
@@ -471,10 +450,10 @@ def test_node_gone_downs_the_suspected_incarnation_but_not_a_newer_one():
     replica = Replica()
     replica.consume(C1)
     replica.publish(P1, 1)
-    replica.run(qm.encode_node_down("n1", 0))
+    replica.run(qcodec.encode(qc.NodeDown("n1", 0)))
     newer = ("n1/i2/ch9", "z")
     replica.consume(newer)                      # the node restarted before NODE_GONE committed
-    reply, effects = replica.run(qm.encode_node_gone("n1", 0))
+    reply, effects = replica.run(qcodec.encode(qc.NodeGone("n1", 0)))
     assert reply == [C1[0]]
     assert [d.consumer for d in deliveries(effects)] == [newer]
     assert newer in replica.machine.state.consumers and replica.machine.suspected_nodes == frozenset()
@@ -485,14 +464,14 @@ def test_node_gone_without_suspicion_downs_every_owner_on_the_node():
     replica.consume(C1)
     replica.consume(("n1/i1/other", "t"))
     replica.consume(C2)
-    reply, _ = replica.run(qm.encode_node_gone("n1", 0))
+    reply, _ = replica.run(qcodec.encode(qc.NodeGone("n1", 0)))
     assert reply == [C1[0], "n1/i1/other"]
     assert list(replica.machine.state.consumers) == [C2]
 
 
 def test_a_checkout_from_a_suspected_node_is_not_suspected():
     replica = Replica()
-    replica.run(qm.encode_node_down("n1", 0))
+    replica.run(qcodec.encode(qc.NodeDown("n1", 0)))
     replica.consume(C1)
     assert replica.machine.suspected_consumers == frozenset()
     assert [d.consumer for d in deliveries(replica.publish(P1, 1)[1])] == [C1]
@@ -538,32 +517,32 @@ def draw_command(choices: Choices, machine: QuorumMachine) -> bytes:
             seq = max(1, (machine.next_seq(enqueuer) or 1) + choices.int(-2, 3))
             body = b"b" * choices.int(0, 6)
             ttl = choices.pick([None, 0, 1_000, 3_000])
-            return qm.encode_enqueue(enqueuer, seq, now, "", "q", b"", body, ttl, choices.int(0, 4))
+            return qcodec.encode(qc.Enqueue(enqueuer, seq, now, "", "q", b"", body, ttl, choices.int(0, 4)))
         case "release":
-            encode = choices.pick([qm.encode_settle, qm.encode_return, qm.encode_discard])
+            release = choices.pick([qc.Settle, qc.Return, qc.Discard])
             owner, tag, msg_ids = draw_release(choices, machine, owner, tag)
-            return encode(owner, tag, now, msg_ids)
+            return qcodec.encode(release(owner, tag, now, msg_ids))
         case "checkout":
-            return qm.encode_checkout(owner, tag, now, choices.int(0, 3), choices.int(0, 1),
-                                      choices.int(0, 3) == 0, choices.int(0, 3) != 0)
+            return qcodec.encode(qc.Checkout(owner, tag, now, choices.int(0, 3), choices.int(0, 1),
+                                      choices.int(0, 3) == 0, choices.int(0, 3) != 0))
         case "cancel":
-            return qm.encode_cancel(owner, tag, now)
+            return qcodec.encode(qc.Cancel(owner, tag, now))
         case "suspend":
-            return qm.encode_suspend(owner, tag, now, choices.int(0, 1) == 1)
+            return qcodec.encode(qc.Suspend(owner, tag, now, choices.int(0, 1) == 1))
         case "dequeue":
-            return qm.encode_dequeue(owner, choices.int(0, 9), now, choices.int(0, 1) == 1)
+            return qcodec.encode(qc.Dequeue(owner, choices.int(0, 9), now, choices.int(0, 1) == 1))
         case "purge":
-            return qm.encode_purge(owner, 1, now)
+            return qcodec.encode(qc.Purge(owner, 1, now))
         case "down":
-            return qm.encode_down(owner, now)
+            return qcodec.encode(qc.Down(owner, now))
         case "node_down":
-            return qm.encode_node_down(choices.pick(NODES), now)
+            return qcodec.encode(qc.NodeDown(choices.pick(NODES), now))
         case "node_up":
-            return qm.encode_node_up(choices.pick(NODES), choices.pick(["i1", "i2"]), now)
+            return qcodec.encode(qc.NodeUp(choices.pick(NODES), choices.pick(["i1", "i2"]), now))
         case "node_gone":
-            return qm.encode_node_gone(choices.pick(NODES), now)
+            return qcodec.encode(qc.NodeGone(choices.pick(NODES), now))
         case "tick":
-            return qm.encode_tick(now)
+            return qcodec.encode(qc.Tick(now))
     raise AssertionError("unreachable")
 
 
@@ -620,7 +599,7 @@ def run_log(choices: Choices, machine: QuorumMachine, length: int | None = None)
     log = []
     while (len(log) < length) if length is not None else not choices.exhausted():
         command = draw_command(choices, machine)
-        log.append((command, machine.apply(qm.decode(command))))
+        log.append((command, machine.apply(qcodec.decode(command))))
         check_invariants(machine)
     return log
 
@@ -637,7 +616,7 @@ def test_restore_of_a_snapshot_behaves_exactly_like_the_original(limits, before,
     restored = QuorumMachine.restore(snapshot)
     assert restored.snapshot() == snapshot
     for command, produced in run_log(choices, original):
-        assert restored.apply(qm.decode(command)) == produced
+        assert restored.apply(qcodec.decode(command)) == produced
     assert restored.snapshot() == original.snapshot()
     assert restored.checked_out_deliveries() == original.checked_out_deliveries()
 
@@ -647,7 +626,7 @@ def test_restore_of_a_snapshot_behaves_exactly_like_the_original(limits, before,
 def test_replicas_applying_the_same_log_agree(limits, choices):
     first, second = QuorumMachine(limits), QuorumMachine(limits)
     for command, produced in run_log(choices, first):
-        assert second.apply(qm.decode(command)) == produced
+        assert second.apply(qcodec.decode(command)) == produced
     assert first.snapshot() == second.snapshot()
 
 
@@ -659,9 +638,9 @@ def test_the_snapshot_holds_every_part_of_the_state():
     replica.publish(P1, 2, b"b", ttl_ms=50)
     replica.requeue(C1, [1])
     replica.publish(P1, 5, b"held")
-    replica.run(qm.encode_node_down("n2", 0))
-    replica.run(qm.encode_enqueue("n3/i1/gone", 1, 0, "", "q", b"", b"", None, 0))
-    replica.run(qm.encode_node_up("n3", "i2", 0))
+    replica.run(qcodec.encode(qc.NodeDown("n2", 0)))
+    replica.run(qcodec.encode(qc.Enqueue("n3/i1/gone", 1, 0, "", "q", b"", b"", None, 0)))
+    replica.run(qcodec.encode(qc.NodeUp("n3", "i2", 0)))
     restored = QuorumMachine.restore(replica.machine.snapshot())
     state, original = restored.state, replica.machine.state
     assert state.limits == original.limits
@@ -672,7 +651,7 @@ def test_the_snapshot_holds_every_part_of_the_state():
     assert restored.held_count(P1) == 1 and restored.next_seq(P1) == 3
     assert restored.suspected_nodes == {"n2"} and restored.suspected_consumers == {C2}
     assert restored.next_msg_id == replica.machine.next_msg_id
-    assert restored.apply(qm.decode(qm.encode_enqueue("n3/i1/gone", 2, 0, "", "q", b"", b"", None, 0))) == ([], [])
+    assert restored.apply(wire(qc.Enqueue("n3/i1/gone", 2, 0, "", "q", b"", b"", None, 0))) == ([], [])
     assert restored.checked_out_deliveries() == replica.machine.checked_out_deliveries()
 
 
@@ -684,51 +663,52 @@ def test_with_log_indexes_messages_are_references_into_the_log():
 
     def apply(index, data):
         log[index] = data
-        return machine.apply(qm.decode(data), index)
+        return machine.apply(qcodec.decode(data), index)
 
-    apply(1, qm.encode_enqueue(P1, 1, 5, "", "q", b"", b"one"))
-    apply(2, qm.encode_enqueue_batch(P1, 2, 6, [["", "q", b"", b"two", None, 0], ["", "q", b"", b"three", None, 0]]))
+    apply(1, qcodec.encode(qc.Enqueue(P1, 1, 5, "", "q", b"", b"one")))
+    two, three = ["", "q", b"", b"two", None, 0], ["", "q", b"", b"three", None, 0]
+    apply(2, qcodec.encode(qc.EnqueueBatch(P1, 2, 6, [two, three])))
     assert machine.oldest_ref_index() == 1
-    _, effects = apply(3, qm.encode_checkout(*C1, 7, 10))
+    _, effects = apply(3, qcodec.encode(qc.Checkout(*C1, 7, 10)))
     refs = [d.payload for d in deliveries(effects)]
     assert [qm.ref_location(ref) for ref in refs] == [(1, 0), (2, 0), (2, 1)], refs
-    bodies_read = [qm.message_payload(qm.decode(log[index]), slot)[3] for index, slot in map(qm.ref_location, refs)]
+    bodies_read = [qm.message_payload(qcodec.decode(log[index]), slot)[3] for index, slot in map(qm.ref_location, refs)]
     assert bodies_read == [b"one", b"two", b"three"]
     # a snapshot keeps references, not bodies
     assert b"three" not in machine.snapshot()
-    apply(4, qm.encode_settle(*C1, 8, [1]))
+    apply(4, qcodec.encode(qc.Settle(*C1, 8, [1])))
     assert machine.oldest_ref_index() == 2
-    apply(5, qm.encode_settle(*C1, 9, [2, 3]))
+    apply(5, qcodec.encode(qc.Settle(*C1, 9, [2, 3])))
     assert machine.oldest_ref_index() is None
 
 
 def test_a_held_enqueue_refers_to_the_entry_it_came_in():
     machine = QuorumMachine()
-    machine.apply(qm.decode(qm.encode_enqueue(P1, 1, 5, "", "q", b"", b"one")), 1)
-    machine.apply(qm.decode(qm.encode_enqueue(P1, 3, 5, "", "q", b"", b"three")), 2)   # held: seq 2 missing
+    machine.apply(wire(qc.Enqueue(P1, 1, 5, "", "q", b"", b"one")), 1)
+    machine.apply(wire(qc.Enqueue(P1, 3, 5, "", "q", b"", b"three")), 2)   # held: seq 2 missing
     assert machine.oldest_ref_index() == 1
-    machine.apply(qm.decode(qm.encode_checkout(*C1, 6, 10)), 3)
-    machine.apply(qm.decode(qm.encode_settle(*C1, 7, [1])), 4)
+    machine.apply(wire(qc.Checkout(*C1, 6, 10)), 3)
+    machine.apply(wire(qc.Settle(*C1, 7, [1])), 4)
     assert machine.oldest_ref_index() == 2, "the held enqueue of entry 2 still needs it"
     restored = QuorumMachine.restore(machine.snapshot())
-    _, effects = restored.apply(qm.decode(qm.encode_enqueue(P1, 2, 8, "", "q", b"", b"two")), 5)
+    _, effects = restored.apply(wire(qc.Enqueue(P1, 2, 8, "", "q", b"", b"two")), 5)
     assert [qm.ref_location(d.payload)[0] for d in deliveries(effects)] == [5, 2]
 
 
 def test_the_release_cursor_promotes_a_candidate_once_nothing_refers_below_it():
     machine = QuorumMachine()
-    cursor = qm.ReleaseCursor()
-    machine.apply(qm.decode(qm.encode_checkout(*C1, 5, 10)), 1)
+    cursor = ReleaseCursor()
+    machine.apply(wire(qc.Checkout(*C1, 5, 10)), 1)
     assert cursor.offer(1, machine) == (1, machine.snapshot()), "no message kept: the state now"
-    machine.apply(qm.decode(qm.encode_enqueue(P1, 1, 6, "", "q", b"", b"a")), 2)    # msg 1, delivered
+    machine.apply(wire(qc.Enqueue(P1, 1, 6, "", "q", b"", b"a")), 2)    # msg 1, delivered
     assert cursor.offer(2, machine) is None, "msg 1 refers to entry 2: a candidate, not a snapshot"
-    machine.apply(qm.decode(qm.encode_enqueue(P1, 2, 7, "", "q", b"", b"b")), 3)    # msg 2
+    machine.apply(wire(qc.Enqueue(P1, 2, 7, "", "q", b"", b"b")), 3)    # msg 2
     candidate_at_3 = machine.snapshot()
     assert cursor.offer(3, machine) is None
-    machine.apply(qm.decode(qm.encode_settle(*C1, 8, [1])), 4)
+    machine.apply(wire(qc.Settle(*C1, 8, [1])), 4)
     # msg 2 (entry 3) is kept: the candidate at 2 may go, the one at 3 may not
     assert cursor.offer(4, machine)[0] == 2
-    machine.apply(qm.decode(qm.encode_settle(*C1, 9, [2])), 5)
+    machine.apply(wire(qc.Settle(*C1, 9, [2])), 5)
     assert cursor.offer(5, machine)[0] == 5, "nothing kept: the state now, newer than every candidate"
     assert candidate_at_3 != machine.snapshot()
     assert not cursor.candidates
@@ -739,20 +719,20 @@ def test_a_resent_basic_get_gets_the_same_answer_not_a_second_message():
     replica.publish(P1, 1, b"first")
     replica.publish(P1, 2, b"second")
     owner = "n1/i1/ch1"
-    get = qm.encode_dequeue(owner, 7, 100, False)
+    get = qcodec.encode(qc.Dequeue(owner, 7, 100, False))
     first, _ = replica.run(get)
     again, effects = replica.run(get)            # the same request, sent again after a leader change
     assert first.payload[3] == b"first" and again == first
     assert [e.dequeued for e in effects if isinstance(e, Got)] == [first]
     assert replica.machine.ready_count == 1, "the resent get took a second message"
     restored = QuorumMachine.restore(replica.machine.snapshot())
-    assert restored.apply(qm.decode(get))[0] == first, "a snapshot forgot the answer"
-    later, _ = replica.run(qm.encode_dequeue(owner, 8, 100, False))
+    assert restored.apply(qcodec.decode(get))[0] == first, "a snapshot forgot the answer"
+    later, _ = replica.run(qcodec.encode(qc.Dequeue(owner, 8, 100, False)))
     assert later.payload[3] == b"second"
-    replica.run(qm.encode_down(owner, 100))
+    replica.run(qcodec.encode(qc.Down(owner, 100)))
     assert owner not in replica.machine._gets
-    replica.run(qm.encode_dequeue(owner, 9, 100, True))
-    replica.run(qm.encode_node_up("n1", "i2", 100))   # n1 restarted: the channel of i1 is dead
+    replica.run(qcodec.encode(qc.Dequeue(owner, 9, 100, True)))
+    replica.run(qcodec.encode(qc.NodeUp("n1", "i2", 100)))   # n1 restarted: the channel of i1 is dead
     assert owner not in replica.machine._gets
 
 
@@ -760,12 +740,12 @@ def test_drop_transient_removes_ready_transient_messages_only():
     machine = QuorumMachine()
     persistent = b"\x10\x00\x02"   # content properties: delivery_mode 2
     assert qm.is_transient(0) is False and qm.is_transient(-1) is True
-    machine.apply(qm.decode(qm.encode_enqueue(P1, 1, 5, "", "q", persistent, b"keep")), 1)
-    machine.apply(qm.decode(qm.encode_enqueue(P1, 2, 5, "", "q", b"\x00\x00", b"drop")), 2)
-    machine.apply(qm.decode(qm.encode_enqueue(P1, 3, 5, "", "q", b"\x00\x00", b"held")), 3)
-    _, effects = machine.apply(qm.decode(qm.encode_checkout(*C1, 6, 1)), 4)   # takes "keep"
-    machine.apply(qm.decode(qm.encode_settle(*C1, 7, [1])), 5)                 # takes "drop"
-    assert machine.apply(qm.decode(qm.encode_drop_transient(8)), 6)[0] == 1, "only the ready transient one"
+    machine.apply(wire(qc.Enqueue(P1, 1, 5, "", "q", persistent, b"keep")), 1)
+    machine.apply(wire(qc.Enqueue(P1, 2, 5, "", "q", b"\x00\x00", b"drop")), 2)
+    machine.apply(wire(qc.Enqueue(P1, 3, 5, "", "q", b"\x00\x00", b"held")), 3)
+    _, effects = machine.apply(wire(qc.Checkout(*C1, 6, 1)), 4)   # takes "keep"
+    machine.apply(wire(qc.Settle(*C1, 7, [1])), 5)                 # takes "drop"
+    assert machine.apply(wire(qc.DropTransient(8)), 6)[0] == 1, "only the ready transient one"
     assert machine.ready_count == 0 and machine.unacked_count == 1
     assert machine.oldest_ref_index() == 2, "the checked-out transient message (entry 2) stays"
 
@@ -776,8 +756,8 @@ def test_drop_transient_before_keeps_the_transient_messages_of_later_entries():
     when its entry is applied before the drop."""
     machine = QuorumMachine()
     transient = b"\x00\x00"
-    machine.apply(qm.decode(qm.encode_enqueue(P1, 1, 5, "", "q", transient, b"old")), 2)
-    machine.apply(qm.decode(qm.encode_enqueue(P1, 2, 5, "", "q", transient, b"new")), 4)
-    assert machine.apply(qm.decode(qm.encode_drop_transient_before(4, 6)), 5)[0] == 1, "only entry 2's"
+    machine.apply(wire(qc.Enqueue(P1, 1, 5, "", "q", transient, b"old")), 2)
+    machine.apply(wire(qc.Enqueue(P1, 2, 5, "", "q", transient, b"new")), 4)
+    assert machine.apply(wire(qc.DropTransientBefore(4, 6)), 5)[0] == 1, "only entry 2's"
     assert machine.ready_count == 1 and machine.oldest_ref_index() == 4
-    assert machine.apply(qm.decode(qm.encode_drop_transient_before(4, 7)), 6)[0] == 0, "a resend drops nothing"
+    assert machine.apply(wire(qc.DropTransientBefore(4, 7)), 6)[0] == 0, "a resend drops nothing"

@@ -14,6 +14,7 @@ import pytest
 
 from tests.unit.quorumsim import QUEUE_SCENARIOS, QueueSimulation, SimulationFailure
 from warren.broker.queues import quorum_machine as qm
+from warren.broker.queues.queue_snapshots import ReleaseCursor
 
 SEEDS = int(os.environ.get("WARREN_QQ_SEEDS", "40"))
 REPLAY_SEED = os.environ.get("WARREN_QQ_SEED")
@@ -122,7 +123,7 @@ def test_the_simulation_catches_a_release_cursor_that_cuts_below_a_kept_message(
     while it still refers to entries at or below it, loses their bodies."""
     def eager(self, index, machine):
         return index, machine.snapshot()
-    monkeypatch.setattr(qm.ReleaseCursor, "offer", eager)
+    monkeypatch.setattr(ReleaseCursor, "offer", eager)
     failure = first_failure("snapshots")
     assert failure is not None and ("body" in failure or "never delivered" in failure or "confirmed" in failure), \
         failure

@@ -1,0 +1,257 @@
+"""A node's sessions with one queue: its channels' publishes and consumers.
+
+Theory of operation. Every node has a `QueueClient` for every queue it knows,
+member of its group or not; nothing is applied here, every command goes to
+the queue's replica through a `QueueRoute` (broker/queues/queue_routes.py: to the
+group's leader, or straight into a replica without a log):
+
+* publishing: each channel is an enqueuer with its own sequence numbers; its
+  unconfirmed enqueues stay here and are resent, in order, when the leader
+  changes or nothing was confirmed for `RESEND_SECONDS`; the machine drops
+  duplicates and re-orders, the leader answers APPLIED per run of seqs and the
+  channel confirms. A turn's publishes of one channel go as one EnqueueBatch;
+* consuming: deliveries carry a per-consumer sequence; this node hands them
+  to the channel in order, drops what it has seen, holds what comes after a
+  gap and asks the leader to send again what it has checked out after the
+  last one seen (RESEND).
+"""
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from warren.broker.queues import queue_commands as qc
+
+if TYPE_CHECKING:
+    from warren.broker.queues.queue_routes import QueueRoute
+
+HELD_DELIVERIES_MAX = 10_000
+ENQUEUE_BATCH_MAX = 1024
+RESEND_SECONDS = 1.0   # as broker/node/cluster.py's
+RESEND = 4             # [RESEND, group, owner, tag, after_seq]: a consumer's node lost deliveries
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class DeliveringQueue(Protocol):
+    """The queue the client's consumers consume from, as they are handed it."""
+
+    def delivery_payload(self, payload: tuple, delivery_count: int) -> tuple: ...
+
+
+@dataclass(slots=True)
+class LocalConsumer:
+    sink: Any
+    consumer_id: tuple        # (channel owner, tag) as the channel knows it
+    last_seq: int = 0
+    held: dict[int, tuple] = field(default_factory=dict)
+    gap_asked_at: float = 0.0
+
+
+@dataclass(slots=True)
+class EnqueuerSession:
+    key: str
+    next_seq: int = 1
+    pending: dict[int, tuple[list, Callable[[bool], None] | None]] = field(default_factory=dict)
+    progress_at: float = 0.0
+    sent_to: str | None = None    # the leader the newest enqueue went to
+    unsent_from: int | None = None  # seqs from here on wait for the end of the turn
+
+
+class QueueClient:
+    def __init__(self, group: str, route: "QueueRoute", owner_key: Callable[[Hashable], str],
+                 queue: DeliveringQueue) -> None:
+        self.group = group
+        self.route = route
+        self.owner_key = owner_key
+        self.queue = queue
+        self.local_consumers: dict[tuple[str, str], LocalConsumer] = {}
+        self.enqueuers: dict[Hashable, EnqueuerSession] = {}
+        self.enqueuers_by_key: dict[str, EnqueuerSession] = {}
+        self.unsent: list[EnqueuerSession] = []
+        self.requests = itertools.count(1)
+
+    # -- publishing --------------------------------------------------------------------
+    def enqueue_from(self, owner: Hashable, payload: tuple, ttl_ms: int | None, priority: int,
+                     on_applied: Callable[[bool], None] | None) -> None:
+        """Queue one publish of `owner`'s; the publishes of a turn go out as one
+        EnqueueBatch at its end (at once to a replica without a log)."""
+        session = self.enqueuers.get(owner)
+        if session is None:
+            key = self.owner_key(owner)
+            session = self.enqueuers[owner] = self.enqueuers_by_key[key] = EnqueuerSession(key)
+        seq = session.next_seq
+        session.next_seq = seq + 1
+        if not session.pending:
+            session.progress_at = time.monotonic()
+        exchange, routing_key, properties, body = payload
+        session.pending[seq] = ([exchange, routing_key, properties, body, ttl_ms, priority], on_applied)
+        if session.unsent_from is None:
+            session.unsent_from = seq
+            self.unsent.append(session)
+            if len(self.unsent) == 1:
+                self.route.at_end_of_turn(self.send_unsent)
+
+    def send_unsent(self) -> None:
+        """The turn's publishes go out; also called before any other command of
+        this node's, so that a basic.get after a publish finds it queued."""
+        if not self.unsent:
+            return
+        sessions, self.unsent = self.unsent, []
+        for session in sessions:
+            first, session.unsent_from = session.unsent_from, None
+            if first is not None:
+                if session.sent_to is None and session.pending:
+                    # the previous send went nowhere (no leader known yet): send those first,
+                    # else the queue holds the new ones until a resend fills the gap
+                    first = min(first, next(iter(session.pending)))
+                self._send_run(session, first, session.next_seq)
+
+    def _send_run(self, session: EnqueuerSession, first: int, end: int) -> None:
+        for start in range(first, end, ENQUEUE_BATCH_MAX):
+            messages = [session.pending[seq][0] for seq in range(start, min(end, start + ENQUEUE_BATCH_MAX))]
+            session.sent_to = self.route.send(qc.EnqueueBatch(session.key, start, now_ms(), messages))
+
+    def on_applied(self, enqueuer: str, first_seq: int, last_seq: int, refused: list[int]) -> None:
+        """The leader applied (or refused, or had applied before) seqs first..last."""
+        session = self.enqueuers_by_key.get(enqueuer)
+        if session is None:
+            return
+        session.progress_at = time.monotonic()
+        pending = session.pending
+        for seq in range(first_seq, last_seq + 1):
+            entry = pending.pop(seq, None)
+            if entry is not None and entry[1] is not None:
+                entry[1](seq not in refused)
+
+    def resend_enqueues(self, now: float, leader_changed: bool) -> None:
+        """All unconfirmed enqueues again, in order: to a new leader, or when
+        nothing was confirmed for `RESEND_SECONDS` (the queue drops duplicates)."""
+        leader = self.route.leader()
+        for session in self.enqueuers.values():
+            if not session.pending:
+                continue
+            if leader_changed and session.sent_to == leader:
+                continue
+            if not leader_changed and now - session.progress_at < RESEND_SECONDS:
+                continue
+            session.progress_at = now
+            seqs = [seq for seq in session.pending if session.unsent_from is None or seq < session.unsent_from]
+            for first, end in _runs(seqs):
+                self._send_run(session, first, end)
+
+    def confirm_all(self) -> None:
+        """The queue was deleted: its unconfirmed publishes are confirmed, as RabbitMQ's
+        channel confirms what was routed to a queue that is deleted (rabbit_channel
+        handle_eol: deleted is not rejected)."""
+        self.unsent = []
+        for session in self.enqueuers.values():
+            pending, session.pending, session.unsent_from = session.pending, {}, None
+            for _, on_applied in pending.values():
+                if on_applied is not None:
+                    on_applied(True)
+
+    def forget_enqueuer(self, owner: Hashable) -> None:
+        session = self.enqueuers.pop(owner, None)
+        if session is not None:
+            self.enqueuers_by_key.pop(session.key, None)
+
+    @property
+    def enqueues_pending(self) -> int:
+        return sum(len(session.pending) for session in self.enqueuers.values())
+
+    # -- commands of this node's channels --------------------------------------------------
+    def submit(self, command: Any, on_done: Callable[[Any], None] | None = None) -> None:
+        """Any other command, after this node's publishes so far (`on_done(reply)` once applied)."""
+        self.send_unsent()
+        self.route.submit(command, on_done)
+
+    def release(self, kind: type, owner: Hashable, tag: str | None, msg_ids: Any,
+                on_done: Callable[[Any], None] | None = None) -> None:
+        """qc.Settle, qc.Return or qc.Discard of what `owner`'s consumer `tag` holds."""
+        self.submit(kind(self.owner_key(owner), tag, now_ms(), list(msg_ids)), on_done)
+
+    def get(self, owner: Hashable, no_ack: bool, on_done: Callable[[Any], None]) -> None:
+        self.submit(qc.Dequeue(self.owner_key(owner), next(self.requests), now_ms(), no_ack), on_done)
+
+    def purge(self, on_done: Callable[[Any], None]) -> None:
+        self.submit(qc.Purge(self.route.node, next(self.requests), now_ms()), on_done)
+
+    def checkout(self, consumer_id: tuple, sink: Any, prefetch: int, priority: int, no_ack: bool,
+                 active: bool) -> None:
+        owner, tag = consumer_id
+        key = self.owner_key(owner)
+        self.local_consumers[(key, tag)] = LocalConsumer(sink, consumer_id)
+        self.submit(qc.Checkout(key, tag, now_ms(), prefetch, priority, no_ack, active))
+
+    def cancel(self, consumer_id: tuple) -> None:
+        owner, tag = consumer_id
+        key = self.owner_key(owner)
+        self.local_consumers.pop((key, tag), None)
+        self.submit(qc.Cancel(key, tag, now_ms()))
+
+    def owner_down(self, owner: Hashable) -> None:
+        key = self.owner_key(owner)
+        for local_key in [k for k in self.local_consumers if k[0] == key]:
+            del self.local_consumers[local_key]
+        self.forget_enqueuer(owner)
+        self.submit(qc.Down(key, now_ms()))
+
+    # -- deliveries to this node's channels ---------------------------------------------------
+    def on_remote_delivery(self, message: list) -> None:
+        _, _, owner, tag, seq, msg_id, exchange, routing_key, properties, body, redelivered, count = message
+        self.on_delivery(owner, tag, seq, msg_id, (exchange, routing_key, properties, body), redelivered, count)
+
+    def on_delivery(self, owner: str, tag: str, seq: int, msg_id: int, payload: tuple,
+                    redelivered: bool, count: int) -> None:
+        consumer = self.local_consumers.get((owner, tag))
+        if consumer is None or seq <= consumer.last_seq:
+            return  # gone (its messages go back with its cancel or channel close), or seen
+        if seq > consumer.last_seq + 1:
+            if len(consumer.held) < HELD_DELIVERIES_MAX:
+                consumer.held[seq] = (msg_id, payload, redelivered, count)
+            self._ask_for_gap(owner, tag, consumer)
+            return
+        self._hand_over(consumer, seq, msg_id, payload, redelivered, count)
+        while consumer.held and consumer.last_seq + 1 in consumer.held:
+            seq = consumer.last_seq + 1
+            self._hand_over(consumer, seq, *consumer.held.pop(seq))
+
+    def _hand_over(self, consumer: LocalConsumer, seq: int, msg_id: int, payload: tuple, redelivered: bool,
+                   count: int) -> None:
+        consumer.last_seq = seq
+        # (msg_id, seq) names this delivery: a settle or return sent twice (after a
+        # leader change) cannot touch a later delivery of the same message.
+        queue = self.queue
+        consumer.sink.deliver(queue, consumer.consumer_id[1], (msg_id, seq), queue.delivery_payload(payload, count),
+                              redelivered)
+
+    def _ask_for_gap(self, owner: str, tag: str, consumer: LocalConsumer) -> None:
+        now = time.monotonic()
+        if now - consumer.gap_asked_at < RESEND_SECONDS:
+            return
+        consumer.gap_asked_at = now
+        self.route.ask_resend(owner, tag, consumer.last_seq)
+
+    def ask_for_checked_out(self, leader: str) -> None:
+        """A new leader's resend of what its predecessor had checked out to this
+        node's consumers may have been lost (sent while the link was down): ask
+        it for everything after the last seq each consumer saw."""
+        for (owner, tag), consumer in self.local_consumers.items():
+            self.route.send_to(leader, [RESEND, self.group, owner, tag, consumer.last_seq])
+
+
+def _runs(seqs: list[int]) -> list[tuple[int, int]]:
+    """Ascending seqs as [first, end) runs of consecutive numbers."""
+    runs: list[tuple[int, int]] = []
+    for seq in seqs:
+        if runs and runs[-1][1] == seq:
+            runs[-1] = (runs[-1][0], seq + 1)
+        else:
+            runs.append((seq, seq + 1))
+    return runs

@@ -1,0 +1,127 @@
+"""The one codec of the queue vocabulary (broker/queues/queue_commands.py), for the
+Raft log and the wire alike: a record is the msgpack array ``[TAG, field, ...]``,
+its fields in declaration order. Bodies and properties stay the client's bytes
+(msgpack bin), packed once and never re-packed.
+
+This is the positional form every earlier version wrote (a command was
+``[opcode, ...]`` with the same opcodes and positions), so an old log replays
+through `decode` unchanged; `decode_positional` gives the bare list, for a
+check that needs no record (a forwarded command's opcode).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from operator import attrgetter
+from typing import Any
+
+import msgpack
+
+from warren.broker.queues import fifo
+from warren.broker.queues import queue_commands as qc
+
+_RECORDS: tuple[Any, ...] = qc.COMMANDS + qc.EFFECTS   # record classes (TAG, __slots__)
+BY_TAG: dict[int, Any] = {cls.TAG: cls for cls in _RECORDS}
+assert len(BY_TAG) == len(_RECORDS), "every record has its own tag"
+# Fields per tag (the arity of the positional form is this plus one, for the tag).
+FIELDS: dict[int, tuple[str, ...]] = {cls.TAG: cls.__slots__ for cls in _RECORDS}
+ARITY: dict[int, int] = {tag: len(fields) + 1 for tag, fields in FIELDS.items() if BY_TAG[tag] in qc.COMMANDS}
+LIVENESS_TAGS = frozenset(tag for tag, cls in BY_TAG.items() if cls in qc.LIVENESS)
+
+
+def _getter(fields: tuple[str, ...]) -> Callable[[Any], tuple]:
+    if len(fields) == 1:
+        name = fields[0]
+        return lambda record: (getattr(record, name),)
+    return attrgetter(*fields)
+
+
+_VALUES: dict[type, Callable[[Any], tuple]] = {cls: _getter(cls.__slots__) for cls in _RECORDS}
+
+
+def _tuples(value: Any) -> Any:
+    """msgpack gives arrays back as lists; effects hold tuples (consumer ids, payloads)."""
+    return tuple(_tuples(item) for item in value) if isinstance(value, list) else value
+
+
+def _dequeued_to_wire(values: tuple) -> tuple:
+    owner, request_id, dequeued = values
+    if dequeued is None:
+        return values
+    payload = dequeued.payload
+    return owner, request_id, [dequeued.msg_id, payload, dequeued.redelivered, dequeued.message_count,
+                               dequeued.delivery_count]
+
+
+def _dequeued_from_wire(values: list) -> list:
+    owner, request_id, dequeued = values
+    if dequeued is not None:
+        msg_id, payload, redelivered, count, delivery_count = dequeued
+        dequeued = fifo.Dequeued(msg_id, _tuples(payload), redelivered, count, delivery_count)
+    return [owner, request_id, dequeued]
+
+
+# Effects whose fields are not plain msgpack values, both ways.
+_TO_WIRE: dict[type, Callable[[tuple], tuple]] = {qc.Got: _dequeued_to_wire}
+_FROM_WIRE: dict[type, Callable[[list], list]] = {
+    qc.Got: _dequeued_from_wire,
+    qc.Delivery: lambda values: [_tuples(values[0]), *values[1:3], _tuples(values[3]), *values[4:]],
+    qc.DeadLettered: lambda values: [values[0], _tuples(values[1])],
+}
+
+
+class MalformedCommand(ValueError):
+    """Bytes that are not a record of the vocabulary: a bug or a hostile peer."""
+
+
+def encode(record: Any) -> bytes:
+    kind = type(record)
+    values = _VALUES[kind](record)
+    if kind in _TO_WIRE:
+        values = _TO_WIRE[kind](values)
+    return msgpack.packb([record.TAG, *values], use_bin_type=True)
+
+
+def decode(data: bytes) -> Any:
+    try:
+        value = msgpack.unpackb(data, raw=False)
+    except Exception as exc:  # noqa: BLE001 -- msgpack raises several kinds for bad bytes
+        raise MalformedCommand(f"not msgpack: {exc}") from exc
+    if type(value) is not list or not value:
+        raise MalformedCommand(f"a record is a non-empty list, not {value!r}")
+    return from_positional(value)
+
+
+def decode_positional(data: bytes) -> list:
+    """The bare ``[tag, field, ...]`` list of an encoded record."""
+    try:
+        value = msgpack.unpackb(data, raw=False)
+    except Exception as exc:  # noqa: BLE001 -- msgpack raises several kinds for bad bytes
+        raise MalformedCommand(f"not msgpack: {exc}") from exc
+    if not isinstance(value, list) or not value:
+        raise MalformedCommand(f"a record is a non-empty list, not {value!r}")
+    return value
+
+
+def from_positional(value: list) -> Any:
+    """A record from its positional form (as every version has logged commands)."""
+    tag = value[0]
+    cls = BY_TAG.get(tag) if isinstance(tag, int) else None
+    if cls is None or len(value) != len(FIELDS[tag]) + 1:
+        raise MalformedCommand(f"malformed command {value!r}")
+    values = value[1:]
+    if cls in _FROM_WIRE:
+        values = _FROM_WIRE[cls](values)
+    return cls(*values)
+
+
+def forwardable_tag(data: Any) -> int | None:
+    """The tag of a queue command a peer may forward: well formed, a command, and not
+    a liveness statement (a node's up/down/gone is stated by the current leader's own
+    view only, never forwarded). None if not."""
+    try:
+        value = decode_positional(data)
+        from_positional(value)
+    except (MalformedCommand, TypeError):
+        return None
+    tag = value[0]
+    return tag if tag in ARITY and tag not in LIVENESS_TAGS else None

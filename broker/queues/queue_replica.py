@@ -1,0 +1,209 @@
+"""A queue's replica: its machine, the leader's interpreter of the machine's
+effects, and when to snapshot.
+
+Theory of operation. Every member of a queue's Raft group applies the
+committed commands to its `QuorumMachine` (broker/queues/quorum_machine.py); only the
+leader performs the effects. A transient queue is the same replica without a
+log: its one node applies each command as it comes (`apply_now`), its machine
+keeps the messages themselves instead of references into a log, and it is
+always its own leader.
+
+Effects go where their owner lives: a delivery or an enqueuer's APPLIED to a
+consumer or publisher of this node goes to this node's `QueueClient`
+(broker/queues/queue_client.py), any other to the owner's node as an application
+message (broker/node/cluster.py); a dead-letter goes back into the vhost's routing.
+
+Snapshots (replicated only): when, and to which index the log may be cut,
+is broker/queues/queue_snapshots.py's.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
+
+import structlog
+
+from warren.broker.queues import fifo, queue_codec, queue_snapshots
+from warren.broker.queues import queue_commands as qc
+from warren.broker.queues import quorum_machine as qm
+
+if TYPE_CHECKING:
+    from warren.broker.queues.queue_client import QueueClient
+
+log = structlog.get_logger("warren.quorum")
+
+# application messages (kinds of broker/node/cluster.py)
+DELIVER = 2    # [DELIVER, group, owner, tag, seq, msg_id, exchange, routing_key, properties, body, redelivered, count]
+APPLIED = 3    # [APPLIED, group, enqueuer, first_seq, last_seq, [refused seqs]]
+
+
+class ReplicaLog(Protocol):
+    """A replicated queue's view of its group's Raft log."""
+
+    def entry_data(self, index: int) -> bytes | None: ...
+
+    def compact(self, index: int, snapshot: bytes) -> None: ...
+
+
+class QueueReplica:
+    def __init__(self, machine: qm.QuorumMachine, node: str, group: str, log_: ReplicaLog | None,
+                 client: "QueueClient", send: Callable[[str, list], None],
+                 dead_letter: Callable[[str, tuple], None]) -> None:
+        self.machine = machine
+        self.node = node
+        self.group = group
+        self.log = log_          # None: a replica without a log (a transient queue)
+        self.client = client     # this node's sessions with the queue
+        self.send = send         # an application message to another node
+        self.dead_letter = dead_letter
+        self.applied_since_snapshot = 0
+        self.bytes_since_snapshot = 0
+        self.truncation = queue_snapshots.ReleaseCursor()
+        self._recent_enqueue: tuple[int, Any] | None = None   # (index, command): payload_of's cache
+
+    # -- applying ---------------------------------------------------------------------
+    def apply_entry(self, index: int, data: bytes, leading: bool) -> tuple[Any, Any]:
+        """A committed entry; returns (the command, the reply a leader sends back), the
+        command None when it could not be applied (the same on every replica)."""
+        try:
+            command = queue_codec.decode(data)
+            reply, effects = self.machine.apply(command, index)
+        except Exception:  # noqa: BLE001 -- the same on every replica: skip it, keep the group alive
+            log.exception("quorum.bad_command", group=self.group, index=index)
+            return None, None
+        if type(command) in (qc.EnqueueBatch, qc.Enqueue):
+            self._recent_enqueue = (index, command)   # the next delivery is likely from it
+        if leading and effects:
+            self.perform(effects)
+        self.applied_since_snapshot += 1
+        self.bytes_since_snapshot += len(data)
+        if (self.applied_since_snapshot >= queue_snapshots.SNAPSHOT_ENTRIES_MIN
+                or self.bytes_since_snapshot >= queue_snapshots.SNAPSHOT_BYTES_MIN
+                or self.truncation.candidates):   # below all three, never `due`
+            self._maybe_snapshot(index)
+        return command, self.wire_reply(reply) if leading else None
+
+    def apply_now(self, command: Any) -> Any:
+        """A replica without a log: apply at once, perform, and return the reply."""
+        reply, effects = self.machine.apply(command)
+        if effects:
+            self.perform(effects)
+        return reply if type(reply) is fifo.Dequeued else self.wire_reply(reply)   # nothing crosses a wire
+
+    def _maybe_snapshot(self, index: int) -> None:
+        state = self.machine.state
+        held = len(state.messages)
+        if queue_snapshots.due(self.applied_since_snapshot, self.bytes_since_snapshot, held, state.message_bytes,
+                               bool(self.truncation.candidates)):
+            self.applied_since_snapshot = 0
+            self.bytes_since_snapshot = 0
+            compactable = self.truncation.offer(index, self.machine)
+            if compactable is not None and self.log is not None:
+                self.log.compact(*compactable)
+
+    def install_snapshot(self, data: bytes) -> None:
+        self.machine = qm.QuorumMachine.restore(data)
+        self.applied_since_snapshot = 0
+        self.bytes_since_snapshot = 0
+        self.truncation.reset()
+
+    # -- the leader's effects -----------------------------------------------------------
+    def payload_of(self, payload: Any) -> tuple | None:
+        """A message's (exchange, routing_key, properties, body): the machine keeps a
+        reference into the Raft log (`qm.ref_location`), read back from the log in
+        memory or on disk. None when the entry is gone: only for a message that a
+        later committed entry settles (`queue_snapshots.ReleaseCursor`)."""
+        if type(payload) is not int:
+            return payload
+        index, slot = qm.ref_location(payload)
+        recent = self._recent_enqueue
+        if recent is not None and recent[0] == index:
+            command = recent[1]
+        else:
+            data = self.log.entry_data(index) if self.log is not None else None
+            if data is None:
+                log.warning("quorum.message_gone", group=self.group, index=index)
+                return None
+            command = queue_codec.decode(data)
+            self._recent_enqueue = (index, command)
+        return qm.message_payload(command, slot)
+
+    def _is_here(self, owner: Any) -> bool:
+        if self.log is None:
+            return True
+        node = qc.owner_node(owner)
+        return node == self.node or node is None
+
+    def perform(self, effects: list) -> None:
+        applied: list = []
+        for effect in effects:
+            kind = type(effect)
+            if kind is qc.Delivery:
+                self._deliver(effect)
+            elif kind is qc.Applied:
+                applied.append(effect)
+            elif kind is qc.DeadLettered:
+                payloads = [self.payload_of(p) for p in effect.payloads]
+                self.dead_letter(effect.reason, tuple(tuple(p) for p in payloads if p is not None))
+        if applied:
+            self._answer_enqueuers(applied)
+
+    def _deliver(self, effect: qc.Delivery) -> None:
+        owner, tag = consumer = effect.consumer
+        if self._is_here(owner):
+            if consumer not in self.client.local_consumers:
+                return   # gone: its messages return with its cancel or channel close
+            payload = self.payload_of(effect.payload)
+            if payload is not None:
+                self.client.on_delivery(owner, tag, effect.seq, effect.msg_id, payload, effect.redelivered,
+                                        effect.delivery_count)
+            return
+        payload = self.payload_of(effect.payload)
+        if payload is not None:
+            exchange, routing_key, properties, body = payload
+            self.send(qc.owner_node(owner), [DELIVER, self.group, owner, tag, effect.seq, effect.msg_id, exchange,
+                                             routing_key, properties, body, effect.redelivered,
+                                             effect.delivery_count])
+
+    def _answer_enqueuers(self, applied: list) -> None:
+        """One APPLIED per run of consecutive seqs of one enqueuer."""
+        run: list = []
+        for effect in applied + [None]:
+            if run and (effect is None or effect.enqueuer != run[0].enqueuer or effect.seq != run[-1].seq + 1):
+                enqueuer = run[0].enqueuer
+                refused = [a.seq for a in run if not a.accepted]
+                if self._is_here(enqueuer):
+                    self.client.on_applied(enqueuer, run[0].seq, run[-1].seq, refused)
+                else:
+                    self.send(qc.owner_node(enqueuer), [APPLIED, self.group, enqueuer, run[0].seq, run[-1].seq,
+                                                        refused])
+                run = []
+            if effect is not None:
+                run.append(effect)
+
+    def wire_reply(self, reply: Any) -> Any:
+        """A reply the leader can send back in a DONE message (msgpack)."""
+        if isinstance(reply, fifo.Dequeued):
+            payload = self.payload_of(reply.payload)
+            if payload is None:
+                return None
+            return [reply.msg_id, list(payload), reply.redelivered, reply.message_count, reply.delivery_count]
+        if reply is None or isinstance(reply, (int, str, bool)):
+            return reply
+        return None
+
+    def resend_deliveries(self, owner: str, tag: str, after_seq: int) -> None:
+        self.perform(self.machine.deliveries_since((owner, tag), after_seq))
+
+    def resend_checked_out(self, node: str | None = None) -> None:
+        """What a previous leader (or a lost link) may not have delivered: all of it again,
+        or that of `node`'s consumers (consumers drop the seqs they have seen)."""
+        machine = self.machine
+        self.perform(machine.checked_out_deliveries() if node is None else machine.checked_out_deliveries_on(node))
+
+    @property
+    def bytes_in_memory(self) -> int:
+        """Bodies held in memory, for the memory alarm. A replicated machine keeps
+        references into the Raft log, whose entries keep their data in memory only
+        until applied (and KEEP_RECENT_ENTRIES more, raft/entry_locations.py)."""
+        return self.machine.message_bytes if self.log is None else 0

@@ -1,0 +1,177 @@
+"""broker/queues/queue_client.py: a node's enqueuer and delivery sequences with one
+queue, and what it sends again, over a fake route that records every send."""
+from __future__ import annotations
+
+from warren.broker.queues import queue_commands as qc
+from warren.broker.queues.queue_client import RESEND_SECONDS, QueueClient
+
+OWNER = (7, 1)
+KEY = "n1/i1/7/1"
+
+
+class FakeRoute:
+    node = "n1"
+
+    def __init__(self) -> None:
+        self.leader_now: str | None = "a"
+        self.sent: list[tuple[str | None, object]] = []    # (leader, command)
+        self.submitted: list[object] = []
+        self.end_of_turn: list = []
+        self.resends_asked: list[tuple] = []
+
+    def at_end_of_turn(self, callback) -> None:
+        self.end_of_turn.append(callback)
+
+    def run_turn(self) -> None:
+        callbacks, self.end_of_turn = self.end_of_turn, []
+        for callback in callbacks:
+            callback()
+
+    def send(self, command) -> str | None:
+        self.sent.append((self.leader_now, command))
+        return self.leader_now
+
+    def submit(self, command, on_done) -> None:
+        self.submitted.append(command)
+
+    def leader(self) -> str | None:
+        return self.leader_now
+
+    def ask_resend(self, owner, tag, after_seq) -> None:
+        self.resends_asked.append((owner, tag, after_seq))
+
+    def send_to(self, peer, message) -> None:
+        self.sent.append((peer, message))
+
+
+class FakeQueue:
+    def delivery_payload(self, payload, delivery_count):
+        return payload
+
+
+class Channel:
+    def __init__(self) -> None:
+        self.handed: list[tuple] = []
+
+    def deliver(self, queue, consumer_tag, delivery_id, payload, redelivered) -> None:
+        self.handed.append((consumer_tag, delivery_id, payload[3]))
+
+
+def make_client() -> tuple[QueueClient, FakeRoute, Channel]:
+    route = FakeRoute()
+    return QueueClient("g", route, lambda owner: f"n1/i1/{owner[0]}/{owner[1]}", FakeQueue()), route, Channel()
+
+
+def publish(client: QueueClient, *bodies: bytes) -> list[list[bool]]:
+    outcomes = []
+    for body in bodies:
+        outcome: list[bool] = []
+        client.enqueue_from(OWNER, ("", "q", b"", body), None, 0, outcome.append)
+        outcomes.append(outcome)
+    return outcomes
+
+
+def batches(route: FakeRoute) -> list[tuple[str | None, int, list[bytes]]]:
+    return [(leader, c.first_seq, [m[3] for m in c.messages]) for leader, c in route.sent
+            if isinstance(c, qc.EnqueueBatch)]
+
+
+def test_a_turns_publishes_go_as_one_batch_at_its_end():
+    client, route, _ = make_client()
+    publish(client, b"1", b"2", b"3")
+    assert route.sent == [] and len(route.end_of_turn) == 1, "scheduled once, sent at the end of the turn"
+    route.run_turn()
+    assert batches(route) == [("a", 1, [b"1", b"2", b"3"])]
+    assert route.sent[0][1].enqueuer == KEY
+
+
+def test_applied_confirms_and_refused_rejects_each_seq_once():
+    client, route, _ = make_client()
+    outcomes = publish(client, b"1", b"2", b"3")
+    route.run_turn()
+    client.on_applied(KEY, 1, 2, refused=[2])
+    client.on_applied(KEY, 1, 3, refused=[])    # a duplicate answer confirms nothing twice
+    assert outcomes == [[True], [False], [True]]
+    assert client.enqueues_pending == 0
+
+
+def test_a_new_leader_gets_every_unconfirmed_enqueue_again_in_order():
+    client, route, _ = make_client()
+    publish(client, b"1", b"2", b"3", b"4")
+    route.run_turn()
+    client.on_applied(KEY, 1, 1, [])
+    client.on_applied(KEY, 3, 3, [])            # 3 was applied, 2 and 4 were not
+    route.leader_now = "b"
+    client.resend_enqueues(now=0.0, leader_changed=True)
+    assert batches(route)[1:] == [("b", 2, [b"2"]), ("b", 4, [b"4"])], "runs of consecutive seqs"
+    client.resend_enqueues(now=0.0, leader_changed=True)
+    assert len(batches(route)) == 3, "already sent to that leader: not again"
+
+
+def test_without_progress_for_the_resend_period_everything_unconfirmed_goes_again():
+    client, route, _ = make_client()
+    publish(client, b"1", b"2")
+    route.run_turn()
+    started = client.enqueuers[OWNER].progress_at
+    client.resend_enqueues(now=started + RESEND_SECONDS / 2, leader_changed=False)
+    assert len(batches(route)) == 1, "too early"
+    client.resend_enqueues(now=started + RESEND_SECONDS, leader_changed=False)
+    assert batches(route)[1:] == [("a", 1, [b"1", b"2"])]
+
+
+def test_publishes_not_yet_sent_wait_for_their_turn_and_are_not_resent_before():
+    client, route, _ = make_client()
+    publish(client, b"1")
+    route.run_turn()
+    publish(client, b"2")                       # waits for the end of this turn
+    route.leader_now = "b"
+    client.resend_enqueues(now=0.0, leader_changed=True)
+    route.run_turn()
+    assert batches(route) == [("a", 1, [b"1"]), ("b", 1, [b"1"]), ("b", 2, [b"2"])]
+
+
+def test_publishes_sent_when_no_leader_was_known_go_first_with_the_next_ones():
+    client, route, _ = make_client()
+    route.leader_now = None
+    publish(client, b"1")
+    route.run_turn()
+    route.leader_now = "a"
+    publish(client, b"2")
+    route.run_turn()
+    assert batches(route) == [(None, 1, [b"1"]), ("a", 1, [b"1", b"2"])]
+
+
+def test_any_other_command_goes_after_the_publishes_before_it():
+    client, route, _ = make_client()
+    publish(client, b"1")
+    client.get(OWNER, True, lambda reply: None)
+    assert batches(route) == [("a", 1, [b"1"])]
+    assert [type(c) for c in route.submitted] == [qc.Dequeue]
+
+
+def test_a_deleted_queue_confirms_what_it_was_given():
+    client, route, _ = make_client()
+    outcomes = publish(client, b"1", b"2")
+    client.confirm_all()
+    route.run_turn()
+    assert outcomes == [[True], [True]] and batches(route) == []
+
+
+def test_deliveries_are_handed_over_in_seq_order_once_and_a_gap_is_asked_for():
+    client, route, channel = make_client()
+    client.checkout((OWNER, "t"), channel, 10, 0, False, True)
+    payload = ("", "q", b"", b"m")
+    client.on_delivery(KEY, "t", 1, 11, payload, False, 0)
+    client.on_delivery(KEY, "t", 3, 13, payload, False, 0)      # 2 is missing: held, asked for
+    assert route.resends_asked == [(KEY, "t", 1)]
+    client.on_delivery(KEY, "t", 1, 11, payload, False, 0)      # seen: dropped
+    client.on_delivery(KEY, "t", 2, 12, payload, False, 0)      # fills the gap: 2 then 3
+    assert [delivery_id for _, delivery_id, _ in channel.handed] == [(11, 1), (12, 2), (13, 3)]
+
+
+def test_a_consumers_node_asks_a_new_leader_for_what_came_after_the_last_seq_seen():
+    client, route, channel = make_client()
+    client.checkout((OWNER, "t"), channel, 10, 0, False, True)
+    client.on_delivery(KEY, "t", 1, 11, ("", "q", b"", b"m"), False, 0)
+    client.ask_for_checked_out("b")
+    assert route.sent[-1] == ("b", [4, "g", KEY, "t", 1])
