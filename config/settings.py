@@ -82,6 +82,11 @@ class Settings(BaseSettings):
     data_dir: Path = Path("./warren-data")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["json", "console"] = "json"
+    # Processes the node runs on (docs/multi-process.md): more than one makes warren-server a
+    # supervisor of that many queue shards over one listening port. None: the machine's cores
+    # (read by the server at start, not here) for a single node, 1 in a cluster (shards do not
+    # span nodes yet). Fixed when the data directory is created; None then follows it.
+    node_processes: int | None = Field(None, ge=1, le=256)
 
     # The users, vhosts and permissions a fresh node starts with (RabbitMQ's default user
     # and load_definitions); after the first start they live in the metadata log and

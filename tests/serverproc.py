@@ -126,6 +126,7 @@ def make_server(tmp_path: Path, **env_overrides: str) -> ServerProcess:
         "WARREN_METRICS_PORT": str(metrics_port),
         "WARREN_DATA_DIR": str(data_dir),
         "WARREN_LOG_LEVEL": "info",
+        "WARREN_NODE_PROCESSES": "1",   # the default is the machine's cores; tests of shards set their own
     })
     env.update(env_overrides)
     return ServerProcess(amqp_port, metrics_port, data_dir, env)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import socket
 from typing import TYPE_CHECKING
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -39,7 +40,9 @@ STATUS_LINES = {200: b"200 OK", 400: b"400 Bad Request", 403: b"403 Forbidden", 
 Response = tuple[bytes, bytes, bytes, bytes]   # status line, content type, body, extra header lines
 
 
-async def start_http_server(broker: "Broker", host: str, port: int) -> asyncio.Server:
+async def start_http_server(broker: "Broker", host: str | None = None, port: int | None = None, *,
+                            sock: socket.socket | None = None) -> asyncio.Server:
+    """Serve on host:port, or on `sock` (a shard's, bound by its supervisor)."""
     registry = CollectorRegistry()
     registry.register(BrokerCollector(broker))
 
@@ -61,7 +64,7 @@ async def start_http_server(broker: "Broker", host: str, port: int) -> asyncio.S
         finally:
             writer.close()
 
-    return await asyncio.start_server(handle, host, port, limit=REQUEST_MAX_BYTES)
+    return await asyncio.start_server(handle, host, port, sock=sock, limit=REQUEST_MAX_BYTES)
 
 
 def _respond(broker: "Broker", registry: CollectorRegistry, head: bytes, peer_host: str) -> Response:

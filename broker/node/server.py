@@ -16,12 +16,12 @@ import argparse
 import asyncio
 import errno
 import fcntl
-import ipaddress
 import os
 import signal
 import socket
 import sys
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
@@ -30,9 +30,11 @@ import uvloop
 
 from warren.broker.admin.http import start_http_server
 from warren.broker.amqp.connection import AMQPConnection
-from warren.broker.node import gc_tuning
+from warren.broker.node import gc_tuning, shards
 from warren.broker.node.broker import VERSION, Broker
+from warren.broker.node.listen_sockets import LISTEN_BACKLOG, skippable
 from warren.broker.node.logs import configure_logging
+from warren.broker.node.supervisor import Supervisor
 from warren.config import ConfigError, Settings, load_settings
 from warren.storage.records import CorruptLog
 
@@ -41,13 +43,8 @@ log = structlog.get_logger("warren.server")
 SHUTDOWN_GRACE_SECONDS = 5.0
 # Exit status after a fatal failure of the node's Raft (a supervisor restarts the node).
 FATAL_EXIT_STATUS = 1
-LISTEN_BACKLOG = 1024
 # In the data directory: held locked (flock) by the server using it, naming its pid and node.
 DATA_DIR_LOCK_FILE = "warren.lock"
-
-
-# A bind to an IPv6 address fails so on a host without IPv6 (kernel without it, or disabled).
-IPV6_UNAVAILABLE_ERRNOS = (errno.EAFNOSUPPORT, errno.EADDRNOTAVAIL, errno.EPROTONOSUPPORT)
 
 
 class DataDirInUse(Exception):
@@ -62,6 +59,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     "WARREN_DATA_DIR=./warren-data, WARREN_LOG_FORMAT=console.")
     parser.add_argument("--config", metavar="PATH", help="TOML configuration file")
     parser.add_argument("--version", action="version", version=f"warren {VERSION}")
+    parser.add_argument("--shard-plan", help=argparse.SUPPRESS)   # set by the supervisor for its shards
     return parser.parse_args(argv)
 
 
@@ -70,9 +68,14 @@ def main(argv: list[str] | None = None) -> int:
     if not _assertions_enabled():
         print("warren-server: refusing to run with assertions disabled (python -O)", file=sys.stderr)
         return 2
+    inherited = None
     try:
         settings = load_settings(args.config)
         _check_cluster_config(settings)
+        if args.shard_plan is not None:   # one of a supervisor's shards (broker/node/supervisor.py)
+            plan = shards.ShardPlan.from_json(args.shard_plan)
+            shards.die_with_supervisor(plan.supervisor_pid)
+            settings, inherited = plan.shard_settings(settings), InheritedSockets.of(plan)
     except ConfigError as error:
         print(f"warren-server: {error}", file=sys.stderr)
         return 2
@@ -91,7 +94,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"warren-server: data_dir {settings.data_dir}: cannot lock: {error.strerror}", file=sys.stderr)
         return 2
     try:
-        return uvloop.run(serve(settings))
+        if inherited is None:
+            processes = shards.node_processes(settings, shards.recorded_processes(settings.data_dir))
+            if processes > 1:
+                config_args = ["--config", args.config] if args.config else []
+                return Supervisor(settings, processes, config_args).run()
+        return uvloop.run(serve(settings, inherited))
+    except ConfigError as error:
+        print(f"warren-server: {error}", file=sys.stderr)
+        return 2
     except CorruptLog as error:
         log.error("server.start_failed", error=str(error))
         print(f"warren-server: cannot start: {error}", file=sys.stderr)
@@ -102,6 +113,19 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     finally:
         lock.close()
+
+
+@dataclass(frozen=True)
+class InheritedSockets:
+    """A shard's listening sockets, bound by its supervisor."""
+
+    amqp: list[socket.socket]
+    http: list[socket.socket]
+
+    @classmethod
+    def of(cls, plan: shards.ShardPlan) -> "InheritedSockets":
+        return cls([socket.socket(fileno=fd) for fd in plan.amqp_fds],
+                   [socket.socket(fileno=fd) for fd in plan.http_fds])
 
 
 def lock_data_dir(data_dir: Path, node_name: str) -> IO[str]:
@@ -152,7 +176,7 @@ async def _housekeeping_forever(broker: Broker) -> None:
         broker.check_consumer_timeouts()
 
 
-async def serve(settings: Settings) -> int:
+async def serve(settings: Settings, inherited: InheritedSockets | None = None) -> int:
     loop = asyncio.get_running_loop()
     # Handlers first: a SIGTERM during start-up must still mean a graceful stop.
     stop = asyncio.Event()
@@ -164,13 +188,7 @@ async def serve(settings: Settings) -> int:
     broker.durability.recover(broker)
     # The Raft groups (metadata, quorum queues) and the links to the other nodes.
     await broker.cluster.start()
-    servers = await listen(lambda host: loop.create_server(
-        lambda: AMQPConnection(broker), host, settings.amqp_port, reuse_address=True, backlog=LISTEN_BACKLOG),
-        settings.amqp_host, "amqp")
-    metrics_servers: list[asyncio.Server] = []
-    if settings.metrics_port:
-        metrics_servers = await listen(lambda host: start_http_server(broker, host, settings.metrics_port),
-                                       settings.metrics_host, "metrics")
+    servers, metrics_servers = await _listen_all(broker, settings, inherited)
     alarm_task = asyncio.create_task(_housekeeping_forever(broker))
     broker.listeners = {"amqp": _addresses(servers), "metrics": _addresses(metrics_servers)}
     log.info("server.started", node=settings.node_name, **broker.listeners, data_dir=str(settings.data_dir),
@@ -193,6 +211,24 @@ async def serve(settings: Settings) -> int:
     return FATAL_EXIT_STATUS if fatal else 0
 
 
+async def _listen_all(broker: Broker, settings: Settings, inherited: InheritedSockets | None,
+                      ) -> tuple[list[asyncio.Server], list[asyncio.Server]]:
+    """The AMQP and HTTP servers: on the configured addresses, or on a shard's inherited sockets."""
+    loop = asyncio.get_running_loop()
+    if inherited is not None:
+        return ([await loop.create_server(lambda: AMQPConnection(broker), sock=sock, backlog=LISTEN_BACKLOG)
+                 for sock in inherited.amqp],
+                [await start_http_server(broker, sock=sock) for sock in inherited.http])
+    servers = await listen(lambda host: loop.create_server(
+        lambda: AMQPConnection(broker), host, settings.amqp_port, reuse_address=True, backlog=LISTEN_BACKLOG),
+        settings.amqp_host, "amqp")
+    metrics_servers: list[asyncio.Server] = []
+    if settings.metrics_port:
+        metrics_servers = await listen(lambda host: start_http_server(broker, host, settings.metrics_port),
+                                       settings.metrics_host, "metrics")
+    return servers, metrics_servers
+
+
 async def listen(start: Callable[[str], Awaitable[asyncio.Server]], hosts: str,
                  listener: str) -> list[asyncio.Server]:
     """One server per address of `hosts` (comma-separated). An IPv6 address the host
@@ -203,7 +239,7 @@ async def listen(start: Callable[[str], Awaitable[asyncio.Server]], hosts: str,
         try:
             servers.append(await start(host))
         except OSError as error:
-            if not (_is_ipv6(host) and error.errno in IPV6_UNAVAILABLE_ERRNOS and len(addresses) > 1):
+            if not skippable(host, error, addresses):
                 raise
             log.warning("server.ipv6_unavailable", listener=listener, host=host, error=str(error))
     if not servers:
@@ -215,13 +251,6 @@ def _addresses(servers: list[asyncio.Server]) -> list[str]:
     """Where the servers listen, as "[::]:5672" and "0.0.0.0:5672"."""
     return [f"[{name[0]}]:{name[1]}" if sock.family == socket.AF_INET6 else f"{name[0]}:{name[1]}"
             for server in servers for sock in server.sockets for name in [sock.getsockname()]]
-
-
-def _is_ipv6(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host).version == 6
-    except ValueError:
-        return False
 
 
 def _on_fatal(error: BaseException, fatal: list[BaseException], stop: asyncio.Event) -> None:

@@ -1,0 +1,153 @@
+"""What a node over several processes (docs/multi-process.md, stage 1) agrees on:
+how many shards a data directory holds, their shared cluster secret, and the plan
+the supervisor hands each shard (`--shard-plan`, JSON) with the settings it derives.
+
+Shard k is a whole Warren node named `<node>#k` with data directory
+`data_dir/shard-k`, one member of a loopback cluster of all the shards (the
+existing cluster transport, on loopback ports the supervisor picks at each
+start): quorum queues get one member (`quorum_cluster_size` 1), the declaring
+shard's, and the metadata group spans every shard.
+"""
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import secrets
+import signal
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from pydantic import SecretStr
+
+from warren.config import ClusterNode, ConfigError, Settings
+
+LOOPBACK = "127.0.0.1"
+# In the data directory of a node over several processes.
+SHARDS_FILE = "shards"                  # the shard count, written at the first start
+SECRET_FILE = "cluster-secret"          # the shards' cluster secret (mode 0600)
+SHARD_PORTS_FILE = "shard-ports.json"   # where each running shard listens, and its pid
+# Entries of a data directory that say nothing about how many processes used it.
+NODE_FILES = frozenset({"warren.lock", SHARDS_FILE, SECRET_FILE, SHARD_PORTS_FILE})
+PR_SET_PDEATHSIG = 1
+
+
+def shard_name(node_name: str, shard: int) -> str:
+    return f"{node_name}#{shard}"
+
+
+def shard_dir(data_dir: Path, shard: int) -> Path:
+    return data_dir / f"shard-{shard}"
+
+
+def machine_cores() -> int:
+    """The cores this process may run on (a container's cpuset, not the host's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def recorded_processes(data_dir: Path) -> int | None:
+    """The count a data directory was created with: its `shards` file; 1 if a single
+    process used it (it holds anything else); None if it is new."""
+    try:
+        return int((data_dir / SHARDS_FILE).read_text().strip())
+    except FileNotFoundError:
+        pass
+    except ValueError:
+        raise ConfigError(f"data_dir {data_dir}: {SHARDS_FILE} does not hold a number") from None
+    used = any(entry.name not in NODE_FILES for entry in data_dir.iterdir())
+    return 1 if used else None
+
+
+def node_processes(settings: Settings, recorded: int | None) -> int:
+    """How many processes the node runs on: the setting, else the data directory's
+    count, else the machine's cores (1 in a cluster: shards do not span nodes yet)."""
+    wanted = settings.node_processes
+    if wanted is not None and wanted > 1 and settings.cluster_nodes:
+        raise ConfigError(f"invalid configuration: node_processes: {wanted} processes with cluster_nodes is not "
+                          "supported yet (a clustered node runs one process): set node_processes = 1")
+    if wanted is not None and recorded is not None and wanted != recorded:
+        raise ConfigError(f"data_dir {settings.data_dir} was created for node_processes = {recorded}, "
+                          f"not {wanted}: start with node_processes = {recorded} (queues do not move between "
+                          "processes)")
+    if wanted is not None:
+        return wanted
+    if recorded is not None:
+        return recorded
+    return 1 if settings.cluster_nodes else machine_cores()
+
+
+def record_processes(data_dir: Path, count: int) -> None:
+    path = data_dir / SHARDS_FILE
+    if not path.exists():
+        _write_durably(path, f"{count}\n")
+
+
+def ensure_secret(data_dir: Path) -> None:
+    """One secret per data directory, for the shards' cluster links on loopback."""
+    path = data_dir / SECRET_FILE
+    if not path.exists():
+        _write_durably(path, secrets.token_hex(32) + "\n", mode=0o600)
+
+
+def _write_durably(path: Path, text: str, mode: int = 0o644) -> None:
+    partial = path.with_name(path.name + ".new")
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    try:
+        os.write(fd, text.encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(partial, path)
+
+
+@dataclass(frozen=True)
+class ShardPlan:
+    """What the supervisor hands shard `shard`: inherited listening fds (the same
+    numbers in the shard, `pass_fds`) and the ports of the whole set."""
+
+    shard: int
+    count: int
+    supervisor_pid: int
+    cluster_ports: list[int]
+    amqp_fds: list[int]
+    http_fds: list[int]          # shard 0: the node's metrics port; shard k: its own loopback one
+    http_ports: list[int | None]  # each shard's HTTP port (shard 0's is the node's, None when off)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> "ShardPlan":
+        return cls(**json.loads(text))
+
+    def shard_settings(self, settings: Settings) -> Settings:
+        names = [shard_name(settings.node_name, k) for k in range(self.count)]
+        secret = (settings.data_dir / SECRET_FILE).read_text().strip()
+        return settings.model_copy(update={
+            "node_name": names[self.shard],
+            "data_dir": shard_dir(settings.data_dir, self.shard),
+            "node_processes": 1,
+            "cluster_nodes": [ClusterNode(name=name, host=LOOPBACK, port=port)
+                              for name, port in zip(names, self.cluster_ports)],
+            "cluster_host": LOOPBACK,
+            "cluster_port": self.cluster_ports[self.shard],
+            "cluster_secret": SecretStr(secret),
+            "quorum_cluster_size": 1,   # a queue lives on the shard that declared it
+            # Stage 1 has no node-wide sum of queued bytes: each shard alarms at its share.
+            "memory_high_watermark_bytes": max(settings.memory_high_watermark_bytes // self.count, 1024 * 1024),
+        })
+
+
+def die_with_supervisor(supervisor_pid: int) -> None:
+    """A shard must not outlive its supervisor (a kill -9 of the supervisor would leave it
+    holding its shard directory): the kernel kills it when the supervisor dies."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != supervisor_pid:   # it died before the prctl took effect
+        os._exit(1)

@@ -1,0 +1,159 @@
+"""`warren-server` when `node_processes` > 1: the supervisor of the node's shards
+(docs/multi-process.md, sections 5 and 8).
+
+It runs no event loop and serves no client. Holding the data directory's lock,
+it records the shard count, binds the AMQP port and the metrics port once,
+picks loopback ports for the shards' cluster links and starts S processes
+`python -m warren.broker --shard-plan ...` with the listening sockets
+inherited (`pass_fds`): every shard accepts on the one AMQP socket, so a new
+connection goes to whichever shard's loop takes it first, and connections
+wait in the supervisor's socket while a shard restarts.
+
+SIGTERM and SIGINT are forwarded to every shard (each stops as a single node
+does: clients get connection.close 320); the supervisor exits with the
+shards' status. A shard that exits on its own is started again;
+more than `RESTARTS_MAX` restarts within `RESTART_WINDOW_SECONDS` stop the
+node with status 1 for the outer supervisor. Shards die with the supervisor
+(PR_SET_PDEATHSIG, in broker/node/shards.py).
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections import deque
+from collections.abc import Iterable
+from pathlib import Path
+
+import structlog
+
+from warren.broker.node import shards
+from warren.broker.node.listen_sockets import bind_listeners, free_loopback_ports
+from warren.config import Settings
+
+log = structlog.get_logger("warren.supervisor")
+
+RESTARTS_MAX = 5
+RESTART_WINDOW_SECONDS = 60.0
+RESTART_DELAY_SECONDS = 0.5
+FAILED_EXIT_STATUS = 1
+
+
+class Supervisor:
+    def __init__(self, settings: Settings, count: int, config_args: list[str]) -> None:
+        self.settings = settings
+        self.count = count
+        self.config_args = config_args
+        self.processes: dict[int, subprocess.Popen] = {}   # shard -> its running process
+        self.statuses: dict[int, int] = {}
+        self.restarts: deque[float] = deque()
+        self.stopping = False
+        self.failed = False
+
+    def run(self) -> int:
+        settings = self.settings
+        shards.record_processes(settings.data_dir, self.count)
+        shards.ensure_secret(settings.data_dir)
+        amqp = bind_listeners(settings.amqp_host, settings.amqp_port, "amqp")
+        metrics = bind_listeners(settings.metrics_host, settings.metrics_port, "metrics") \
+            if settings.metrics_port else []
+        loopback_http = [bind_listeners(shards.LOOPBACK, 0, "shard http") for _ in range(1, self.count)]
+        http_fds = [[sock.fileno() for sock in metrics], *[[sock.fileno() for sock in socks]
+                                                            for socks in loopback_http]]
+        http_ports: list[int | None] = [metrics[0].getsockname()[1] if metrics else None,
+                                        *[socks[0].getsockname()[1] for socks in loopback_http]]
+        cluster_ports = free_loopback_ports(self.count)
+        self.plans = [shards.ShardPlan(k, self.count, os.getpid(), cluster_ports, [s.fileno() for s in amqp],
+                                       http_fds[k], http_ports) for k in range(self.count)]
+        self.listening = [*amqp, *metrics, *(sock for socks in loopback_http for sock in socks)]
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, self._forward)
+        log.info("supervisor.started", node=settings.node_name, shards=self.count,
+                 amqp=[_address(sock) for sock in amqp], metrics=[_address(sock) for sock in metrics],
+                 data_dir=str(settings.data_dir))
+        for shard in range(self.count):
+            self._spawn(shard)
+        self._watch()
+        for sock in self.listening:
+            sock.close()
+        status = FAILED_EXIT_STATUS if self.failed else _worst(self.statuses.values())
+        log.info("supervisor.stopped", exit_status=status)
+        return status
+
+    def _spawn(self, shard: int) -> None:
+        plan = self.plans[shard]
+        command = [sys.executable, "-m", "warren.broker", *self.config_args, "--shard-plan", plan.to_json()]
+        self.processes[shard] = subprocess.Popen(command, pass_fds=[*plan.amqp_fds, *plan.http_fds])
+        self._write_ports()
+
+    def _write_ports(self) -> None:
+        """Where each shard is, for operators and tests (shard 0's HTTP port is the node's)."""
+        rows = [{"shard": k, "pid": process.pid, "http_port": self.plans[k].http_ports[k],
+                 "cluster_port": self.plans[k].cluster_ports[k]} for k, process in sorted(self.processes.items())]
+        path: Path = self.settings.data_dir / shards.SHARD_PORTS_FILE
+        partial = path.with_name(path.name + ".new")
+        partial.write_text(json.dumps({"supervisor_pid": os.getpid(), "shards": rows}) + "\n")
+        os.replace(partial, path)
+
+    def _watch(self) -> None:
+        """Reap shards until none runs: restart those that exited on their own."""
+        while self.processes:
+            try:
+                pid, wait_status = os.waitpid(-1, 0)
+            except ChildProcessError:
+                return
+            shard = next((k for k, process in self.processes.items() if process.pid == pid), None)
+            if shard is None:
+                continue
+            status = os.waitstatus_to_exitcode(wait_status)
+            self.processes.pop(shard).returncode = status
+            if self.stopping:
+                self.statuses[shard] = status
+                continue
+            log.error("supervisor.shard_exited", shard=shard, pid=pid, exit_status=status)
+            if self._too_many_restarts():
+                log.critical("supervisor.giving_up", restarts=len(self.restarts),
+                             window_seconds=RESTART_WINDOW_SECONDS)
+                self.failed = True
+                self._stop_all(signal.SIGTERM)
+                continue
+            time.sleep(RESTART_DELAY_SECONDS)   # a shard that fails at once does not spin
+            if not self.stopping:
+                self._spawn(shard)
+                log.info("supervisor.shard_restarted", shard=shard, pid=self.processes[shard].pid)
+
+    def _too_many_restarts(self) -> bool:
+        now = time.monotonic()
+        self.restarts.append(now)
+        while self.restarts and now - self.restarts[0] > RESTART_WINDOW_SECONDS:
+            self.restarts.popleft()
+        return len(self.restarts) > RESTARTS_MAX
+
+    def _forward(self, signum: int, _frame: object) -> None:
+        log.info("supervisor.stopping", signal=signal.Signals(signum).name)
+        self._stop_all(signum)
+
+    def _stop_all(self, signum: int) -> None:
+        self.stopping = True
+        for process in self.processes.values():
+            try:
+                os.kill(process.pid, signum)
+            except ProcessLookupError:
+                pass   # exited; reaped by _watch
+
+
+def _worst(statuses: Iterable[int]) -> int:
+    """0 if every shard stopped cleanly, else the first failure (a signal counts as 1)."""
+    for status in statuses:
+        if status != 0:
+            return status if status > 0 else FAILED_EXIT_STATUS
+    return 0
+
+
+def _address(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"[{host}]:{port}" if sock.family == socket.AF_INET6 else f"{host}:{port}"

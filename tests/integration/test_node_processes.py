@@ -1,0 +1,230 @@
+"""A node over two processes (node_processes = 2, docs/multi-process.md stage 1): the
+supervisor, its two shards on one AMQP port, queues on one shard used from the
+other, shutdown, kill -9 and a shard's restart, with real processes."""
+from __future__ import annotations
+
+import base64
+import json
+import os
+import signal
+import subprocess
+import sys
+import urllib.request
+
+import pika
+import pytest
+
+from tests.integration.quorum_cluster import wait_for
+from tests.serverproc import ServerProcess, make_server
+
+pytestmark = pytest.mark.timeout(120)
+
+SHARDS = 2
+QUORUM = {"x-queue-type": "quorum"}
+EXIT_SECONDS = 15.0
+
+
+class ShardedServer(ServerProcess):
+    """warren-server as the supervisor of its shards, in a process group of its own."""
+
+    def launch(self, args: tuple[str, ...] = ()) -> "ShardedServer":
+        self._log = open(self.log_path, "wb")
+        self.process = subprocess.Popen([sys.executable, *self.command, *args], env=self.env, stdout=self._log,
+                                        stderr=subprocess.STDOUT, start_new_session=True)
+        return self
+
+    def wait_listening(self) -> "ShardedServer":
+        """The supervisor's socket accepts at once: wait for every shard's HTTP port."""
+        wait_for(lambda: self.process.poll() is not None or self._all_shards_serve(),
+                 f"both shards to serve:\n{self.log()}", seconds=30)
+        assert self.process.poll() is None, f"warren-server exited with {self.process.returncode}:\n{self.log()}"
+        return self
+
+    def _all_shards_serve(self) -> bool:
+        rows = self.shard_rows()
+        if len(rows) != SHARDS:
+            return False
+        try:
+            return all(shard_api(row["http_port"], "/api/overview")["node"].endswith(f"#{row['shard']}")
+                       for row in rows)
+        except OSError:
+            return False
+
+    def shard_rows(self) -> list[dict]:
+        try:
+            return json.loads((self.data_dir / "shard-ports.json").read_text())["shards"]
+        except (OSError, ValueError):
+            return []
+
+
+def shard_api(port: int, path: str):
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}")
+    request.add_header("Authorization", "Basic " + base64.b64encode(b"guest:guest").decode())
+    with urllib.request.urlopen(request, timeout=5) as response:
+        return json.loads(response.read())
+
+
+def sharded_server(tmp_path) -> ShardedServer:
+    plain = make_server(tmp_path, WARREN_NODE_PROCESSES=str(SHARDS))
+    return ShardedServer(plain.amqp_port, plain.metrics_port, plain.data_dir, plain.env)
+
+
+@pytest.fixture
+def node(tmp_path):
+    server = sharded_server(tmp_path).start()
+    yield server
+    server.stop()
+    assert_no_shards_left(server)
+
+
+def assert_no_shards_left(server: ShardedServer) -> None:
+    pids = [row["pid"] for row in server.shard_rows()]
+    wait_for(lambda: not any(alive(pid) for pid in pids), f"the shards (pids {pids}) to be gone", 10)
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def shard_of(connection: pika.BlockingConnection) -> int:
+    """The shard that accepted the connection: its node name, `<node>#k`, in connection.start."""
+    return int(connection._impl.server_properties["cluster_name"].rsplit("#", 1)[1])
+
+
+def connections_on_each_shard(server: ShardedServer, count: int) -> dict[int, list[pika.BlockingConnection]]:
+    by_shard: dict[int, list] = {k: [] for k in range(SHARDS)}
+    for _ in range(count):
+        connection = pika.BlockingConnection(pika.URLParameters(server.url))
+        by_shard[shard_of(connection)].append(connection)
+    return by_shard
+
+
+def close_all(by_shard: dict[int, list]) -> None:
+    for connections in by_shard.values():
+        for connection in connections:
+            if connection.is_open:
+                connection.close()
+
+
+def publish_confirmed(channel, queue: str, bodies: list[bytes]) -> None:
+    channel.confirm_delivery()
+    for body in bodies:
+        channel.basic_publish("", queue, body, pika.BasicProperties(delivery_mode=2), mandatory=True)
+
+
+def drain(channel, queue: str, count: int) -> list[bytes]:
+    got = []
+    for method, _, body in channel.consume(queue, inactivity_timeout=10):
+        assert method is not None, f"{queue}: only {len(got)} of {count} messages came"
+        channel.basic_ack(method.delivery_tag)
+        got.append(body)
+        if len(got) == count:
+            break
+    channel.cancel()
+    return got
+
+
+def test_connections_land_on_both_shards_and_share_a_quorum_queue(node):
+    by_shard = connections_on_each_shard(node, 8)
+    try:
+        assert all(by_shard.values()), f"eight connections all landed on one shard: {by_shard}"
+        listed = {row["shard"]: len(shard_api(row["http_port"], "/api/connections")) for row in node.shard_rows()}
+        assert listed == {k: len(connections) for k, connections in by_shard.items()}
+        home, other = by_shard[0][0].channel(), by_shard[1][0].channel()
+        home.queue_declare("shared", durable=True, arguments=QUORUM)
+        bodies = [b"m%d" % i for i in range(200)]
+        publish_confirmed(other, "shared", bodies)   # every publish crosses to shard 0 and its confirm back
+        queue = next(q for q in shard_api(node.shard_rows()[1]["http_port"], "/api/queues") if q["name"] == "shared")
+        assert queue["members"] == ["warren@localhost#0"]   # placed on the declaring connection's shard
+        assert drain(home, "shared", len(bodies)) == bodies
+    finally:
+        close_all(by_shard)
+
+
+def test_sigterm_stops_every_process_and_clients_get_320(node):
+    by_shard = connections_on_each_shard(node, 4)
+    pids = [row["pid"] for row in node.shard_rows()]
+    node.process.send_signal(signal.SIGTERM)
+    assert node.process.wait(EXIT_SECONDS) == 0, node.log()
+    for connections in by_shard.values():
+        for connection in connections:
+            with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as closed:
+                connection.process_data_events(time_limit=1)
+            assert closed.value.reply_code == 320
+    assert not [pid for pid in pids if alive(pid)]
+
+
+def test_confirmed_messages_survive_kill_9_of_the_process_group(tmp_path):
+    server = sharded_server(tmp_path).start()
+    try:
+        by_shard = connections_on_each_shard(server, 8)
+        assert all(by_shard.values()), f"eight connections all landed on one shard: {by_shard}"
+        for home in range(SHARDS):   # a queue on each shard, published to from the other
+            by_shard[home][0].channel().queue_declare(f"q{home}", durable=True, arguments=QUORUM)
+            publish_confirmed(by_shard[1 - home][0].channel(), f"q{home}", [b"%d-%d" % (home, i) for i in range(300)])
+        pids = [row["pid"] for row in server.shard_rows()]
+        os.killpg(server.process.pid, signal.SIGKILL)
+        server.process.wait(EXIT_SECONDS)
+        wait_for(lambda: not any(alive(pid) for pid in pids), "the shards to die with their group", 10)
+        server._log.close()
+        server.start()
+        with pika.BlockingConnection(pika.URLParameters(server.url)) as connection:
+            channel = connection.channel()
+            for home in range(SHARDS):
+                assert drain(channel, f"q{home}", 300) == [b"%d-%d" % (home, i) for i in range(300)]
+    finally:
+        server.stop()
+        assert_no_shards_left(server)
+
+
+def test_a_killed_shard_is_restarted_and_its_queue_comes_back(node):
+    by_shard = connections_on_each_shard(node, 8)
+    try:
+        assert by_shard[1], f"no connection landed on shard 1: {by_shard}"
+        by_shard[1][0].channel().queue_declare("on-one", durable=True, arguments=QUORUM)
+        publish_confirmed(by_shard[1][0].channel(), "on-one", [b"x%d" % i for i in range(100)])
+    finally:
+        close_all(by_shard)
+    killed = node.shard_rows()[1]["pid"]
+    os.kill(killed, signal.SIGKILL)
+    wait_for(lambda: node.shard_rows()[1]["pid"] != killed, "the supervisor to start shard 1 again")
+    node.wait_listening()
+    assert node.process.poll() is None
+    with pika.BlockingConnection(pika.URLParameters(node.url)) as connection:
+        assert drain(connection.channel(), "on-one", 100) == [b"x%d" % i for i in range(100)]
+
+
+def run_server(server: ServerProcess, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "warren.broker"], env={**server.env, **env}, capture_output=True,
+                          text=True, timeout=EXIT_SECONDS)
+
+
+def test_another_process_count_on_the_data_dir_is_refused(node):
+    node.stop()
+    result = run_server(node, WARREN_NODE_PROCESSES="3")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"warren-server: data_dir {node.data_dir} was created for node_processes = 2, not 3: start with "
+        "node_processes = 2 (queues do not move between processes)"]
+
+
+def test_a_single_process_data_dir_is_refused_for_two(tmp_path):
+    single = make_server(tmp_path).start()
+    single.stop()
+    result = run_server(single, WARREN_NODE_PROCESSES="2")
+    assert result.returncode == 2
+    assert "was created for node_processes = 1, not 2" in result.stderr
+
+
+def test_processes_with_a_cluster_are_refused(tmp_path):
+    server = make_server(tmp_path)
+    result = run_server(server, WARREN_NODE_PROCESSES="2", WARREN_CLUSTER_SECRET="s",
+                        WARREN_CLUSTER_NODES='[{"name": "warren@localhost", "host": "127.0.0.1"}]')
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "warren-server: invalid configuration: node_processes: 2 processes with cluster_nodes is not supported "
+        "yet (a clustered node runs one process): set node_processes = 1"]
