@@ -24,6 +24,7 @@ from prometheus_client.registry import CollectorRegistry
 
 from warren.broker.admin import management
 from warren.broker.admin.auth import ADMINISTRATOR, AuthenticationError, UserRecord, authenticate
+from warren.broker.admin.gather import ShardGatherer
 from warren.broker.admin.metrics import BrokerCollector
 
 if TYPE_CHECKING:
@@ -41,8 +42,10 @@ Response = tuple[bytes, bytes, bytes, bytes]   # status line, content type, body
 
 
 async def start_http_server(broker: "Broker", host: str | None = None, port: int | None = None, *,
-                            sock: socket.socket | None = None) -> asyncio.Server:
-    """Serve on host:port, or on `sock` (a shard's, bound by its supervisor)."""
+                            sock: socket.socket | None = None, gatherer: ShardGatherer | None = None,
+                            ) -> asyncio.Server:
+    """Serve on host:port, or on `sock` (a shard's, bound by its supervisor); shard 0 of a
+    node over several processes answers for the node with its `gatherer`."""
     registry = CollectorRegistry()
     registry.register(BrokerCollector(broker))
 
@@ -55,6 +58,8 @@ async def start_http_server(broker: "Broker", host: str | None = None, port: int
                 status, content_type, body, extra = await _respond_post(broker, reader, head, peer_host)
             else:
                 status, content_type, body, extra = _respond(broker, registry, head, peer_host)
+                if gatherer is not None and status == b"200 OK":
+                    body = await gatherer.merge(broker, _request_path(head), head, body)
             writer.write(b"HTTP/1.1 " + status + b"\r\nContent-Type: " + content_type + extra +
                          b"\r\nContent-Length: " + str(len(body)).encode() +
                          b"\r\nConnection: close\r\n\r\n" + body)
@@ -67,12 +72,17 @@ async def start_http_server(broker: "Broker", host: str | None = None, port: int
     return await asyncio.start_server(handle, host, port, sock=sock, limit=REQUEST_MAX_BYTES)
 
 
+def _request_path(head: bytes) -> str:
+    request_line = head.split(b"\r\n")[0].split()
+    return request_line[1].split(b"?")[0].decode("latin-1") if len(request_line) > 1 else ""
+
+
 def _respond(broker: "Broker", registry: CollectorRegistry, head: bytes, peer_host: str) -> Response:
     lines = head.split(b"\r\n")
     request_line = lines[0].split()
     if len(request_line) < 2 or request_line[0] != b"GET":
         return b"405 Method Not Allowed", b"text/plain", b"only GET and POST\n", b"\r\nAllow: GET, POST"
-    path = request_line[1].split(b"?")[0].decode("latin-1")
+    path = _request_path(head)
     if path in ("/metrics", "/"):
         return b"200 OK", CONTENT_TYPE_LATEST.encode(), generate_latest(registry), b""
     view = management.VIEWS.get(path)

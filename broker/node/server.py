@@ -28,6 +28,7 @@ from typing import IO
 import structlog
 import uvloop
 
+from warren.broker.admin.gather import ShardGatherer
 from warren.broker.admin.http import start_http_server
 from warren.broker.amqp.connection import AMQPConnection
 from warren.broker.node import gc_tuning, shards
@@ -75,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.shard_plan is not None:   # one of a supervisor's shards (broker/node/supervisor.py)
             plan = shards.ShardPlan.from_json(args.shard_plan)
             shards.die_with_supervisor(plan.supervisor_pid)
-            settings, inherited = plan.shard_settings(settings), InheritedSockets.of(plan)
+            settings, inherited = plan.shard_settings(settings), InheritedSockets.of(plan, settings.node_name)
     except ConfigError as error:
         print(f"warren-server: {error}", file=sys.stderr)
         return 2
@@ -121,11 +122,14 @@ class InheritedSockets:
 
     amqp: list[socket.socket]
     http: list[socket.socket]
+    gatherer: ShardGatherer | None   # shard 0's, answering for the node
 
     @classmethod
-    def of(cls, plan: shards.ShardPlan) -> "InheritedSockets":
+    def of(cls, plan: shards.ShardPlan, node_name: str) -> "InheritedSockets":
+        others = {k: port for k, port in enumerate(plan.http_ports) if k > 0 and port is not None}
         return cls([socket.socket(fileno=fd) for fd in plan.amqp_fds],
-                   [socket.socket(fileno=fd) for fd in plan.http_fds])
+                   [socket.socket(fileno=fd) for fd in plan.http_fds],
+                   ShardGatherer(node_name, others) if plan.shard == 0 else None)
 
 
 def lock_data_dir(data_dir: Path, node_name: str) -> IO[str]:
@@ -218,7 +222,7 @@ async def _listen_all(broker: Broker, settings: Settings, inherited: InheritedSo
     if inherited is not None:
         return ([await loop.create_server(lambda: AMQPConnection(broker), sock=sock, backlog=LISTEN_BACKLOG)
                  for sock in inherited.amqp],
-                [await start_http_server(broker, sock=sock) for sock in inherited.http])
+                [await start_http_server(broker, sock=sock, gatherer=inherited.gatherer) for sock in inherited.http])
     servers = await listen(lambda host: loop.create_server(
         lambda: AMQPConnection(broker), host, settings.amqp_port, reuse_address=True, backlog=LISTEN_BACKLOG),
         settings.amqp_host, "amqp")

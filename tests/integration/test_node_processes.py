@@ -44,9 +44,8 @@ class ShardedServer(ServerProcess):
         rows = self.shard_rows()
         if len(rows) != SHARDS:
             return False
-        try:
-            return all(shard_api(row["http_port"], "/api/overview")["node"].endswith(f"#{row['shard']}")
-                       for row in rows)
+        try:   # shard 0 answers for the node once it hears from every other shard
+            return all(shard["running"] for shard in shard_api(self.metrics_port, "/api/overview")["shards"])
         except OSError:
             return False
 
@@ -62,6 +61,14 @@ def shard_api(port: int, path: str):
     request.add_header("Authorization", "Basic " + base64.b64encode(b"guest:guest").decode())
     with urllib.request.urlopen(request, timeout=5) as response:
         return json.loads(response.read())
+
+
+def node_metrics(server: ShardedServer) -> dict[str, float]:
+    """The label-less series of the node's /metrics."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=5) as response:
+        lines = response.read().decode().splitlines()
+    return {name: float(value) for name, _, value in (line.partition(" ") for line in lines)
+            if not name.startswith("#") and "{" not in name}
 
 
 def sharded_server(tmp_path) -> ShardedServer:
@@ -132,8 +139,14 @@ def test_connections_land_on_both_shards_and_share_a_quorum_queue(node):
     by_shard = connections_on_each_shard(node, 8)
     try:
         assert all(by_shard.values()), f"eight connections all landed on one shard: {by_shard}"
-        listed = {row["shard"]: len(shard_api(row["http_port"], "/api/connections")) for row in node.shard_rows()}
-        assert listed == {k: len(connections) for k, connections in by_shard.items()}
+        # the node's port (shard 0's) answers for the node; shard 1's own loopback port for shard 1
+        listed = [row["shard"] for row in shard_api(node.metrics_port, "/api/connections")]
+        assert sorted(listed) == sorted(k for k, connections in by_shard.items() for _ in connections)
+        assert len(shard_api(node.shard_rows()[1]["http_port"], "/api/connections")) == len(by_shard[1])
+        overview = shard_api(node.metrics_port, "/api/overview")
+        assert (overview["node"], overview["connections"]) == ("warren@localhost", 8)
+        assert [(row["shard"], row["connections"]) for row in overview["shards"]] == [
+            (k, len(connections)) for k, connections in sorted(by_shard.items())]
         home, other = by_shard[0][0].channel(), by_shard[1][0].channel()
         home.queue_declare("shared", durable=True, arguments=QUORUM)
         bodies = [b"m%d" % i for i in range(200)]
@@ -141,6 +154,11 @@ def test_connections_land_on_both_shards_and_share_a_quorum_queue(node):
         queue = next(q for q in shard_api(node.shard_rows()[1]["http_port"], "/api/queues") if q["name"] == "shared")
         assert queue["members"] == ["warren@localhost#0"]   # placed on the declaring connection's shard
         assert drain(home, "shared", len(bodies)) == bodies
+        metrics = node_metrics(node)
+        assert metrics["warren_connections"] == 8
+        assert metrics["warren_messages_published_total"] == len(bodies)
+        assert metrics["warren_queues"] == 1
+        assert shard_api(node.metrics_port, "/api/overview")["queues"] == 1
     finally:
         close_all(by_shard)
 
