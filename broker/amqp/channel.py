@@ -164,7 +164,7 @@ class Channel(TopologyMethods):
             waiting.ok = accepted
             if batch:
                 waiting.remaining += 1
-                self.broker.durability.committer.when_durable(batch, partial(self._publish_part_done, waiting))
+                self.broker.node_log.committer.when_durable(batch, partial(self._publish_part_done, waiting))
             return batch
         if batch and seq and accepted:
             self._confirm_when_durable(seq, batch)
@@ -207,7 +207,7 @@ class Channel(TopologyMethods):
         waiting = self.durable_waits.get(batch)
         if waiting is None:
             waiting = self.durable_waits[batch] = []
-            self.broker.durability.committer.when_durable(batch, partial(self._on_durable, batch))
+            self.broker.node_log.committer.when_durable(batch, partial(self._on_durable, batch))
         waiting.append(seq)
 
     def _on_durable(self, batch: int, ok: bool) -> None:
@@ -568,7 +568,7 @@ class Channel(TopologyMethods):
             batch = max(batch, self._route_and_enqueue(*entry, tx_wait=commit))
         if batch:
             commit.remaining += 1
-            self.broker.durability.committer.when_durable(batch, partial(self._on_commit_durable, commit))
+            self.broker.node_log.committer.when_durable(batch, partial(self._on_commit_durable, commit))
         self._publish_part_done(commit, True)
 
     def _on_commit_durable(self, commit: "PendingPublish", ok: bool) -> None:

@@ -2,8 +2,9 @@
 
 The shell numbers commands (the future Raft log index), stamps the time into
 each, applies it to ``fifo`` and interprets the effects: deliveries go to the
-consuming channel, dead-letters back into the vhost's routing. Until the
-storage and Raft issues land, commands are applied in memory on this node.
+consuming channel, dead-letters back into the vhost's routing. This shell is
+in memory only (transient and exclusive queues): a durable queue is a Raft
+group's (broker/queues/quorum.py), whose log is its only record on disk.
 """
 from __future__ import annotations
 
@@ -76,90 +77,28 @@ class Queue:
         self.exclusive_consumer: Hashable | None = None
         self.had_consumers = False
         self.deleted = False
-        # Set for a durable queue by the durability layer: its log in the node's WAL.
-        self.log_id: int | None = None
-        self.journal: Any = None
-        # bytes of queued bodies that live only on disk (not in memory)
-        self.stored_bytes = 0
 
     # -- applying commands ------------------------------------------------
     def apply(self, command: Any) -> Any:
         self.index += 1
         reply, effects = fifo.apply(fifo.Meta(self.index, self._clock_ms()), command, self.state)
-        if self.state.removed:
-            self._log_removals()
         if effects:
             self._perform(effects)
         return reply
 
-    def _log_removals(self) -> None:
-        self.stored_bytes -= sum(size for _, payload, size in self.state.removed if type(payload) is not tuple)
-        self.index += 1
-        self.journal.log_removals(self.log_id, self.index, self.state.removed)
-        self.state.removed.clear()
-
     def enqueue(self, payload: Any, size: int, ttl_ms: int | None = None, priority: int = 0) -> int | None:
-        """Apply one enqueue. None: refused; 0: taken; N > 0: taken, durable once
-        WAL batch N is on disk (a persistent message in a durable queue)."""
-        msg_id = self.index + 1
+        """Apply one enqueue. None: refused; 0: taken (a queue of this shell is in
+        memory only: a durable queue is a Raft group's, broker/queues/quorum.py)."""
         if self.apply(fifo.Enqueue(payload, size, ttl_ms, priority)) is not fifo.ACCEPTED:
             return None
-        if self.log_id is None or not codec.is_persistent(payload[2]):
-            return 0
-        return self.journal.log_enqueue(self, msg_id, payload)
-
-    def release_cursor(self) -> int:
-        """The oldest message still held: log entries below it are dead."""
-        return next(iter(self.state.messages), self.index + 1)
-
-    # -- bodies on disk ---------------------------------------------------
-    # A persistent message's payload is replaced by the location of its WAL record
-    # once that is durable, and read back when it is delivered.
-    def store_body(self, msg_id: int, location: Any) -> None:
-        entry = self.state.messages.get(msg_id)
-        if entry is not None and type(entry[0]) is tuple:
-            self.state.messages[msg_id] = (location, entry[1])
-            self.stored_bytes += entry[1]
-
-    def relocate_body(self, msg_id: int, location: Any) -> None:
-        entry = self.state.messages.get(msg_id)
-        if entry is not None and type(entry[0]) is not tuple:
-            self.state.messages[msg_id] = (location, entry[1])
+        return 0
 
     def delivery_payload(self, payload: Any, delivery_count: int) -> tuple:
-        """The payload as delivered: from disk if stored; a quorum queue's
-        redelivery carries x-delivery-count, as RabbitMQ's does."""
-        payload = self.hydrate(payload)
+        """The payload as delivered: a quorum queue's redelivery carries
+        x-delivery-count, as RabbitMQ's does."""
         if delivery_count and self.queue_type == "quorum":
             payload = _with_delivery_count(payload, delivery_count)
         return payload
-
-    def hydrate(self, payload: Any) -> tuple:
-        """The (exchange, routing_key, properties, body) of a payload, from disk if stored."""
-        return payload if type(payload) is tuple else self.journal.load(payload)
-
-    def restore(self, live: list[tuple[int, Any, int]], last_index: int,
-                priorities: dict[int, int] | None = None, ttls: dict[int, int] | None = None) -> None:
-        """Recovery: re-enqueue the live messages under their original ids.
-        TTLs start over from now (the enqueue times are not stored)."""
-        self.stored_bytes += sum(size for _, payload, size in live if type(payload) is not tuple)
-        limits = self.state.limits
-        if limits.max_length is None and limits.max_length_bytes is None:
-            fifo.restore(self.state, live, priorities)
-            now = self._clock_ms()
-            for msg_id, _, _ in live:
-                ttl = fifo.effective_ttl(limits.message_ttl_ms, (ttls or {}).get(msg_id))
-                if ttl is not None:
-                    self.state.expiries[msg_id] = now + ttl
-        else:  # a length limit may drop some on the way back: replay each enqueue
-            now = self._clock_ms()
-            for msg_id, payload, size in live:
-                priority = (priorities or {}).get(msg_id, 0)
-                ttl = (ttls or {}).get(msg_id)
-                fifo.apply(fifo.Meta(msg_id, now), fifo.Enqueue(payload, size, ttl, priority), self.state)
-        self.index = max(self.index, last_index)
-        if self.state.removed:  # a length limit dropped some on the way back
-            self._log_removals()
 
     def _perform(self, effects: list) -> None:
         for effect in effects:
@@ -170,8 +109,7 @@ class Queue:
                     sink.deliver(self, consumer_id[1], effect.msg_id,
                                  self.delivery_payload(effect.payload, effect.delivery_count), effect.redelivered)
                 case fifo.DeadLetter():
-                    self.vhost.dead_letter(self, effect.reason, tuple(self.hydrate(p) for p in effect.payloads),
-                                           self._clock_ms())
+                    self.vhost.dead_letter(self, effect.reason, tuple(effect.payloads), self._clock_ms())
                 case _:
                     raise AssertionError(f"unknown effect {effect!r}")
 
@@ -223,8 +161,8 @@ class Queue:
 
     @property
     def bytes_in_memory(self) -> int:
-        """Bytes of queued bodies held in memory (those stored on disk excluded)."""
-        return self.state.message_bytes - self.stored_bytes
+        """Bytes of queued bodies held in memory."""
+        return self.state.message_bytes
 
     @property
     def message_count(self) -> int:

@@ -88,7 +88,7 @@ class QuorumQueue(Queue):
     def __init__(self, vhost: "VirtualHost", name: str, arguments: dict, cluster: "Cluster",
                  group: str, members: list[str]):
         super().__init__(vhost, name, True, None, False, arguments)
-        # "classic": a durable classic queue in a cluster, the same machine on a group of one
+        # "classic": a durable classic queue (auto-delete too), the same machine on a group of one
         self.queue_type = arguments.get("x-queue-type", "classic")
         self.cluster = cluster
         self.group = group
@@ -114,6 +114,7 @@ class QuorumQueue(Queue):
     def apply_entry(self, entry: "Entry", leading: bool) -> Any:
         if self.machine is None:
             return None
+        consumed = self.auto_delete and leading and self.machine.consumer_count > 0
         try:
             command = qm.decode(entry.data)
             if command[0] in USE_OPS:
@@ -122,6 +123,8 @@ class QuorumQueue(Queue):
         except Exception:  # noqa: BLE001 -- the same on every replica: skip it, keep the group alive
             log.exception("quorum.bad_command", queue=self.name, index=entry.index)
             return None
+        if consumed and self.machine.consumer_count == 0:
+            self._delete_through_metadata()   # auto-delete: its last consumer went
         if command[0] in (qm.ENQUEUE, qm.ENQUEUE_BATCH):
             self._recent_enqueue = (entry.index, command)   # the next delivery is likely from it
         if leading and effects:
@@ -458,6 +461,12 @@ class QuorumQueue(Queue):
         self.cluster.submit(self.group, qm.encode_cancel(key, tag, _now_ms()))
         self._forget_consumer(consumer_id)
 
+    def _forget_consumer(self, consumer_id: Hashable) -> None:
+        """Not the base's local auto-delete: the leader deletes through the metadata group (`apply_entry`)."""
+        self.consumers.pop(consumer_id, None)
+        if self.exclusive_consumer == consumer_id:
+            self.exclusive_consumer = None
+
     def owner_down(self, owner: Hashable) -> None:
         key = self.cluster.owner_key(owner)
         for local_key in [k for k in self.local_consumers if k[0] == key]:
@@ -516,7 +525,12 @@ class QuorumQueue(Queue):
             self.cluster.submit(self.group, qm.encode_tick(_now_ms()))
         if (self.expires_ms is not None and not self.expiring and self.machine.consumer_count == 0
                 and _now_ms() - self.last_used_ms >= self.expires_ms):
-            self.expiring = True   # one deletion through the metadata group
+            self._delete_through_metadata()
+
+    def _delete_through_metadata(self) -> None:
+        """x-expires or auto-delete: the leader asks the metadata group, once."""
+        if not self.expiring:
+            self.expiring = True
             self.cluster.broker.metadata.submit(mc.DeleteQueue(self.vhost.name, self.name), lambda _: None)
 
     @property
