@@ -292,7 +292,11 @@ class Metadata:
             cluster.runtime.add_group(effect.group, list(effect.members))
 
     def _campaign_first(self, effect: fx.Campaign) -> None:
-        if effect.node != self.cluster.node or effect.group not in self.cluster.runtime.groups:
+        status = self.cluster.runtime.status(effect.group)
+        if effect.node != self.cluster.node or status is None or status.last_index > 0:
+            # Not ours, or the declaration applied again at a restart: the group came back
+            # with its log and elects as usual (a campaign here would hold its Ready, with
+            # the whole committed log, until the vote is durable).
             return
         self._campaign_if_leaderless(effect.group)
         # The other members may not host the group yet (they apply this entry a little
