@@ -38,6 +38,7 @@ from warren.broker.node.metadata import ChangeRefused
 if TYPE_CHECKING:
     from warren.broker.node.broker import Broker
     from warren.broker.node.metadata import Metadata
+    from warren.broker.node.metadata_state import MetaState
 
 log = structlog.get_logger("warren.definitions")
 
@@ -83,6 +84,19 @@ class Definitions:
                 log.info("definitions.permissions_cleared", user=user, vhost=vhost)
             case _:
                 raise AssertionError(f"not a definitions effect: {effect!r}")
+
+    def take(self, state: "MetaState") -> None:
+        """The metadata log's users, vhosts and permissions replace the config's the
+        node started with: what the log does not have goes (broker/node/metadata_log.py)."""
+        broker = self.broker
+        broker.access.users = {name: UserRecord(name, user.password_hash, tuple(user.tags))
+                               for name, user in state.users.items()}
+        broker.access.permissions = {key: Permission(*expressions) for key, expressions in state.permissions.items()}
+        for name in [name for name in broker.vhosts if name not in state.vhosts]:
+            self._vhost_deleted(fx.VhostDeleted(name))
+        for name in state.vhosts:
+            if name not in broker.vhosts:
+                broker.add_vhost(name)
 
     def _user_set(self, effect: fx.UserSet) -> None:
         self.broker.access.put_user(UserRecord(effect.name, effect.password_hash, tuple(effect.tags)))

@@ -50,11 +50,13 @@ class Broker:
                                 settings.segment_max_entries)
         self.wal_stats = WalStats()
         self.node_log.committer.subscribe(self.wal_stats.on_batch_written)
-        # The read model: empty until the metadata group installs its snapshot and applies
-        # its entries; on an empty metadata log the config's vhosts, users and permissions
-        # are the first entry proposed (broker/admin/definitions.py, `seed_command`).
-        self.vhosts: dict[str, VirtualHost] = {}
-        self.access = AccessControl(settings.loopback_users)
+        # The config's vhosts, users and permissions, provisionally: on an empty metadata
+        # log they are the first entry proposed, and once the node's metadata state is
+        # seeded (that entry, or the group's snapshot) the log's replace them
+        # (broker/node/metadata_log.py). Until then a node that cannot reach the group
+        # still lets its administrator in.
+        self.vhosts = {name: VirtualHost(name) for name in settings.vhosts}
+        self.access = AccessControl.from_settings(settings)
         self.cluster = Cluster(self)
         self.node_log.rollover_source = self.cluster.runtime.prepare_rollover
         self.metadata = Metadata(self, self.cluster)

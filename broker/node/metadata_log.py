@@ -11,7 +11,10 @@ nothing, and re-applies the committed entries after it, as any group does.
   one (`MetaState.seeded`), so in a new cluster whichever node's seed
   commits first wins and the others change nothing, and a node that joins
   with an empty data directory takes the cluster's. From then on the log is
-  the truth (README "Users and vhosts").
+  the truth (README "Users and vhosts"). Until its state is seeded the
+  node serves the config's definitions provisionally (a node that cannot
+  reach the group still lets its administrator in); then the log's replace
+  them (`take_definitions_once`).
 * Snapshots and compaction, as a queue's log: after applying at least
   `max(SNAPSHOT_ENTRIES_MIN, 2 x the objects in the state)` entries since
   the last snapshot, the machine's state (broker/node/metadata_state.py,
@@ -64,6 +67,14 @@ class MetadataLog:
         self.metadata = metadata
         self.group = group
         self.applied_since_snapshot = 0
+        self.took_definitions = False   # the config's definitions are provisional until then
+
+    def take_definitions_once(self) -> None:
+        """Once the state is seeded, the log's users, vhosts and permissions replace
+        the config's the node started with, extras included (the log is the truth)."""
+        if not self.took_definitions and self.metadata.state.seeded:
+            self.took_definitions = True
+            self.metadata.broker.definitions.take(self.metadata.state)
 
     def seed_if_empty(self) -> mc.SeedDefinitions | None:
         """After the runtime recovered the group: the seed to propose if its log is empty."""
@@ -76,6 +87,7 @@ class MetadataLog:
         """Entry `index` was applied: compact the log up to it when due."""
         self.applied_since_snapshot += 1
         state = self.metadata.state
+        self.take_definitions_once()
         if self.applied_since_snapshot >= max(SNAPSHOT_ENTRIES_MIN, 2 * object_count(state)):
             self.applied_since_snapshot = 0
             self.metadata.cluster.runtime.compact(self.group, index, snapshot(state))
@@ -88,4 +100,5 @@ class MetadataLog:
         self.metadata.applied_index = installed.index
         self.applied_since_snapshot = 0
         self.metadata.perform_all(effects, installed.index)
+        self.take_definitions_once()
         log.info("metadata.snapshot_installed", index=installed.index, changes=len(effects))

@@ -48,14 +48,27 @@ def apply_all(broker: Broker, commands: list) -> None:
         assert answer[:2] == ["@", index]
 
 
-def test_a_node_starts_with_nothing_and_the_seed_entry_makes_the_configs_definitions(tmp_path):
+def test_the_configs_definitions_are_provisional_until_the_log_seeds_the_state(tmp_path):
+    """A node that has not yet applied a seed (or a seeded snapshot) lets the config's users
+    in; the first seed applied replaces them with the log's, extras included."""
+    settings = Settings(data_dir=tmp_path, vhosts=["/", "cfg-only"])
+    broker = Broker(settings)
+    assert sorted(broker.vhosts) == ["/", "cfg-only"] and "guest" in broker.access.users
+    elsewhere = mc.SeedDefinitions(("/", "v"), (("admin", hash_password("a"), ("administrator",)),),
+                                   (("admin", "/", ".*", ".*", ".*"),))
+    apply_all(broker, [elsewhere])   # another node's seed committed first: it is the cluster's
+    assert sorted(broker.vhosts) == ["/", "v"]
+    assert sorted(broker.access.users) == ["admin"], "the config's guest is not in the log"
+    assert sorted(broker.access.permissions) == [("admin", "/")]
+    assert broker.metadata.state.seeded
+
+
+def test_a_node_seeded_from_its_own_config_keeps_the_configs_definitions(tmp_path):
     settings = Settings(data_dir=tmp_path)
     broker = Broker(settings)
-    assert broker.vhosts == {} and broker.access.users == {}, "the log is the only source of definitions"
     apply_all(broker, [seed_command(settings)])
     assert sorted(broker.vhosts) == list(settings.vhosts)
     assert sorted(broker.access.users) == sorted(user.name for user in settings.users)
-    assert broker.metadata.state.seeded
 
 
 def test_only_the_first_seed_counts_the_log_is_the_truth_afterwards(tmp_path):
