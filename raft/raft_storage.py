@@ -10,10 +10,10 @@ records of the format in `storage.records` -- (log_id, term, index, payload)
 Log ids. A group's log id is `RAFT_LOG_ID_BASE + n` (2**40 + n), n = 1, 2, ...
 in the order this node first hosted its groups. Log ids are node-local (one
 group has different log ids on different nodes); the GROUP record maps a log
-id back to the group id. The broker's own logs keep the range below 2**40:
-0 is the metadata log and 1, 2, ... the durable queues' logs
-(broker/node/durability.py). A removed group's log id is never reused while any
-of its records can still be on disk.
+id back to the group id. Every record of the WAL is a group's (the runtime is
+the storage's only client, raft/node_log.py): a log id below 2**40 is what an
+older Warren's broker journal wrote, and recovery refuses it. A removed
+group's log id is never reused while any of its records can still be on disk.
 
 Records. Two families, told apart by the index (and checked by the kind):
 
@@ -117,10 +117,6 @@ _RECORD_HEAD = struct.Struct(">QQQ")    # log_id, term, index
 
 class RaftLogCorrupt(Exception):
     """What recovery read does not make a Raft log (a hole, an orphan)."""
-
-
-def is_raft_log_id(log_id: int) -> bool:
-    return log_id >= RAFT_LOG_ID_BASE
 
 
 def log_id_of(group_number: int) -> int:
@@ -350,14 +346,16 @@ class LogScan:
 
 
 class RecoveryScan:
-    """The visitor for `LogStore.recover`, for records in the Raft range."""
+    """The visitor for `LogStore.recover`: every record of the node's WAL."""
 
     def __init__(self) -> None:
         self.logs: dict[int, LogScan] = {}
         self.records = 0
 
     def visit(self, record: records.Record, location: Location | None = None) -> None:
-        assert is_raft_log_id(record.log_id), f"log {record.log_id} is not a Raft group's"
+        if record.log_id < RAFT_LOG_ID_BASE:
+            raise RaftLogCorrupt(f"log {record.log_id} is no Raft group's: a data directory of an older Warren "
+                                 "(its broker journal); start from an empty one")
         self.records += 1
         scan = self.logs.get(record.log_id)
         if scan is None:

@@ -34,9 +34,9 @@ failure detector: work that holds the loop for more than a few hundred ms
 (a caller proposing thousands of entries without yielding) makes peers look
 silent.
 
-Start and restart. The node's WAL recovery calls `recover_visit` for every
-record whose log id is in the Raft range (`is_raft_log_id`); `start()` then
-hosts every group recovered (not removed), rebuilt from its snapshot, hard
+Start and restart. The runtime is the WAL's only client: `recover()`
+replays the node's WAL (every record is a group's, raft/node_log.py) through
+`recover_visit`; `start()` then hosts every group recovered (not removed), rebuilt from its snapshot, hard
 state and entries, and re-applies its committed entries. Groups added later
 with `add_group` are written a GROUP record first, so they come back too.
 
@@ -77,10 +77,11 @@ A group dropped (`remove_group`) while its Ready is being persisted or
 applied, e.g. a queue deleted right after it was declared, is neither
 written after its REMOVED record nor completed (`RaftSystem.still_hosted`).
 
-The runtime does not own the storage: the caller builds the `LogStore` and
-`GroupCommitter`, recovers the store, and drains and closes it after `stop()`.
-Its committer's `prepare_rollover` must include `prepare_rollover()` of this
-runtime (the groups' cursors and the control records to write again).
+The node shell builds the storage (`NodeLog`, raft/node_log.py: the
+`LogStore` and its `GroupCommitter`), hands the committer to the runtime, and
+drains and closes it after `stop()`. The committer's `prepare_rollover` is
+this runtime's `prepare_rollover()` (the groups' cursors and the control
+records to write again): no other layer has a log in the WAL.
 """
 from __future__ import annotations
 
@@ -100,7 +101,6 @@ from warren.raft.raft_storage import (
     GroupStorage,
     RecoveryScan,
     group_record,
-    is_raft_log_id,
     log_id_of,
     removed_record,
 )
@@ -160,9 +160,17 @@ class RaftRuntime:
 
     # --- recovery and lifecycle ---------------------------------------------------------------
 
+    def recover(self) -> int:
+        """Replay the node's WAL before `start()` (a torn tail is cut and
+        logged); the number of records read."""
+        recovered = self.committer.store.recover(self.recover_visit)
+        for torn in recovered.torn:
+            log.warning("wal.torn_tail_cut", file=str(torn.path), offset=torn.offset,
+                        bytes_lost=torn.bytes_lost, reason=torn.reason)
+        return self.scan.records if self.scan is not None else 0
+
     def recover_visit(self, record: records.Record, location: Location | None = None) -> None:
-        """For `LogStore.recover`: every record whose log id `is_raft_log_id`,
-        in file order, before `start()`."""
+        """For `LogStore.recover`: every record, in file order, before `start()`."""
         assert self.scan is not None, "recover_visit after start()"
         self.scan.visit(record, location)
 
@@ -177,11 +185,15 @@ class RaftRuntime:
         self.persistence.system = self.system
         scan, self.scan = self.scan, None
         self.next_group_number = scan.next_group_number()
-        for recovered in scan.groups():
+        recovered_groups = list(scan.groups())
+        for recovered in recovered_groups:
             storage = self.groups[recovered.group_id] = recovered.storage()
             self.groups_by_log[storage.log_id] = storage
             self.system.add_group(recovered.group_id, recovered.members, recovered=recovered.state)
             self.attach_loader(storage)
+        # Once every recovered group is hosted: installing one group's snapshot (the
+        # broker's metadata) may ask for other groups, which must be found hosted.
+        for recovered in recovered_groups:
             if recovered.state.snapshot is not None:
                 # Before any entry after it is applied: applies run in later turns.
                 assert self.install_snapshot is not None, \
@@ -488,4 +500,4 @@ class RaftRuntime:
         assert not self.stopped, "the runtime is stopped"
 
 
-__all__ = ["ELECTION_TICKS", "HEARTBEAT_TICKS", "TICK_SECONDS", "RaftRuntime", "is_raft_log_id"]
+__all__ = ["ELECTION_TICKS", "HEARTBEAT_TICKS", "TICK_SECONDS", "RaftRuntime"]

@@ -5,9 +5,10 @@ password hash, tags) and per (user, vhost) permissions: three regular
 expressions, configure / write / read, matched (unanchored, as Erlang's
 ``re:run``) against a resource name; an empty expression matches only the
 empty name ("^$"), the default exchange is checked as ``amq.default``.
-The state is seeded from the config (`AccessControl.from_settings`) and then
-changed only through the metadata Raft group (broker/node/metadata.py), so every
-node of a cluster holds the same users; broker/node/durability.py journals it.
+The config's users (`AccessControl.from_settings`) are only the first entry
+of an empty metadata log (broker/node/metadata_log.py); the state is changed only
+through the metadata Raft group (broker/node/metadata.py), so every node of a
+cluster holds the same users, and the group's log is their record.
 
 Passwords are never kept or logged in clear: a user holds RabbitMQ's
 ``rabbit_password_hashing_sha256`` hash, base64(salt(4) | sha256(salt |

@@ -11,9 +11,10 @@ checks it again and applies it in log order, so every node of the cluster
 ends with the same users, vhosts and permissions; an apply answers {"ok":
 true} or {"error": text, "status": http status}. This module performs the
 machine's effects on the node: `AccessControl` (logins and permission
-checks read it), the broker's vhosts, connections to close, and the node's
-metadata log (broker/node/durability.py), journaled before the group's index so a
-restart replays it and re-applies only later entries.
+checks read it), the broker's vhosts and connections to close. Nothing else
+records them: the metadata group's log and its snapshot are the record, and
+the config's users, vhosts and permissions are only its first entry
+(broker/node/metadata_log.py).
 
 delete_vhost closes the vhost's connections on every node (320
 CONNECTION_FORCED "vhost '<v>' is deleted", as RabbitMQ), deletes its queues
@@ -37,6 +38,7 @@ from warren.broker.node.metadata import ChangeRefused
 if TYPE_CHECKING:
     from warren.broker.node.broker import Broker
     from warren.broker.node.metadata import Metadata
+    from warren.broker.node.metadata_state import MetaState
 
 log = structlog.get_logger("warren.definitions")
 
@@ -64,35 +66,40 @@ class Definitions:
                 self._user_set(effect)
             case fx.UserDeleted(name=name):
                 self.broker.access.delete_user(name)
-                self._journal(["user_deleted", name])
                 log.info("definitions.user_deleted", user=name)
             case fx.CloseConnections():
                 self._close_connections(effect)
             case fx.VhostAdded(name=name):
                 if name not in self.broker.vhosts:
                     self.broker.add_vhost(name)
-                self._journal(["vhost", name])
                 log.info("definitions.vhost_added", vhost=name)
             case fx.VhostDeleted():
                 self._vhost_deleted(effect)
             case fx.PermissionSet(user=user, vhost=vhost, configure=configure, write=write, read=read):
                 self.broker.access.set_permission(user, vhost, Permission(configure, write, read))
-                self._journal(["permission", user, vhost, configure, write, read])
                 log.info("definitions.permissions_set", user=user, vhost=vhost,
                          configure=configure, write=write, read=read)
             case fx.PermissionCleared(user=user, vhost=vhost):
                 self.broker.access.clear_permission(user, vhost)
-                self._journal(["permission_cleared", user, vhost])
                 log.info("definitions.permissions_cleared", user=user, vhost=vhost)
             case _:
                 raise AssertionError(f"not a definitions effect: {effect!r}")
 
-    def _journal(self, entry: list) -> None:
-        self.broker.durability.definitions_changed(entry)
+    def take(self, state: "MetaState") -> None:
+        """The metadata log's users, vhosts and permissions replace the config's the
+        node started with: what the log does not have goes (broker/node/metadata_log.py)."""
+        broker = self.broker
+        broker.access.users = {name: UserRecord(name, user.password_hash, tuple(user.tags))
+                               for name, user in state.users.items()}
+        broker.access.permissions = {key: Permission(*expressions) for key, expressions in state.permissions.items()}
+        for name in [name for name in broker.vhosts if name not in state.vhosts]:
+            self._vhost_deleted(fx.VhostDeleted(name))
+        for name in state.vhosts:
+            if name not in broker.vhosts:
+                broker.add_vhost(name)
 
     def _user_set(self, effect: fx.UserSet) -> None:
         self.broker.access.put_user(UserRecord(effect.name, effect.password_hash, tuple(effect.tags)))
-        self._journal(["user", effect.name, effect.password_hash, list(effect.tags)])
         log.info(f"definitions.user_{effect.change}", user=effect.name, tags=list(effect.tags))
 
     def _close_connections(self, effect: fx.CloseConnections) -> None:
@@ -116,5 +123,4 @@ class Definitions:
                 else:
                     vhost.delete_queue_now(queue)
         broker.remove_vhost(effect.name)
-        self._journal(["vhost_deleted", effect.name])
         log.info("definitions.vhost_deleted", vhost=effect.name)

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 def overview(broker: "Broker") -> dict[str, Any]:
     settings = broker.settings
     queues = [q for v in broker.vhosts.values() for q in v.queues.values()]
-    store = broker.durability.store
+    store = broker.node_log.store
     return {
         "node": settings.node_name,
         "version": broker.version,

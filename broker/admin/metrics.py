@@ -91,8 +91,8 @@ class BrokerCollector(Collector):
         yield from families.values()
 
     def _storage_metrics(self) -> Iterator:
-        durability = self.broker.durability
-        store = durability.store
+        broker = self.broker
+        store = broker.node_log.store
         yield _gauge("warren_wal_size_bytes", "Size of the current WAL file", store.wal_size_bytes)
         yield _gauge("warren_segments", "Segment files on disk", store.segment_count)
         yield _gauge("warren_segment_bytes", "Bytes in segment files", store.segment_bytes)
@@ -106,9 +106,8 @@ class BrokerCollector(Collector):
         written.add_metric([], store.bytes_written)
         yield written
         yield _gauge("warren_recovery_seconds", "Time the last start spent recovering from disk",
-                     durability.recovery_seconds)
-        yield from durability.entries_per_fsync.collect()
-        yield from durability.fsync_seconds.collect()
+                     broker.recovery_seconds)
+        yield from broker.wal_stats.collect()
 
 
 def _gauge(name: str, help_text: str, value: float) -> GaugeMetricFamily:

@@ -1,8 +1,9 @@
 """A channel's methods on exchanges, queues and bindings (AMQP 0-9-1 §3.1).
 
-Mixed into ``broker.amqp.channel.Channel``. Replies to durable topology changes go
-out once the change is on disk, as RabbitMQ answers only after its metadata
-store has committed; tx.commit-ok waits the same way for its messages.
+Mixed into ``broker.channel.Channel``. A durable change goes through the
+metadata Raft group and is answered once applied (broker/node/metadata.py), as
+RabbitMQ answers only after its metadata store has committed; a transient or
+exclusive one is made here, in memory, and answered at once.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from warren.broker.admin.auth import refused_text
 from warren.broker.node import metadata_commands as mc
 from warren.broker.node.metadata import raise_if_error
 from warren.broker.queues.queue import Queue
-from warren.protocol.constants import ACCESS_REFUSED, INTERNAL_ERROR, NOT_FOUND
+from warren.protocol.constants import ACCESS_REFUSED, NOT_FOUND
 from warren.protocol.errors import ChannelError
 
 REPLY_TO_QUEUE = "amq.rabbitmq.reply-to"
@@ -53,26 +54,9 @@ class TopologyMethods:
         self.check_access("read", "queue", name, class_id, method_id)
         return self._queue_for(name, class_id, method_id)
 
-    def _reply_when_journaled(self, before: int, reply: Any | None) -> None:
-        if reply is None:  # nowait
-            return
-        batch = self.broker.durability.last_meta_batch
-        self._reply_when_durable(0 if batch == before else batch, reply)
-
-    def _reply_when_durable(self, batch: int, reply: Any) -> None:
-        """Send ``reply`` now (batch 0) or once WAL batch ``batch`` is on disk."""
-        if not batch:
+    def _reply(self, reply: Any | None) -> None:
+        if reply is not None:   # None: nowait
             self.send(reply)
-            return
-        self.broker.durability.committer.when_durable(batch, partial(self._send_durable_reply, reply))
-
-    def _send_durable_reply(self, reply: Any, ok: bool) -> None:
-        if self.closed:
-            return
-        if not ok:
-            self.connection.close(INTERNAL_ERROR, "INTERNAL_ERROR - could not write the change to disk")
-            return
-        self.send(reply)
 
     # -- through the metadata Raft group (broker/node/metadata.py) -----------------------------
     def _replicate(self, command: mc.Command, reply: Any | None,
@@ -99,7 +83,6 @@ class TopologyMethods:
     def on_exchange_declare(self, method: spec.Exchange.Declare) -> None:
         if not method.passive and method.exchange:
             self.check_access("configure", "exchange", method.exchange, 40, 10)
-        before = self.broker.durability.last_meta_batch
         replicate = None
         reply = None if method.nowait else spec.Exchange.DeclareOk()
         if self.broker.metadata.replicates_exchange(method.durable):
@@ -107,12 +90,11 @@ class TopologyMethods:
                                                            method.auto_delete, method.internal,
                                                            method.arguments or {}), reply)
         if self.vhost.declare_exchange(method, replicate) is not None:
-            self._reply_when_journaled(before, reply)
+            self._reply(reply)
 
     def on_exchange_delete(self, method: spec.Exchange.Delete) -> None:
         if method.exchange:
             self.check_access("configure", "exchange", method.exchange, 40, 20)
-        before = self.broker.durability.last_meta_batch
         reply = None if method.nowait else spec.Exchange.DeleteOk()
         replicate = None
         if self.broker.metadata.replicates_exchange(True):
@@ -120,14 +102,13 @@ class TopologyMethods:
         deleted = self.vhost.exchanges.get(method.exchange)
         self.vhost.delete_exchange(method.exchange, method.if_unused, replicate)
         if replicate is None or deleted is None or not deleted.durable:
-            self._reply_when_journaled(before, reply)
+            self._reply(reply)
 
     def _bind(self, bound: bool, source: str, kind: str, destination: str, routing_key: str,
               arguments: dict | None, class_id: int, method_id: int, reply: Any | None) -> None:
         # as RabbitMQ's binding_action: write on the destination, read on the source
         self.check_access("write", kind, destination, class_id, method_id)
         self.check_access("read", "exchange", source, class_id, method_id)
-        before = self.broker.durability.last_meta_batch
         replicate = None
         if self.broker.metadata.replicates_binding(self.vhost, source, kind, destination):
             change = mc.Bind if bound else mc.Unbind
@@ -137,7 +118,7 @@ class TopologyMethods:
         change(source, (kind, destination), routing_key, arguments, self.connection.id, class_id, method_id,
                replicate)
         if replicate is None:
-            self._reply_when_journaled(before, reply)
+            self._reply(reply)
 
     def on_exchange_bind(self, method: spec.Exchange.Bind) -> None:
         self._bind(True, method.source, "exchange", method.destination, method.routing_key, method.arguments,
@@ -151,13 +132,12 @@ class TopologyMethods:
         if method.queue.startswith(REPLY_TO_QUEUE):
             self._declare_reply_to_queue(method)
             return
-        before = self.broker.durability.last_meta_batch
         queue = self.vhost.declare_queue(method, self.connection.id, partial(self._declare_quorum_queue, method),
                                          partial(self.check_access, "configure", "queue", class_id=50, method_id=10))
         if queue is None:
             return  # a new quorum queue: declare-ok once the metadata group made it
         self.last_queue_name = queue.name
-        self._reply_when_journaled(before, None if method.nowait else spec.Queue.DeclareOk(
+        self._reply(None if method.nowait else spec.Queue.DeclareOk(
             queue.name, queue.message_count, queue.consumer_count))
 
     def _declare_reply_to_queue(self, method: spec.Queue.Declare) -> None:
@@ -180,17 +160,17 @@ class TopologyMethods:
         return replying is not None and not replying.closed
 
     def _declare_quorum_queue(self, method: spec.Queue.Declare, name: str, arguments: dict) -> bool:
-        """Have the metadata group create the queue; False: not replicated, make it here.
-        A quorum queue always is; so is a durable classic queue (not exclusive, not
-        auto-delete), on a single node too: the same machine on a Raft group of one
-        on this node, reachable from every node."""
+        """Have the metadata group create the queue (True: it takes it). A quorum
+        queue is placed on its members; every other durable queue that is not
+        exclusive (classic, auto-delete ones too: the group deletes it when
+        unused; a stream, which Warren serves as a classic queue) is the same
+        machine on a Raft group of one on this node, on a single node too,
+        reachable from every node. Nothing durable lives outside a Raft group."""
         cluster = self.broker.cluster
         if arguments.get("x-queue-type") == "quorum":
             members = cluster.place_members(arguments.get("x-quorum-initial-group-size"))
-        elif arguments.get("x-queue-type", "classic") == "classic":
-            members = [cluster.node]
         else:
-            return False
+            members = [cluster.node]
         self.last_queue_name = name
 
         def declared(_: Any) -> Any:
@@ -198,8 +178,8 @@ class TopologyMethods:
             if queue is None:
                 raise ChannelError(NOT_FOUND, f"no queue '{name}' in vhost '{self.vhost.name}'", 50, 10)
             return None if method.nowait else spec.Queue.DeclareOk(name, queue.message_count, queue.consumer_count)
-        self._replicate(mc.DeclareQueue(self.vhost.name, name, arguments, tuple(members), cluster.node), None,
-                        declared)()
+        self._replicate(mc.DeclareQueue(self.vhost.name, name, arguments, tuple(members), cluster.node,
+                                        method.auto_delete), None, declared)()
         return True
 
     def on_queue_bind(self, method: spec.Queue.Bind) -> None:
@@ -219,12 +199,11 @@ class TopologyMethods:
     def on_queue_delete(self, method: spec.Queue.Delete) -> None:
         name = self._queue_name(method.queue, 50, 40)
         self.check_access("configure", "queue", name, 50, 40)
-        before = self.broker.durability.last_meta_batch
         replicate = self._replicate(mc.DeleteQueue(self.vhost.name, name), None,
                                     lambda count: None if method.nowait else spec.Queue.DeleteOk(count or 0))
         count = self.vhost.delete_queue(name, self.connection.id, method.if_unused, method.if_empty, replicate)
         if count is not None:
-            self._reply_when_journaled(before, None if method.nowait else spec.Queue.DeleteOk(count))
+            self._reply(None if method.nowait else spec.Queue.DeleteOk(count))
 
     def _queue_name(self, name: str, class_id: int, method_id: int) -> str:
         if name:

@@ -11,12 +11,13 @@ import structlog
 
 from warren.broker.admin.auth import AccessControl
 from warren.broker.admin.definitions import Definitions
+from warren.broker.admin.wal_stats import WalStats
 from warren.broker.node.cluster import Cluster
-from warren.broker.node.durability import Durability
 from warren.broker.node.metadata import Metadata
 from warren.broker.routing.vhost import VirtualHost
 from warren.config import Settings
 from warren.protocol.constants import CONNECTION_FORCED
+from warren.raft.node_log import NodeLog
 
 if TYPE_CHECKING:
     from warren.broker.amqp.channel import Channel
@@ -43,16 +44,24 @@ class Broker:
     def __init__(self, settings: Settings):
         self.settings = settings
         self.version = VERSION
-        self.durability = Durability(settings)
-        # The config's vhosts, users and permissions: what a fresh node starts with; the
-        # metadata log's definitions replace them at recovery (broker/node/durability.py).
-        self.vhosts = {name: VirtualHost(name, self.durability) for name in settings.vhosts}
+        # The node's WAL, for the Raft runtime alone (raft/node_log.py): every durable
+        # thing is a Raft group's, the metadata group's or a queue's.
+        self.node_log = NodeLog(settings.data_dir / "log", settings.wal_max_size_bytes,
+                                settings.segment_max_entries)
+        self.wal_stats = WalStats()
+        self.node_log.committer.subscribe(self.wal_stats.on_batch_written)
+        # The config's vhosts, users and permissions, provisionally: on an empty metadata
+        # log they are the first entry proposed, and once the node's metadata state is
+        # seeded (that entry, or the group's snapshot) the log's replace them
+        # (broker/node/metadata_log.py). Until then a node that cannot reach the group
+        # still lets its administrator in.
+        self.vhosts = {name: VirtualHost(name) for name in settings.vhosts}
         self.access = AccessControl.from_settings(settings)
         self.cluster = Cluster(self)
+        self.node_log.rollover_source = self.cluster.runtime.prepare_rollover
         self.metadata = Metadata(self, self.cluster)
         self.definitions = Definitions(self, self.metadata)
-        self.durability.raft_visit = self.cluster.runtime.recover_visit
-        self.durability.raft_rollover = self.cluster.runtime.prepare_rollover
+        self.recovery_seconds = 0.0   # WAL replay to every group re-applied (`start`)
         self.connections: set["AMQPConnection"] = set()
         self.counters = Counters()
         self._reply_channels: dict[str, "Channel"] = {}
@@ -62,6 +71,17 @@ class Broker:
         self.disk_alarm = False
         # cluster peers whose authenticated link is up (node-pair failure detection)
         self.peers_up: set[str] = set()
+
+    async def start(self) -> None:
+        """Recovery is Raft recovery: replay the WAL into the groups, then host them
+        and re-apply what they committed (the metadata group first: it makes the
+        read model and the queues), before clients connect."""
+        started = time.perf_counter()
+        records = self.cluster.runtime.recover()
+        await self.cluster.start()
+        self.recovery_seconds = time.perf_counter() - started
+        log.info("recovery.done", seconds=round(self.recovery_seconds, 3), wal_records=records,
+                 queues=sum(len(v.queues) for v in self.vhosts.values()))
 
     def connection_opened(self, connection: "AMQPConnection") -> None:
         self.connections.add(connection)
@@ -75,7 +95,7 @@ class Broker:
     def add_vhost(self, name: str) -> VirtualHost:
         """A new vhost with the default exchanges (amq.direct, ...), as the config's."""
         assert name not in self.vhosts, f"vhost {name} exists"
-        vhost = self.vhosts[name] = VirtualHost(name, self.durability)
+        vhost = self.vhosts[name] = VirtualHost(name)
         return vhost
 
     def remove_vhost(self, name: str) -> None:
@@ -136,7 +156,7 @@ class Broker:
         """Raise or clear the memory alarm; called periodically by the server."""
         memory = self.queued_message_bytes > self.settings.memory_high_watermark_bytes
         try:
-            free = self.durability.store.files.free_bytes(self.settings.data_dir)
+            free = self.node_log.free_bytes(self.settings.data_dir)
         except OSError:
             free = 0
         disk = free < self.settings.disk_free_limit_bytes

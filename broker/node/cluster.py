@@ -11,9 +11,9 @@ hosts:
   durable exchanges and quorum queues, so every node routes the same way.
   Each node applies a committed change through the metadata machine
   (broker/node/metadata_machine.py; broker/node/metadata.py performs its effects on
-  the node's `VirtualHost` read model, which journals them in the node's
-  metadata log, with the group's index, so a restart re-applies only what
-  came later); the channel that asked replies once its node has applied it;
+  the node's `VirtualHost` read model and compacts the group's log with the
+  machine's snapshot, so a restart installs that snapshot and re-applies the
+  entries after it); the channel that asked replies once its node has applied it;
 * one group per quorum queue on its members (`broker/queues/quorum.py`).
 
 Commands reach a group's leader wherever they start: `submit` proposes
@@ -133,7 +133,7 @@ class Cluster:
         self.nodes = sorted({n.name for n in settings.cluster_nodes} | {self.node})
         self.multi_node = len(self.nodes) > 1
         limits = TransportLimits.from_settings(settings)
-        self.runtime = NodeRuntime(self, settings, broker.durability.committer, self.apply,
+        self.runtime = NodeRuntime(self, settings, broker.node_log.committer, self.apply,
                                    install_snapshot=self.install_snapshot, on_role_change=self.on_role_change,
                                    transport_limits=limits, vital_groups=frozenset({META}))
         self.queues: dict[str, "QuorumQueue"] = {}         # every quorum queue known here, by group id
@@ -148,27 +148,17 @@ class Cluster:
         self.metadata: "Metadata | None" = None   # set by Metadata, which applies the group's entries
         self._meta_applied_noted = False
         self._resend_task: asyncio.Task | None = None
+        # queue groups' snapshots recovered before the metadata entry declaring the queue is re-applied
+        self.early_snapshots: dict[str, Snapshot] = {}
 
     # -- lifecycle -------------------------------------------------------------
-    def restore_queue(self, vhost: Any, name: str, arguments: dict, group: str, members: list[str]) -> None:
-        """Recovery found a quorum queue in the metadata log; its group recovers its messages."""
-        from warren.broker.queues.quorum import QuorumQueue
-        queue = QuorumQueue(vhost, name, arguments, self, group, members)
-        self.queues[group] = queue
-        vhost.add_queue(queue)
-
     async def start(self) -> None:
         """After the node's recovery: host the groups, apply what they committed."""
-        self.queues = {group: queue for group, queue in self.queues.items() if not queue.deleted}
-        self.metadata.load_state()   # before the group re-applies the entries after `meta_applied`
-        await self.runtime.start()
-        for group, queue in self.queues.items():
-            if queue.machine is None and group in self.runtime.groups:
-                # removed from the queue's members but not yet released when this node stopped
-                queue.machine = qm.QuorumMachine(queue.state.limits)
-                queue.state = queue.machine.state
+        await self.runtime.start()   # installs the metadata snapshot: the read model and its queues
         if META not in self.runtime.groups:
             self.runtime.add_group(META, self.nodes)
+        # On an empty metadata log the config's definitions are the first entry proposed (`catch_up`).
+        seed = self.metadata.seed_if_empty()
         # Re-apply the recovered committed entries now, before clients connect.
         self.runtime.on_turn()
         await self._settle_solo_groups()
@@ -178,7 +168,7 @@ class Cluster:
         self._resend_task = asyncio.create_task(self._resend_forever())
         # Clients connect once this node knows what was declared while it was away.
         waiting = self.settings.cluster_startup_catch_up_seconds
-        if self.multi_node and not await self.metadata.catch_up(waiting):
+        if (self.multi_node or seed is not None) and not await self.metadata.catch_up(waiting, seed):
             log.warning("cluster.metadata_not_caught_up", waited_seconds=waiting)
         if self.multi_node:
             await self._await_links(STARTUP_LINKS_SECONDS)
@@ -317,10 +307,7 @@ class Cluster:
                 self.reply_done(origin, group, token, result)
 
     def apply_meta(self, entry: Entry) -> Any:
-        if entry.index <= self.broker.durability.meta_applied_index:
-            return None  # already in this node's metadata log (applied before a restart)
         result = self.metadata.apply(entry)
-        self.broker.durability.meta_applied(entry.index)
         if not self._meta_applied_noted:
             self._meta_applied_noted = True   # once per turn, with the turn's last index
             asyncio.get_running_loop().call_soon(self._note_meta_applied)
@@ -328,7 +315,7 @@ class Cluster:
 
     def _note_meta_applied(self) -> None:
         self._meta_applied_noted = False
-        self.metadata.on_applied_here(self.broker.durability.meta_applied_index)
+        self.metadata.on_applied_here(self.metadata.applied_index)
 
     def running_peers(self) -> list[str]:
         """The other nodes whose link is up."""
@@ -341,8 +328,24 @@ class Cluster:
             self.app_send(origin, [DONE, group, token, result])
 
     def install_snapshot(self, group: Any, snapshot: Snapshot) -> None:
+        if group == META:
+            self.metadata.install_snapshot(snapshot)
+            return
         queue = self.queues.get(group)
         if queue is not None:
+            queue.install_snapshot(snapshot)
+        else:   # at start, a queue declared after the metadata snapshot: its entry is re-applied later
+            self.early_snapshots[group] = snapshot
+
+    def queue_known(self, queue: "QuorumQueue") -> None:
+        """A queue the metadata group made here: its replica's state if this node hosts its group."""
+        self.queues[queue.group] = queue
+        if queue.machine is None and queue.group in self.runtime.groups:
+            # removed from the queue's members but not yet released when this node stopped
+            queue.machine = qm.QuorumMachine(queue.state.limits)
+            queue.state = queue.machine.state
+        snapshot = self.early_snapshots.pop(queue.group, None)
+        if snapshot is not None:
             queue.install_snapshot(snapshot)
 
     def is_leader(self, group: str) -> bool:

@@ -14,11 +14,13 @@ connections closed, and the membership reconciler's follow-up
 running node, applied the change.
 
 What goes through the group: every durable exchange, every replicated queue
-(quorum, and durable classic queues on a group of one), the bindings between
-those, users, vhosts and permissions, and quorum queue membership
-(warrenctl add_member, delete_member, grow, shrink, rebalance). Exclusive,
-auto-delete and transient objects, and bindings with such an end, stay on
-the node that made them (this step of issue 11 leaves them local).
+(quorum, and durable classic queues, auto-delete ones too, on a group of
+one), the bindings between those, users, vhosts and permissions, and quorum
+queue membership (warrenctl add_member, delete_member, grow, shrink,
+rebalance). Exclusive and transient objects, and bindings with such an end,
+stay on the node that made them, in memory only. The group's log is the
+node's only record of all this: its first entry, snapshots and compaction
+are broker/node/metadata_log.py's.
 
 Membership: `SetMembers` sets the queue's wanted members on every node; the
 node added hosts the group with an empty log (`RaftRuntime.join_group`: no
@@ -41,7 +43,9 @@ from warren.broker.node import metadata_commands as mc
 from warren.broker.node import metadata_effects as fx
 from warren.broker.node import metadata_machine as machine
 from warren.broker.node.cluster import META, METADATA_APPLIED
+from warren.broker.node.metadata_log import MetadataLog
 from warren.broker.node.metadata_reconcile import Reconciler
+from warren.broker.node.metadata_state import MetaState
 from warren.broker.queues import fifo
 from warren.broker.queues import quorum_machine as qm
 from warren.broker.queues.quorum import QuorumQueue
@@ -52,7 +56,7 @@ if TYPE_CHECKING:
     from warren.broker.node.broker import Broker
     from warren.broker.node.cluster import Cluster
     from warren.broker.routing.vhost import VirtualHost
-    from warren.raft.messages import Entry
+    from warren.raft.messages import Entry, Snapshot
 
 log = structlog.get_logger("warren.metadata")
 
@@ -94,17 +98,21 @@ class Metadata:
         self.broker = broker
         self.cluster = cluster
         cluster.metadata = self
-        # the machine's state: the config's seed now, rebuilt from the recovered read model at start
-        self.state = read_model.state_from_read_model(broker)
+        # the machine's state: empty until the group's snapshot is installed or its entries applied
+        self.state = MetaState()
+        self.applied_index = 0   # the group's last entry (or snapshot) applied here
+        self.log = MetadataLog(self, META)
         # answers that came from the group's leader before this node (or every running one) applied them
         self._awaiting_apply: list[AwaitingApply] = []
         self.peer_applied: dict[str, int] = {}   # how far each running peer has applied the group
         self.reconciler = Reconciler(self)
 
-    def load_state(self) -> None:
-        """After recovery, before the group re-applies anything: the machine's state
-        as of the last entry this node's metadata log holds (`meta_applied`)."""
-        self.state = read_model.state_from_read_model(self.broker)
+    def seed_if_empty(self) -> mc.SeedDefinitions | None:
+        """On an empty metadata log: the config's definitions, to propose as its first entry."""
+        return self.log.seed_if_empty()
+
+    def install_snapshot(self, snapshot: "Snapshot") -> None:
+        self.log.install(snapshot)
 
     # -- asked by channels ---------------------------------------------------------
     def submit(self, command: mc.Command, on_done: Callable[[Any], None], everywhere: bool = True) -> None:
@@ -129,7 +137,7 @@ class Metadata:
         on_done(result)
 
     def _applied_where_needed(self, waiting: "AwaitingApply") -> bool:
-        if self.broker.durability.meta_applied_index < waiting.index:
+        if self.applied_index < waiting.index:
             return False
         if not waiting.everywhere:
             return True
@@ -164,7 +172,7 @@ class Metadata:
         self.release_answers()
 
     def on_peer_up(self, peer: str) -> None:
-        self.cluster.app_send(peer, [METADATA_APPLIED, self.broker.durability.meta_applied_index])
+        self.cluster.app_send(peer, [METADATA_APPLIED, self.applied_index])
 
     def on_peer_down(self, peer: str) -> None:
         """A node that went down no longer holds answers back; when it is back it
@@ -173,14 +181,15 @@ class Metadata:
         self.peer_applied.pop(peer, None)
         self.release_answers()
 
-    async def catch_up(self, seconds: float) -> bool:
-        """A barrier through the group (Raft's read index, by a no-op entry):
-        True once this node applied everything committed before it started, so
-        a restarted node does not answer 404 or route past a queue declared
-        while it was away. False if no leader answered in `seconds` (no
-        majority: nothing new can be declared then either)."""
+    async def catch_up(self, seconds: float, barrier: mc.Command | None = None) -> bool:
+        """A barrier through the group (Raft's read index, by a no-op entry, or
+        `barrier`, e.g. the seed of an empty log): True once this node applied
+        everything committed before it started, so a restarted node does not
+        answer 404 or route past a queue declared while it was away. False if
+        no leader answered in `seconds` (no majority: nothing new can be
+        declared then either)."""
         caught_up = asyncio.Event()
-        self.submit(mc.Sync(), lambda _: caught_up.set(), everywhere=False)
+        self.submit(barrier or mc.Sync(), lambda _: caught_up.set(), everywhere=False)
         try:
             await asyncio.wait_for(caught_up.wait(), seconds)
         except TimeoutError:
@@ -210,18 +219,25 @@ class Metadata:
             return [APPLIED_AT, entry.index, None]
         meta = machine.Meta(entry.index, tuple(self.cluster.nodes))
         self.state, reply, effects = machine.apply(meta, command, self.state)
+        self.applied_index = entry.index
+        counts = self.perform_all(effects, entry.index)
+        if isinstance(reply, machine.MessageCountOfDeletedQueue):
+            reply = counts.get(reply.group) or 0
+        self.log.applied(entry.index)
+        return [APPLIED_AT, entry.index, reply]
+
+    def perform_all(self, effects: list, index: int) -> dict[str, int]:
+        """Perform an entry's (or a snapshot's) effects; the message counts of the queues deleted."""
         counts: dict[str, int] = {}
         for effect in effects:
             try:
                 outcome = self.perform(effect)
             except Exception:  # noqa: BLE001 -- a bug: logged; the other effects and entries go on
-                log.exception("metadata.effect_failed", effect=type(effect).__name__, index=entry.index)
+                log.exception("metadata.effect_failed", effect=type(effect).__name__, index=index)
                 continue
             if isinstance(effect, fx.QueueDeleted):
                 counts[effect.group] = outcome
-        if isinstance(reply, machine.MessageCountOfDeletedQueue):
-            reply = counts.get(reply.group) or 0
-        return [APPLIED_AT, entry.index, reply]
+        return counts
 
     def perform(self, effect: fx.Effect) -> Any:
         match effect:
@@ -269,14 +285,18 @@ class Metadata:
             return   # a local (exclusive, auto-delete or transient) queue of that name
         cluster = self.cluster
         queue = QuorumQueue(vhost, effect.name, effect.arguments, cluster, effect.group, list(effect.members))
-        cluster.queues[effect.group] = queue
+        queue.auto_delete = effect.auto_delete
         vhost.add_queue(queue)
-        vhost.journal.queue_declared(vhost, queue)
+        cluster.queue_known(queue)
         if cluster.node in effect.members:
             cluster.runtime.add_group(effect.group, list(effect.members))
 
     def _campaign_first(self, effect: fx.Campaign) -> None:
-        if effect.node != self.cluster.node or effect.group not in self.cluster.runtime.groups:
+        status = self.cluster.runtime.status(effect.group)
+        if effect.node != self.cluster.node or status is None or status.last_index > 0:
+            # Not ours, or the declaration applied again at a restart: the group came back
+            # with its log and elects as usual (a campaign here would hold its Ready, with
+            # the whole committed log, until the vote is durable).
             return
         self._campaign_if_leaderless(effect.group)
         # The other members may not host the group yet (they apply this entry a little
@@ -312,7 +332,6 @@ class Metadata:
         if queue is None:
             return
         queue.members = list(effect.members)
-        queue.vhost.journal.queue_declared(queue.vhost, queue)
         log.info("quorum.members_changed", queue=effect.name, vhost=effect.vhost, op=effect.op, node=effect.node,
                  members=list(effect.members))
         self.reconciler.soon(effect.group)

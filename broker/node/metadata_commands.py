@@ -13,7 +13,7 @@ Pure: no I/O, no clock.
 """
 from __future__ import annotations
 
-from dataclasses import astuple, dataclass, fields
+from dataclasses import MISSING, astuple, dataclass, fields
 from typing import Any, ClassVar
 
 import msgpack
@@ -46,6 +46,7 @@ class DeclareQueue(_Command):
     arguments: dict
     members: tuple[str, ...]
     origin: str   # the declaring node: the first leader under x-queue-leader-locator client-local
+    auto_delete: bool = False   # a durable auto-delete classic queue (deleted through the group when unused)
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +152,18 @@ class Sync(_Command):
 
 # -- users, vhosts, permissions (a password only as its salted hash) --------------------------
 @dataclass(frozen=True, slots=True)
+class SeedDefinitions(_Command):
+    """The config's users, vhosts and permissions: what a node proposes first on
+    an empty metadata log. Only the first one applied counts (the log is the
+    truth afterwards: README "Users and vhosts")."""
+    TAG: ClassVar[str] = "seed"
+    TUPLE_FIELDS: ClassVar[tuple[str, ...]] = ("vhosts", "users", "permissions")
+    vhosts: tuple[str, ...]
+    users: tuple[tuple[str, str, tuple[str, ...]], ...]        # (name, password_hash, tags)
+    permissions: tuple[tuple[str, str, str, str, str], ...]    # (user, vhost, configure, write, read)
+
+
+@dataclass(frozen=True, slots=True)
 class AddUser(_Command):
     TAG: ClassVar[str] = "user_add"
     TUPLE_FIELDS: ClassVar[tuple[str, ...]] = ("tags",)
@@ -211,7 +224,7 @@ class ClearPermissions(_Command):
 
 Command = (DeclareQueue | DeleteQueue | DeclareExchange | DeleteExchange | Bind | Unbind | SetMembers
            | ReleaseReplica | NoteLeaving | TransferLeaders | Sync | AddUser | DeleteUser | ChangePassword
-           | SetUserTags | AddVhost | DeleteVhost | SetPermissions | ClearPermissions)
+           | SetUserTags | AddVhost | DeleteVhost | SetPermissions | ClearPermissions | SeedDefinitions)
 COMMANDS: dict[str, type] = {cls.TAG: cls for cls in Command.__args__}
 
 
@@ -220,8 +233,15 @@ class BadCommand(ValueError):
 
 
 def to_wire(command: Command) -> list:
-    """The command as its log list: [TAG, *fields], tuples as lists."""
-    return [command.TAG, *(_lists(value) for value in astuple(command))]
+    """The command as its log list: [TAG, *fields], tuples as lists; trailing
+    fields added later are left out while they hold their default, so a
+    command keeps the shape older nodes read."""
+    values = list(astuple(command))
+    declared = fields(command)
+    while values and declared[len(values) - 1].default is not MISSING \
+            and values[-1] == declared[len(values) - 1].default:
+        values.pop()
+    return [command.TAG, *(_lists(value) for value in values)]
 
 
 def _lists(value: Any) -> Any:
@@ -234,8 +254,10 @@ def from_wire(raw: Any) -> Command:
     cls = COMMANDS.get(raw[0])
     if cls is None:
         raise BadCommand(f"unknown metadata command {raw[0]!r}")
-    if len(raw) - 1 != len(fields(cls)):
-        raise BadCommand(f"metadata command {raw[0]!r} with {len(raw) - 1} fields, not {len(fields(cls))}")
+    declared = fields(cls)
+    required = sum(1 for field in declared if field.default is MISSING)
+    if not required <= len(raw) - 1 <= len(declared):   # a field added later has a default
+        raise BadCommand(f"metadata command {raw[0]!r} with {len(raw) - 1} fields, not {len(declared)}")
     return cls(*raw[1:])
 
 

@@ -54,6 +54,7 @@ class QueueDeclared:
     arguments: dict
     group: str
     members: tuple[str, ...]
+    auto_delete: bool = False
 
 
 @dataclass(frozen=True, slots=True)

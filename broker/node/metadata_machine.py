@@ -103,6 +103,8 @@ def apply(meta: Meta, command: mc.Command, state: MetaState) -> tuple[MetaState,
             reply, effects = _set_permissions(command, state)
         case mc.ClearPermissions():
             reply, effects = _clear_permissions(command, state)
+        case mc.SeedDefinitions():
+            reply, effects = _seed(command, state)
         case _:
             raise AssertionError(f"not a metadata command: {command!r}")
     return state, reply, effects
@@ -125,9 +127,11 @@ def _declare_queue(meta: Meta, command: mc.DeclareQueue, state: MetaState) -> tu
     if vhost is None or command.name in vhost.queues or not command.members:
         return None, []   # declared already (a resend), or its vhost is gone
     group = f"q:{command.vhost}:{command.name}:{meta.index}"
-    vhost.queues[command.name] = QueueRecord(dict(command.arguments), group, list(command.members))
+    vhost.queues[command.name] = QueueRecord(dict(command.arguments), group, list(command.members),
+                                             command.auto_delete)
     leader = first_leader(command.arguments, command.members, command.origin, meta.index)
-    return None, [fx.QueueDeclared(command.vhost, command.name, command.arguments, group, command.members),
+    return None, [fx.QueueDeclared(command.vhost, command.name, command.arguments, group, command.members,
+                                   command.auto_delete),
                   fx.Campaign(group, leader)]
 
 
@@ -480,3 +484,23 @@ def _erl(value: object) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     return str(value)
+
+
+def _seed(command: mc.SeedDefinitions, state: MetaState) -> tuple[object, list]:
+    """The config's definitions, on a log that has none yet; later seeds (another
+    node's first entry on its own empty log) change nothing."""
+    if state.seeded:
+        return None, []
+    state.seeded = True
+    effects: list = []
+    for name in command.vhosts:
+        if name not in state.vhosts:
+            state.vhosts[name] = VhostRecord.fresh()
+            effects.append(fx.VhostAdded(name))
+    for name, password_hash, tags in command.users:
+        effects += _set_user(state, name, password_hash, tags, "added")
+    for user, vhost, configure, write, read in command.permissions:
+        if user in state.users and vhost in state.vhosts:
+            state.permissions[(user, vhost)] = (configure, write, read)
+            effects.append(fx.PermissionSet(user, vhost, configure, write, read))
+    return OK, effects

@@ -10,7 +10,8 @@ they live only on the node that made them (`VirtualHost`).
 
 `snapshot(state)` is msgpack of a plain structure with a version number,
 rows sorted so that equal states give equal bytes; `restore(bytes)` is its
-inverse. Pure: no I/O, no clock.
+inverse. It is the metadata Raft group's snapshot (broker/node/metadata.py
+compacts the group's log with it). Pure: no I/O, no clock.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ import msgpack
 
 from warren.broker.routing.exchanges import DEFAULT_EXCHANGES, Binding
 
-SNAPSHOT_VERSION = 1
+SNAPSHOT_VERSION = 2
 
 
 @dataclass(slots=True)
@@ -37,6 +38,7 @@ class QueueRecord:
     arguments: dict
     group: str
     members: list[str]
+    auto_delete: bool = False   # a durable auto-delete classic queue (on a group of one)
 
     @property
     def queue_type(self) -> str:
@@ -70,6 +72,7 @@ class MetaState:
     users: dict[str, UserRecord] = field(default_factory=dict)
     permissions: dict[tuple[str, str], tuple[str, str, str]] = field(default_factory=dict)   # (user, vhost)
     leaving: dict[str, set[str]] = field(default_factory=dict)   # group -> nodes
+    seeded: bool = False   # the config's definitions were applied (the log's first SeedDefinitions)
 
     def queue(self, vhost: str, name: str) -> QueueRecord | None:
         record = self.vhosts.get(vhost)
@@ -78,8 +81,9 @@ class MetaState:
 
 def initial_state(vhosts: Iterable[str] = (), users: dict[str, UserRecord] | None = None,
                   permissions: dict[tuple[str, str], tuple[str, str, str]] | None = None) -> MetaState:
-    """A fresh node's state: the config's vhosts (with their built-in exchanges), users, permissions."""
-    return MetaState({name: VhostRecord.fresh() for name in vhosts}, dict(users or {}), dict(permissions or {}))
+    """A state seeded with vhosts (with their built-in exchanges), users and permissions."""
+    return MetaState({name: VhostRecord.fresh() for name in vhosts}, dict(users or {}), dict(permissions or {}),
+                     seeded=True)
 
 
 # -- snapshot --------------------------------------------------------------------------
@@ -95,6 +99,7 @@ def _plain(state: MetaState) -> dict:
         "permissions": [[user, vhost, *expressions]
                         for (user, vhost), expressions in sorted(state.permissions.items())],
         "leaving": [[group, sorted(nodes)] for group, nodes in sorted(state.leaving.items())],
+        "seeded": state.seeded,
     }
 
 
@@ -102,7 +107,8 @@ def _plain_vhost(record: VhostRecord) -> dict:
     return {
         "exchanges": [[name, x.type, x.auto_delete, x.internal, x.arguments]
                       for name, x in sorted(record.exchanges.items())],
-        "queues": [[name, q.arguments, q.group, list(q.members)] for name, q in sorted(record.queues.items())],
+        "queues": [[name, q.arguments, q.group, list(q.members), q.auto_delete]
+                   for name, q in sorted(record.queues.items())],
         "bindings": sorted(([b.source, b.destination[0], b.destination[1], b.routing_key, b.table]
                             for b in record.bindings), key=repr),
         "policies": dict(sorted(record.policies.items())),
@@ -118,6 +124,7 @@ def restore(data: bytes) -> MetaState:
         {name: UserRecord(password_hash, tuple(tags)) for name, password_hash, tags in plain["users"]},
         {(user, vhost): (configure, write, read) for user, vhost, configure, write, read in plain["permissions"]},
         {group: set(nodes) for group, nodes in plain["leaving"]},
+        plain["seeded"],
     )
 
 
@@ -125,7 +132,8 @@ def _restore_vhost(rows: dict) -> VhostRecord:
     return VhostRecord(
         {name: ExchangeRecord(type_, auto_delete, internal, arguments)
          for name, type_, auto_delete, internal, arguments in rows["exchanges"]},
-        {name: QueueRecord(arguments, group, list(members)) for name, arguments, group, members in rows["queues"]},
+        {name: QueueRecord(arguments, group, list(members), auto_delete)
+         for name, arguments, group, members, auto_delete in rows["queues"]},
         {Binding.make(source, (kind, destination), routing_key, table)
          for source, kind, destination, routing_key, table in rows["bindings"]},
         dict(rows["policies"]),

@@ -9,6 +9,10 @@ single group owns: raft/runtime.py, "Failure"), the node must not go on
 accepting clients it can no longer answer: it logs ``server.fatal``, shuts
 down the same way and exits with status 1, so that a supervisor restarts it
 (the restart rebuilds Raft from the WAL).
+
+The node shell builds the WAL and its group committer (`Broker.node_log`,
+raft/node_log.py) and hands them to the Raft runtime, their only client;
+it closes them after the runtime stopped.
 """
 from __future__ import annotations
 
@@ -37,6 +41,7 @@ from warren.broker.node.listen_sockets import LISTEN_BACKLOG, skippable
 from warren.broker.node.logs import configure_logging
 from warren.broker.node.supervisor import Supervisor
 from warren.config import ConfigError, Settings, load_settings
+from warren.raft.raft_storage import RaftLogCorrupt
 from warren.storage.records import CorruptLog
 
 log = structlog.get_logger("warren.server")
@@ -104,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as error:
         print(f"warren-server: {error}", file=sys.stderr)
         return 2
-    except CorruptLog as error:
+    except (CorruptLog, RaftLogCorrupt) as error:
         log.error("server.start_failed", error=str(error))
         print(f"warren-server: cannot start: {error}", file=sys.stderr)
         return 1
@@ -189,9 +194,8 @@ async def serve(settings: Settings, inherited: InheritedSockets | None = None) -
     broker = Broker(settings)
     fatal: list[BaseException] = []
     broker.cluster.runtime.on_fatal = lambda error: _on_fatal(error, fatal, stop)
-    broker.durability.recover(broker)
-    # The Raft groups (metadata, quorum queues) and the links to the other nodes.
-    await broker.cluster.start()
+    # The Raft groups (metadata, queues) from the WAL, and the links to the other nodes.
+    await broker.start()
     servers, metrics_servers = await _listen_all(broker, settings, inherited)
     alarm_task = asyncio.create_task(_housekeeping_forever(broker))
     broker.listeners = {"amqp": _addresses(servers), "metrics": _addresses(metrics_servers)}
@@ -208,7 +212,7 @@ async def serve(settings: Settings, inherited: InheritedSockets | None = None) -
     while broker.connections and loop.time() < deadline:
         await asyncio.sleep(0.05)
     await broker.cluster.stop()
-    await broker.durability.close()
+    await broker.node_log.close()
     for server in metrics_servers:
         server.close()
     log.info("server.stopped")

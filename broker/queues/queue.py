@@ -6,8 +6,7 @@ the machine, the leader's interpreter of its effects, the snapshot policy),
 present where the queue's state lives, and this node's `QueueClient`
 (broker/queues/queue_client.py: enqueuer and delivery sequences, resends), present
 on every node that knows the queue. The client reaches the replica through a
-route (broker/queues/queue_routes.py). A transient queue (and, until their journal
-goes, a durable auto-delete or exclusive one) is a replica without a log on
+route (broker/queues/queue_routes.py). A transient or exclusive queue is a replica without a log on
 its node: `LocalRoute` applies each command at once. A replicated queue
 (broker/queues/quorum.py: quorum, and durable classic queues on a group of one) goes
 through Raft: `ReplicatedRoute`; its replica exists on members only.
@@ -102,12 +101,6 @@ class Queue:
         self.route = route(self)
         self.client = QueueClient(self.group or name, self.route, self.route.owner_key, self)
         self._make_replica(self.route.replica_wanted())
-        # Set for a durable queue by the durability layer: its log in the node's WAL.
-        self.log_id: int | None = None
-        self.journal: Any = None
-        self.index = 0   # the journal's last record index
-        # bytes of queued bodies that live only on disk (not in memory)
-        self.stored_bytes = 0
 
     def _make_replica(self, wanted: bool, machine: qm.QuorumMachine | None = None) -> None:
         if not wanted:
@@ -152,12 +145,11 @@ class Queue:
 
     # -- the effects that end here ----------------------------------------------------
     def _dead_letter(self, reason: str, payloads: tuple) -> None:
-        self.vhost.dead_letter(self, reason, tuple(self.hydrate(p) for p in payloads), self._clock_ms())
+        self.vhost.dead_letter(self, reason, tuple(payloads), self._clock_ms())
 
     def delivery_payload(self, payload: Any, delivery_count: int) -> tuple:
-        """The payload as delivered: from disk if stored; a quorum queue's
-        redelivery carries x-delivery-count, as RabbitMQ's does."""
-        payload = self.hydrate(payload)
+        """The payload as delivered: a quorum queue's redelivery carries
+        x-delivery-count, as RabbitMQ's does."""
         if delivery_count and self.queue_type == "quorum":
             payload = _with_delivery_count(payload, delivery_count)
         return payload
@@ -166,9 +158,6 @@ class Queue:
     def enqueue_from(self, owner: Hashable, payload: tuple, ttl_ms: int | None, priority: int,
                      on_applied: Callable[[bool], None] | None) -> None:
         """One publish of `owner`'s; `on_applied(accepted)` once the queue has it."""
-        if self.log_id is not None and codec.is_persistent(payload[2]):
-            self._enqueue_journaled(owner, payload, ttl_ms, priority, on_applied)
-            return
         self.client.enqueue_from(owner, payload, ttl_ms, priority, on_applied)
 
     def enqueue(self, payload: Any, size: int, ttl_ms: int | None = None, priority: int = 0) -> int | None:
@@ -249,7 +238,7 @@ class Queue:
     @property
     def bytes_in_memory(self) -> int:
         """Bytes of queued bodies held in memory (those stored on disk excluded)."""
-        return self.replica.bytes_in_memory - self.stored_bytes if self.replica is not None else 0
+        return self.replica.bytes_in_memory if self.replica is not None else 0
 
     def notify_deleted(self) -> None:
         """Deleted: its consumers are told, its unconfirmed publishes confirmed (as
@@ -259,81 +248,6 @@ class Queue:
             sink.on_queue_deleted(self, consumer_id[1])
         self.consumers.clear()
         self.client.confirm_all()
-
-    # -- the journal of a durable queue without a log (broker/node/durability.py) ----------------
-    def after_local_apply(self) -> None:
-        """A command was applied here: a journaled queue logs what left it for good."""
-        if self.log_id is not None and self.state.removed:
-            self._log_removals()
-
-    def _enqueue_journaled(self, owner: Hashable, payload: tuple, ttl_ms: int | None, priority: int,
-                           on_applied: Callable[[bool], None] | None) -> None:
-        """A persistent message of a journaled queue: applied now under the journal's next
-        index, confirmed once its WAL batch is durable."""
-        machine = self.replica.machine
-        machine.next_msg_id = msg_id = max(self.index + 1, machine.next_msg_id)
-        accepted: list[bool] = []
-        self.client.enqueue_from(owner, payload, ttl_ms, priority, accepted.append)
-        self.index = max(self.index, machine.next_msg_id - 1)
-        if not accepted or not accepted[0]:
-            if on_applied is not None:
-                on_applied(False)
-            return
-        batch = self.journal.log_enqueue(self, msg_id, payload)
-        if on_applied is not None:
-            self.journal.committer.when_durable(batch, on_applied)
-
-    def _log_removals(self) -> None:
-        self.stored_bytes -= sum(size for _, payload, size in self.state.removed if type(payload) is not tuple)
-        self.index = max(self.index, self.replica.machine.next_msg_id - 1) + 1
-        self.replica.machine.next_msg_id = self.index + 1
-        self.journal.log_removals(self.log_id, self.index, self.state.removed)
-        self.state.removed.clear()
-
-    def release_cursor(self) -> int:
-        """The oldest message still held: log entries below it are dead."""
-        return next(iter(self.state.messages), self.index + 1)
-
-    # A persistent message's payload is replaced by the location of its WAL record
-    # once that is durable, and read back when it is delivered.
-    def store_body(self, msg_id: int, location: Any) -> None:
-        entry = self.state.messages.get(msg_id)
-        if entry is not None and type(entry[0]) is tuple:
-            self.state.messages[msg_id] = (location, entry[1])
-            self.stored_bytes += entry[1]
-
-    def relocate_body(self, msg_id: int, location: Any) -> None:
-        entry = self.state.messages.get(msg_id)
-        if entry is not None and type(entry[0]) is not tuple:
-            self.state.messages[msg_id] = (location, entry[1])
-
-    def hydrate(self, payload: Any) -> tuple:
-        """The (exchange, routing_key, properties, body) of a payload, from disk if stored."""
-        return payload if type(payload) is tuple else self.journal.load(payload)
-
-    def restore(self, live: list[tuple[int, Any, int]], last_index: int,
-                priorities: dict[int, int] | None = None, ttls: dict[int, int] | None = None) -> None:
-        """Recovery: re-enqueue the live messages under their original ids.
-        TTLs start over from now (the enqueue times are not stored)."""
-        self.stored_bytes += sum(size for _, payload, size in live if type(payload) is not tuple)
-        state = self.state
-        limits = state.limits
-        now = self._clock_ms()
-        if limits.max_length is None and limits.max_length_bytes is None:
-            fifo.restore(state, live, priorities)
-            for msg_id, _, _ in live:
-                ttl = fifo.effective_ttl(limits.message_ttl_ms, (ttls or {}).get(msg_id))
-                if ttl is not None:
-                    state.expiries[msg_id] = now + ttl
-        else:  # a length limit may drop some on the way back: replay each enqueue
-            for msg_id, payload, size in live:
-                priority = (priorities or {}).get(msg_id, 0)
-                ttl = (ttls or {}).get(msg_id)
-                fifo.apply(fifo.Meta(msg_id, now), fifo.Enqueue(payload, size, ttl, priority), state)
-        self.index = max(self.index, last_index)
-        self.replica.machine.next_msg_id = self.index + 1
-        if state.removed:  # a length limit dropped some on the way back
-            self._log_removals()
 
 
 def _dequeued(reply: Any) -> fifo.Dequeued | None:

@@ -69,7 +69,7 @@ class ReplicatedRoute:
         return self.queue.replica is not None and self.cluster.is_leader(self.group)
 
     def expire(self) -> None:
-        """x-expires: one deletion through the metadata group."""
+        """x-expires or auto-delete: one deletion through the metadata group."""
         self.queue.expiring = True
         self.cluster.broker.metadata.submit(mc.DeleteQueue(self.queue.vhost.name, self.queue.name), lambda _: None)
 
@@ -127,12 +127,10 @@ class LocalRoute:
 
     def send(self, command: Any) -> str | None:
         self.queue.replica.apply_now(command)
-        self.queue.after_local_apply()
         return self.node
 
     def submit(self, command: Any, on_done: Callable[[Any], None] | None) -> None:
         reply = self.queue.replica.apply_now(command)
-        self.queue.after_local_apply()
         if on_done is not None:
             on_done(reply)
 

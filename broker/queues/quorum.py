@@ -53,10 +53,19 @@ class QuorumQueue(Queue):
     def apply_entry(self, entry: "Entry", leading: bool) -> Any:
         if self.replica is None:
             return None
+        consumed = self.auto_delete and leading and self.replica.machine.consumer_count > 0
         command, reply = self.replica.apply_entry(entry.index, entry.data, leading)
         if type(command) in qc.USES:
             self.last_used_ms = now_ms()   # x-expires counts from the last use
+        if consumed and self.replica.machine.consumer_count == 0 and not self.expiring:
+            self.route.expire()   # auto-delete: its last consumer went; deleted through the metadata group
         return reply
+
+    def _forget_consumer(self, consumer_id: Hashable) -> None:
+        """Not the base's local auto-delete: the leader deletes through the metadata group (`apply_entry`)."""
+        self.consumers.pop(consumer_id, None)
+        if self.exclusive_consumer == consumer_id:
+            self.exclusive_consumer = None
 
     def install_snapshot(self, snapshot: "Snapshot") -> None:
         self._make_replica(True)

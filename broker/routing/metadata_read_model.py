@@ -4,30 +4,24 @@ Why effects and not a diff of the machine's state: the machine already knows
 what changed (an exchange, a binding, the auto-delete exchanges a removal
 took with it), so it says so in effect records; a diff would copy the whole
 state at every entry to find what the machine had in hand. The updates here
-do no checks (the machine made them) and journal what they change in the
-node's metadata log (broker/node/durability.py) through the vhost's journal, as
-before. They are idempotent: the vhost's own cascades (a deleted queue's
-bindings, an auto-delete source) may have done part of it already.
+do no checks (the machine made them) and write nothing: the metadata group's
+log is the record. They are idempotent: the vhost's own cascades (a deleted
+queue's bindings, an auto-delete source) may have done part of it already.
 
 What the machine owns: durable exchanges (built-ins included), replicated
 queues (`QuorumQueue`: quorum, and durable classic queues on a group of
-one), and the bindings whose two ends are such. Exclusive, auto-delete and
-transient objects, and bindings with such an end, stay local to the node
-that made them, in the same `VirtualHost`.
+one), and the bindings whose two ends are such. Exclusive and transient
+objects, and bindings with such an end, stay local to the node that made
+them, in the same `VirtualHost`.
 
-At start the node rebuilds the machine's state from this read model as
-recovery left it (`state_from_read_model`): the metadata log holds the
-group's changes up to `meta_applied`, and the group re-applies only later
-entries. The metadata group has no Raft snapshot yet, and the journal's
-seed of users and vhosts is not in the group's log, so the state cannot be
-rebuilt by folding the group's log alone.
+At start the read model is empty; the group's snapshot (broker/node/metadata_log.py)
+and the entries after it build it through the same effects.
 """
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
 from warren.broker.node import metadata_effects as fx
-from warren.broker.node.metadata_state import ExchangeRecord, MetaState, QueueRecord, UserRecord, VhostRecord
 from warren.broker.routing.exchanges import Binding, Exchange, make_exchange
 
 if TYPE_CHECKING:
@@ -48,32 +42,6 @@ def owns_binding(vhost: "VirtualHost", source: str, kind: str, destination: str)
         queue = vhost.queues.get(destination)
         return queue is not None and queue.replicated
     return owns_exchange(vhost.exchanges.get(destination))
-
-
-def state_from_read_model(broker: "Broker") -> MetaState:
-    state = MetaState()
-    for name, vhost in broker.vhosts.items():
-        state.vhosts[name] = _vhost_record(vhost)
-    state.users = {name: UserRecord(user.password_hash, tuple(user.tags)) for name, user in broker.access.users.items()}
-    state.permissions = {key: (p.configure, p.write, p.read) for key, p in broker.access.permissions.items()}
-    return state
-
-
-def _vhost_record(vhost: "VirtualHost") -> VhostRecord:
-    record = VhostRecord()
-    for exchange in vhost.exchanges.values():
-        if owns_exchange(exchange):
-            record.exchanges[exchange.name] = ExchangeRecord(exchange.type, exchange.auto_delete, exchange.internal,
-                                                             dict(exchange.arguments))
-    for queue in vhost.queues.values():
-        if queue.replicated:
-            record.queues[queue.name] = QueueRecord(dict(queue.arguments), queue.group, list(queue.members))
-    for name in record.exchanges:
-        for binding in vhost.exchanges[name].bindings:
-            kind, destination = binding.destination
-            if owns_binding(vhost, name, kind, destination):
-                record.bindings.add(binding)
-    return record
 
 
 # -- effects on the read model ------------------------------------------------------------------

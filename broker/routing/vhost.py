@@ -37,29 +37,9 @@ QUEUE_TYPES_DURABLE_ONLY = ("quorum", "stream")
 E2E_HOPS_MAX = 64
 
 
-class NullJournal:
-    """Where a vhost reports durable changes when nothing is written (tests, replay)."""
-
-    def exchange_declared(self, vhost: "VirtualHost", exchange: Exchange) -> None:
-        pass
-
-    def exchange_deleted(self, vhost: "VirtualHost", exchange: Exchange) -> None:
-        pass
-
-    def queue_declared(self, vhost: "VirtualHost", queue: Queue) -> None:
-        pass
-
-    def queue_deleted(self, vhost: "VirtualHost", queue: Queue) -> None:
-        pass
-
-    def binding_changed(self, vhost: "VirtualHost", binding: Binding, bound: bool) -> None:
-        pass
-
-
 class VirtualHost:
-    def __init__(self, name: str, journal: Any = None):
+    def __init__(self, name: str):
         self.name = name
-        self.journal = journal or NullJournal()
         self.exchanges: dict[str, Exchange] = {"": make_exchange("", "direct")}
         for exchange_name, exchange_type in DEFAULT_EXCHANGES:
             self.exchanges[exchange_name] = make_exchange(exchange_name, exchange_type)
@@ -103,7 +83,6 @@ class VirtualHost:
     def add_exchange(self, exchange: Exchange) -> None:
         """The read model's update: no checks (made where asked, or by the metadata machine)."""
         self.exchanges[exchange.name] = exchange
-        self.journal.exchange_declared(self, exchange)
 
     def _check_exchange_equivalent(self, existing: Exchange, method: spec.Exchange.Declare) -> None:
         for field, received, current in (
@@ -134,7 +113,6 @@ class VirtualHost:
 
     def remove_exchange(self, exchange: Exchange) -> None:
         del self.exchanges[exchange.name]
-        self.journal.exchange_deleted(self, exchange)
         for other in list(self.exchanges.values()):
             if other.unbind_destination(("exchange", exchange.name)):
                 self._maybe_auto_delete_exchange(other)
@@ -185,13 +163,12 @@ class VirtualHost:
             return existing
         self._check_queue_type_properties(method, arguments, name)
         if replicate is not None and (arguments.get("x-queue-type") == "quorum" or (
-                method.durable and not method.exclusive and not method.auto_delete)):
+                method.durable and not method.exclusive)):
             if replicate(name, arguments):
                 return None
         queue = Queue(self, name, method.durable, owner if method.exclusive else None,
                       method.auto_delete, arguments)
         self.add_queue(queue)
-        self.journal.queue_declared(self, queue)
         return queue
 
     def _check_queue_equivalent(self, existing: Queue, method: spec.Queue.Declare, arguments: dict,
@@ -246,7 +223,6 @@ class VirtualHost:
         if self.queues.get(queue.name) is not queue:
             return
         del self.queues[queue.name]
-        self.journal.queue_deleted(self, queue)
         for exchange in list(self.exchanges.values()):
             if exchange.unbind_destination(("queue", queue.name)):
                 self._maybe_auto_delete_exchange(exchange)
@@ -270,13 +246,11 @@ class VirtualHost:
         """The read model's update: no checks."""
         if binding not in exchange.bindings:
             exchange.bind(binding)
-            self.journal.binding_changed(self, binding, True)
 
     def remove_binding(self, exchange: Exchange, binding: Binding) -> bool:
         """The read model's update: no checks, no auto-delete (the caller decides)."""
         if not exchange.unbind(binding):
             return False
-        self.journal.binding_changed(self, binding, False)
         return True
 
     def unbind(self, source: str, destination: Destination, routing_key: str, arguments: dict | None,

@@ -29,7 +29,6 @@ from warren.raft.raft_storage import (
     RaftLogCorrupt,
     RecoveryScan,
     group_record,
-    is_raft_log_id,
     removed_record,
 )
 from warren.raft.runtime import RaftRuntime
@@ -107,8 +106,7 @@ class Node:
         await self.runtime.start()
 
     def visit(self, record: records.Record, location) -> None:
-        # What the broker's recovery will do: Raft log ids to the runtime.
-        assert is_raft_log_id(record.log_id), f"only Raft logs in this WAL, got {record.log_id}"
+        assert record.log_id >= RAFT_LOG_ID_BASE, f"only Raft logs in this WAL, got {record.log_id}"
         self.recovered_records += 1
         self.runtime.recover_visit(record, location)
 

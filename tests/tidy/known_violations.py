@@ -7,12 +7,8 @@ so that nobody can quietly win it back later.
 from __future__ import annotations
 
 # Broker modules that reach storage directly instead of through raft: (importer, imported module).
-# broker/node/durability.py journals classic queues and definitions in the node-wide WAL itself;
 # broker/node/server.py catches storage's CorruptLog at start-up.
 BROKER_TO_STORAGE = {
-    ("broker.node.durability", "storage.group_commit"),
-    ("broker.node.durability", "storage.records"),
-    ("broker.node.durability", "storage.wal"),
     ("broker.node.server", "storage.records"),
 }
 

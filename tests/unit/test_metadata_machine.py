@@ -37,7 +37,9 @@ def test_the_codec_reads_the_list_shapes_already_in_logs_on_disk():
            ["qmembers", "/", "q", ["a"], "remove", "b"], ["qrelease", "/", "q", "g", "b"],
            ["qleaving", "/", "q", "g", "b"], ["qlead", [["/", "q", "g", "b"]]], ["sync"],
            ["user_add", "u", HASH, ["t"]], ["user_del", "u"], ["user_pw", "u", HASH], ["user_tags", "u", []],
-           ["vhost_add", "v"], ["vhost_del", "v"], ["perm_set", "u", "/", ".*", "", "^r"], ["perm_clear", "u", "/"]]
+           ["vhost_add", "v"], ["vhost_del", "v"], ["perm_set", "u", "/", ".*", "", "^r"], ["perm_clear", "u", "/"],
+           ["qdecl", "/", "ad", {}, ["a"], "a", True],
+           ["seed", ["/"], [["u", HASH, ["t"]]], [["u", "/", ".*", "", ""]]]]
     assert {raw[0] for raw in old} == set(mc.COMMANDS)
     for raw in old:
         command = mc.decode(msgpack.packb(raw, use_bin_type=True))
