@@ -41,6 +41,8 @@ RESTARTS_MAX = 5
 RESTART_WINDOW_SECONDS = 60.0
 RESTART_DELAY_SECONDS = 0.5
 FAILED_EXIT_STATUS = 1
+# A shard still running this long after the stop signal is killed (each bounds its own shutdown).
+STOP_TIMEOUT_SECONDS = 30
 
 
 class Supervisor:
@@ -72,12 +74,14 @@ class Supervisor:
         self.listening = [*amqp, *metrics, *(sock for socks in loopback_http for sock in socks)]
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, self._forward)
+        signal.signal(signal.SIGALRM, self._kill_stragglers)
         log.info("supervisor.started", node=settings.node_name, shards=self.count,
                  amqp=[_address(sock) for sock in amqp], metrics=[_address(sock) for sock in metrics],
                  data_dir=str(settings.data_dir))
         for shard in range(self.count):
             self._spawn(shard)
         self._watch()
+        signal.alarm(0)
         for sock in self.listening:
             sock.close()
         status = FAILED_EXIT_STATUS if self.failed else _worst(self.statuses.values())
@@ -137,8 +141,17 @@ class Supervisor:
         log.info("supervisor.stopping", signal=signal.Signals(signum).name)
         self._stop_all(signum)
 
+    def _kill_stragglers(self, _signum: int, _frame: object) -> None:
+        log.error("supervisor.killing_shards", shards=sorted(self.processes), waited_seconds=STOP_TIMEOUT_SECONDS)
+        self._signal_all(signal.SIGKILL)
+
     def _stop_all(self, signum: int) -> None:
+        if not self.stopping:
+            signal.alarm(STOP_TIMEOUT_SECONDS)
         self.stopping = True
+        self._signal_all(signum)
+
+    def _signal_all(self, signum: int) -> None:
         for process in self.processes.values():
             try:
                 os.kill(process.pid, signum)

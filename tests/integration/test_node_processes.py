@@ -216,6 +216,16 @@ def test_a_killed_shard_is_restarted_and_its_queue_comes_back(node):
         assert drain(connection.channel(), "on-one", 100) == [b"x%d" % i for i in range(100)]
 
 
+def test_a_shard_that_keeps_dying_stops_the_node_with_status_1(node):
+    for _ in range(6):   # more than 5 restarts within a minute
+        killed = node.shard_rows()[1]["pid"]
+        os.kill(killed, signal.SIGKILL)
+        wait_for(lambda killed=killed: node.process.poll() is not None or node.shard_rows()[1]["pid"] != killed,
+                 "shard 1 to be started again, or the node to stop")
+    assert node.process.wait(EXIT_SECONDS) == 1, node.log()
+    assert "supervisor.giving_up" in node.log()
+
+
 def run_server(server: ServerProcess, **env: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "warren.broker"], env={**server.env, **env}, capture_output=True,
                           text=True, timeout=EXIT_SECONDS)
