@@ -145,7 +145,8 @@ def merge_metrics(gatherer: ShardGatherer, own: bytes, others: dict[int, bytes |
                 else:
                     combine = max if "queue" in sample.labels or name in LARGEST else _add
                     samples[key] = before._replace(value=combine(before.value, sample.value))
-    queues = {key[1] for key in families.get("warren_queue_messages_ready", ("", "", {}))[2]}
+    queues = {(labels.get("vhost"), labels["queue"]) for _, _, merged in families.values()
+              for labels in (sample.labels for sample in merged.values()) if "queue" in labels}
     lines = []
     for name, (kind, help_text, samples) in families.items():
         lines.append(f"# HELP {name} {help_text}")
