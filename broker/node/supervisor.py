@@ -58,11 +58,12 @@ class Supervisor:
 
     def run(self) -> int:
         settings = self.settings
-        shards.record_processes(settings.data_dir, self.count)
-        shards.ensure_secret(settings.data_dir)
         amqp = bind_listeners(settings.amqp_host, settings.amqp_port, "amqp")
         metrics = bind_listeners(settings.metrics_host, settings.metrics_port, "metrics") \
             if settings.metrics_port else []
+        # Recorded once the node can start: a start that cannot bind its ports fixes nothing.
+        shards.record_processes(settings.data_dir, self.count)
+        shards.ensure_secret(settings.data_dir)
         loopback_http = [bind_listeners(shards.LOOPBACK, 0, "shard http") for _ in range(1, self.count)]
         http_fds = [[sock.fileno() for sock in metrics], *[[sock.fileno() for sock in socks]
                                                             for socks in loopback_http]]

@@ -103,10 +103,14 @@ def shard_of(connection: pika.BlockingConnection) -> int:
 
 
 def connections_on_each_shard(server: ShardedServer, count: int) -> dict[int, list[pika.BlockingConnection]]:
+    """`count` connections, more (up to 4 × `count`) while a shard has none: which idle
+    shard's loop accepts first is up to the kernel's wake-ups, not an even deal."""
     by_shard: dict[int, list] = {k: [] for k in range(SHARDS)}
-    for _ in range(count):
+    opened = 0
+    while opened < count or (not all(by_shard.values()) and opened < 4 * count):
         connection = pika.BlockingConnection(pika.URLParameters(server.url))
         by_shard[shard_of(connection)].append(connection)
+        opened += 1
     return by_shard
 
 
@@ -138,13 +142,14 @@ def drain(channel, queue: str, count: int) -> list[bytes]:
 def test_connections_land_on_both_shards_and_share_a_quorum_queue(node):
     by_shard = connections_on_each_shard(node, 8)
     try:
-        assert all(by_shard.values()), f"eight connections all landed on one shard: {by_shard}"
+        assert all(by_shard.values()), f"connections all landed on one shard: {by_shard}"
+        total = sum(len(connections) for connections in by_shard.values())
         # the node's port (shard 0's) answers for the node; shard 1's own loopback port for shard 1
         listed = [row["shard"] for row in shard_api(node.metrics_port, "/api/connections")]
         assert sorted(listed) == sorted(k for k, connections in by_shard.items() for _ in connections)
         assert len(shard_api(node.shard_rows()[1]["http_port"], "/api/connections")) == len(by_shard[1])
         overview = shard_api(node.metrics_port, "/api/overview")
-        assert (overview["node"], overview["connections"]) == ("warren@localhost", 8)
+        assert (overview["node"], overview["connections"]) == ("warren@localhost", total)
         assert [(row["shard"], row["connections"]) for row in overview["shards"]] == [
             (k, len(connections)) for k, connections in sorted(by_shard.items())]
         home, other = by_shard[0][0].channel(), by_shard[1][0].channel()
@@ -155,7 +160,7 @@ def test_connections_land_on_both_shards_and_share_a_quorum_queue(node):
         assert queue["members"] == ["warren@localhost#0"]   # placed on the declaring connection's shard
         assert drain(home, "shared", len(bodies)) == bodies
         metrics = node_metrics(node)
-        assert metrics["warren_connections"] == 8
+        assert metrics["warren_connections"] == total
         assert metrics["warren_messages_published_total"] == len(bodies)
         assert metrics["warren_queues"] == 1
         assert shard_api(node.metrics_port, "/api/overview")["queues"] == 1
@@ -180,7 +185,7 @@ def test_confirmed_messages_survive_kill_9_of_the_process_group(tmp_path):
     server = sharded_server(tmp_path).start()
     try:
         by_shard = connections_on_each_shard(server, 8)
-        assert all(by_shard.values()), f"eight connections all landed on one shard: {by_shard}"
+        assert all(by_shard.values()), f"connections all landed on one shard: {by_shard}"
         for home in range(SHARDS):   # a queue on each shard, published to from the other
             by_shard[home][0].channel().queue_declare(f"q{home}", durable=True, arguments=QUORUM)
             publish_confirmed(by_shard[1 - home][0].channel(), f"q{home}", [b"%d-%d" % (home, i) for i in range(300)])
