@@ -35,9 +35,13 @@ class ShardedServer(ServerProcess):
 
     def wait_listening(self) -> "ShardedServer":
         """The supervisor's socket accepts at once: wait for every shard's HTTP port."""
-        wait_for(lambda: self.process.poll() is not None or self._all_shards_serve(),
-                 f"both shards to serve:\n{self.log()}", seconds=30)
-        assert self.process.poll() is None, f"warren-server exited with {self.process.returncode}:\n{self.log()}"
+        try:
+            wait_for(lambda: self.process.poll() is not None or self._all_shards_serve(),
+                     "both shards to serve", seconds=30)
+            assert self.process.poll() is None, f"warren-server exited with {self.process.returncode}"
+        except AssertionError as failure:
+            self.stop()   # no node left behind by a failed start
+            raise AssertionError(f"{failure}:\n{self.log()}") from None
         return self
 
     def _all_shards_serve(self) -> bool:
