@@ -83,9 +83,9 @@ class Settings(BaseSettings):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["json", "console"] = "json"
     # Processes the node runs on (docs/multi-process.md): more than one makes warren-server a
-    # supervisor of that many queue shards over one listening port. None: the machine's cores
-    # (read by the server at start, not here) for a single node, 1 in a cluster (shards do not
-    # span nodes yet). Fixed when the data directory is created; None then follows it.
+    # supervisor of that many queue shards over one listening port (`node_processes = "cores"` is
+    # not offered yet). None: 1 for a new data directory, else the count it was created with.
+    # Not the cores by default until exclusive/transient queues and direct reply-to span shards.
     node_processes: int | None = Field(None, ge=1, le=256)
 
     # The users, vhosts and permissions a fresh node starts with (RabbitMQ's default user

@@ -40,14 +40,6 @@ def shard_dir(data_dir: Path, shard: int) -> Path:
     return data_dir / f"shard-{shard}"
 
 
-def machine_cores() -> int:
-    """The cores this process may run on (a container's cpuset, not the host's count)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
-
-
 def recorded_processes(data_dir: Path) -> int | None:
     """The count a data directory was created with: its `shards` file; 1 if a single
     process used it (it holds anything else); None if it is new."""
@@ -63,7 +55,9 @@ def recorded_processes(data_dir: Path) -> int | None:
 
 def node_processes(settings: Settings, recorded: int | None) -> int:
     """How many processes the node runs on: the setting, else the data directory's
-    count, else the machine's cores (1 in a cluster: shards do not span nodes yet)."""
+    count, else 1. Not the machine's cores by default while exclusive, transient and
+    auto-delete queues and direct reply-to live on one shard only: RPC whose two ends
+    land on different shards would fail (docs/multi-process.md section 9)."""
     wanted = settings.node_processes
     if wanted is not None and wanted > 1 and settings.cluster_nodes:
         raise ConfigError(f"invalid configuration: node_processes: {wanted} processes with cluster_nodes is not "
@@ -76,7 +70,7 @@ def node_processes(settings: Settings, recorded: int | None) -> int:
         return wanted
     if recorded is not None:
         return recorded
-    return 1 if settings.cluster_nodes else machine_cores()
+    return 1
 
 
 def record_processes(data_dir: Path, count: int) -> None:
