@@ -10,7 +10,7 @@ IMPURE_STDLIB = frozenset({"asyncio", "os", "random", "selectors", "socket", "su
 
 PURE_BROKER = ("broker.fifo", "broker.quorum_machine", "broker.exchanges", "broker.confirms", "broker.arguments",
                "broker.metadata_machine", "broker.metadata_state", "broker.metadata_commands",
-               "broker.metadata_effects", "broker.definition_checks")
+               "broker.metadata_effects", "broker.definition_checks", "broker.node_core", "broker.metadata_answers")
 # raft's transport.py and runtime.py (with its turns.py, persistence.py, entry_locations.py) are the
 # asyncio shells; raft_storage is listed below. carried_commits and reelection were cut out of raft.system.
 PURE_RAFT = ("raft", "raft.core", "raft.log", "raft.progress", "raft.replication", "raft.messages",
