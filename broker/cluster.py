@@ -264,6 +264,11 @@ class Cluster:
         self._input().submit(group, data, callback)
         self.after_input()
 
+    def submit_down(self, group: str, owner_key: str, data: bytes) -> None:
+        """A channel's DOWN: its unanswered commands to `group` are not resent after it."""
+        self._input().submit_down(group, owner_key, data)
+        self.after_input()
+
     def send_command(self, group: str, data: bytes, token: int = 0) -> str | None:
         """Send to the leader this node knows of; returns it (None: none known, not sent)."""
         leader = self._input().send_command(group, data, token)

@@ -52,6 +52,8 @@ METADATA_APPLIED = 6   # [METADATA_APPLIED, index]: how far the sender applied t
 RESEND_SECONDS = 1.0
 HOUSEKEEPING_SECONDS = RESEND_SECONDS / 2
 APP_FRAME_MESSAGES_MAX = 4096
+# queue commands whose second field is the channel (owner) that sent them
+OWNER_OPS = frozenset({qm.CHECKOUT, qm.CANCEL, qm.SETTLE, qm.RETURN, qm.DISCARD, qm.SUSPEND, qm.DEQUEUE, qm.DOWN})
 # a new quorum queue's first leader campaigns again after these delays while it has no leader
 CAMPAIGN_AGAIN_SECONDS = (0.05, 0.15, 0.3)
 
@@ -68,6 +70,15 @@ def forwardable_op(data: Any) -> int | None:
     if not isinstance(op, int) or qm.ARITY.get(op) != len(command) or op in qm.LIVENESS_OPS:
         return None
     return op
+
+
+def command_owner(data: bytes) -> str | None:
+    """The owner (channel) a queue command names, None if it names none."""
+    try:
+        command = qm.decode(data)
+    except Exception:  # noqa: BLE001 -- not a queue command
+        return None
+    return command[1] if command[0] in OWNER_OPS else None
 
 
 def unpack(data: bytes) -> Any:
@@ -154,6 +165,18 @@ class NodeCore:
         self.next_token += 1
         pending = self.pending[token] = Pending(group, data, callback, self.now)
         pending.sent_to = self.send_command(group, data, token)
+
+    def submit_down(self, group: str, owner_key: str, data: bytes) -> None:
+        """A channel is gone (`data` is its DOWN): its unanswered commands to `group`
+        are not resent after it (answered None here). A CHECKOUT resent after the
+        DOWN was applied would register a consumer nobody closes, holding its
+        messages for good (tests/sim, seeds 32 and 58 before this)."""
+        for token, pending in list(self.pending.items()):
+            if pending.group == group and command_owner(pending.data) == owner_key:
+                del self.pending[token]
+                if pending.callback is not None:
+                    pending.callback(None)
+        self.submit(group, data)
 
     def send_command(self, group: str, data: bytes, token: int = 0) -> str | None:
         """Send to the leader this node knows of; returns it (None: none known, not sent)."""

@@ -466,7 +466,7 @@ class QuorumQueue(Queue):
             self._forget_consumer(consumer_id)
         self.forget_enqueuer(owner)
         self._send_unsent()
-        self.cluster.submit(self.group, qm.encode_down(key, _now_ms()))
+        self.cluster.submit_down(self.group, key, qm.encode_down(key, _now_ms()))
 
     # -- deliveries to this node's channels ---------------------------------------------------
     def on_remote_delivery(self, message: list) -> None:
