@@ -46,7 +46,7 @@ DONE = 1       # [DONE, group, token, result]
 DELIVER = 2    # [DELIVER, group, owner, tag, seq, msg_id, exchange, routing_key, properties, body, redelivered, count]
 APPLIED = 3    # [APPLIED, group, enqueuer, first_seq, last_seq, [refused seqs]]
 RESEND = 4     # [RESEND, group, owner, tag, after_seq]: a consumer's node lost deliveries
-HELLO = 5      # [HELLO, incarnation]: sent to a peer whenever its link comes up
+HELLO = 5      # [HELLO, incarnation]: sent to a peer when its link comes up, and again now and then
 METADATA_APPLIED = 6   # [METADATA_APPLIED, index]: how far the sender applied the metadata group
 
 RESEND_SECONDS = 1.0
@@ -150,6 +150,8 @@ class NodeCore:
         self.peer_incarnations: dict[str, str] = {}
         # every peer is down until its link comes up
         self.down_since: dict[str, float] = {peer: now for peer in self.nodes if peer != node}
+        # peer -> the incarnation its HELLO named since its link last came up
+        self.greeted: dict[str, str] = {}
         self.answers = MetadataAnswers()
         self.meta_applied_index = 0
         self._meta_applied_noted = False
@@ -338,7 +340,9 @@ class NodeCore:
             self.answers.peer_applied[peer] = max(self.answers.peer_applied.get(peer, 0), message[1])
             self.release_answers()
         elif kind == HELLO:
-            self.peer_incarnations[peer] = message[1]
+            if self.greeted.get(peer) == message[1]:
+                return True   # heard since its link came up: a repeat
+            self.greeted[peer] = self.peer_incarnations[peer] = message[1]
             for queue in list(self.queues.values()):
                 queue.on_node_up(peer, message[1])
         return True
@@ -359,6 +363,7 @@ class NodeCore:
         """A node that went down no longer holds metadata answers back; when it is
         back it says how far it got."""
         self.down_since.setdefault(peer, self.now)
+        self.greeted.pop(peer, None)
         self.answers.peer_applied.pop(peer, None)
         self.release_answers()
         for queue in list(self.queues.values()):
@@ -379,6 +384,16 @@ class NodeCore:
             self.resend()
             self.check_gone_nodes()
             self.release_answers()   # a wait for a lagging node is bounded
+            self.announce()
+
+    def announce(self) -> None:
+        """Say again who this node is and how far it applied the metadata group: a
+        message lost with a full outbound queue (or a simulated drop) would leave a
+        restarted node's old consumers in place, or a declaration waiting for the
+        bounded wait. A repeated HELLO is ignored; a repeated METADATA_APPLIED costs nothing."""
+        for peer in self.running_peers():
+            self.send(peer, [HELLO, self.incarnation])
+            self.send(peer, [METADATA_APPLIED, self.meta_applied_index])
 
     def check_gone_nodes(self) -> None:
         for peer, since in list(self.down_since.items()):

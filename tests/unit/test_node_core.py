@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from broker import quorum_machine as qm
 from broker.metadata_answers import APPLIED_AT, SPREAD_WAIT_SECONDS
-from broker.node_core import CMD, DONE, META, METADATA_APPLIED, RESEND_SECONDS, NodeCore
+from broker.node_core import CMD, DONE, HELLO, META, METADATA_APPLIED, RESEND_SECONDS, NodeCore
 
 
 class FakeRaft:
@@ -146,3 +146,31 @@ def test_a_peer_down_long_enough_is_gone_for_the_queues():
     assert core.queues["g"].gone == []
     core.tick(61.0)
     assert core.queues["g"].gone == ["b"]
+
+
+def test_a_lost_metadata_applied_is_said_again():
+    """The answer does not wait for the bounded wait when a peer's METADATA_APPLIED was
+    lost (tests/sim seeds 12 and 28 declared for 10 s before): peers say it again."""
+    answers = []
+    core = declared_here(answers)
+    core.peer_down("c")
+    core.end_turn()
+    core.tick(0.6)
+    repeated = [m for m in core.end_turn()["b"][0]["a"] if m[0] == METADATA_APPLIED]
+    assert repeated == [[METADATA_APPLIED, 1]]
+    core.on_frame("b", {"a": [[METADATA_APPLIED, 1]]})   # b's own repeat
+    assert answers == ["ok"]
+
+
+def test_a_repeated_hello_states_a_node_up_once_per_link():
+    ups = []
+    core = core_on_a({"g": "a"})
+    core.queues["g"].on_node_up = lambda peer, incarnation: ups.append((peer, incarnation))
+    core.on_frame("b", {"a": [[HELLO, "b1"]]})
+    core.on_frame("b", {"a": [[HELLO, "b1"]]})
+    assert ups == [("b", "b1")]
+    core.on_frame("b", {"a": [[HELLO, "b2"]]})   # restarted
+    core.peer_down("b")
+    core.peer_up("b")
+    core.on_frame("b", {"a": [[HELLO, "b2"]]})   # after the link came up again
+    assert ups == [("b", "b1"), ("b", "b2"), ("b", "b2")]
