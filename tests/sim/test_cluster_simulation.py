@@ -1,6 +1,7 @@
 """The whole-cluster simulation (tests/sim/world.py) over many seeds, one test per seed.
 
-WARREN_SIM_SEEDS seeds per scenario (default 40: about a minute on a quiet core);
+WARREN_SIM_SEEDS seeds of the faults scenario, half as many with frequent snapshots
+(default 40: a minute and a half on a busy core);
 a longer soak is `python -m tests.sim --seeds 1000`. A failure names its seed and
 the command that replays it.
 """
@@ -14,12 +15,20 @@ from tests.sim.world import SCENARIOS, World
 
 SEEDS = int(os.environ.get("WARREN_SIM_SEEDS", "40"))
 CALM_SEEDS = max(1, SEEDS // 8)
+SNAPSHOT_SEEDS = max(1, SEEDS // 2)
 
 
 @pytest.mark.parametrize("seed", range(SEEDS))
 def test_faults(seed):
     world = World(SCENARIOS["faults"], seed).run()
     assert world.history.counts["confirms"] > 50, f"seed {seed}: few confirms {dict(world.history.counts)}"
+
+
+@pytest.mark.parametrize("seed", range(SNAPSHOT_SEEDS))
+def test_snapshots(seed):
+    """Queues snapshot every few entries: compactions, and snapshots sent to followers behind."""
+    world = World(SCENARIOS["snapshots"], 1000 + seed).run()
+    assert world.stats.get("compact", 0) > 10, world.stats
 
 
 @pytest.mark.parametrize("seed", range(CALM_SEEDS))
@@ -48,3 +57,5 @@ def test_the_faults_are_exercised():
             seen[key] = seen.get(key, 0) + count
     wanted = set(SCENARIOS["faults"].faults) | {"restart", "declare", "delete", "redeliveries", "node failed"}
     assert wanted <= set(seen), sorted(wanted - set(seen))
+    snapshots = World(SCENARIOS["snapshots"], 0).run().stats
+    assert snapshots.get("install snapshot", 0) > 0, snapshots

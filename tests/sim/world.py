@@ -34,6 +34,7 @@ from typing import Any
 
 import structlog
 
+import broker.quorum
 from raft.messages import Role
 from tests.sim.clients import Admin, Consumer, Publisher
 from tests.sim.history import History, SimulationFailure
@@ -61,10 +62,12 @@ class Scenario:
     faults: tuple[str, ...] = ("minority", "bridge", "one-way", "pause", "crash", "disk")
     churn_rate: float = 0.002      # per step: declare or delete a scratch queue
     reconnect_rate: float = 0.0005
+    snapshot_entries: int | None = None   # a queue snapshots (and compacts its log) this often
 
 
 SCENARIOS = {
     "faults": Scenario("faults"),
+    "snapshots": Scenario("snapshots", snapshot_entries=24),
     "calm": Scenario("calm", fault_rate=0.0, drop_rate=0.0, duplicate_rate=0.0, reconnect_rate=0.0, fault_seconds=4.0),
 }
 
@@ -83,6 +86,18 @@ def quiet_logs() -> Iterator[None]:
         yield
     finally:
         structlog.configure(**saved)
+
+
+@contextmanager
+def snapshots_every(entries: int | None) -> Iterator[None]:
+    """Queues snapshot after `entries` applied entries (or 64 bytes each) instead of thousands."""
+    saved = broker.quorum.SNAPSHOT_ENTRIES_MIN, broker.quorum.SNAPSHOT_BYTES_MIN
+    if entries is not None:
+        broker.quorum.SNAPSHOT_ENTRIES_MIN, broker.quorum.SNAPSHOT_BYTES_MIN = entries, 64 * entries
+    try:
+        yield
+    finally:
+        broker.quorum.SNAPSHOT_ENTRIES_MIN, broker.quorum.SNAPSHOT_BYTES_MIN = saved
 
 
 class World:
@@ -168,6 +183,19 @@ class World:
             apply(group, entry)
         runtime.on_role_change = role_changed
         runtime.locations.apply = applied
+        compact, install_snapshot = runtime.compact, runtime.install_snapshot
+
+        def compacted(group: Any, index: int, data: bytes) -> bool:
+            done = compact(group, index, data)
+            self.note("compact" if done else "compact refused")
+            return done
+
+        def installed(group: Any, snapshot: Any) -> None:
+            self.note("install snapshot")
+            self.last_applied[(node.name, incarnation, group)] = snapshot.index   # applies go on after it
+            install_snapshot(group, snapshot)
+        runtime.compact = compacted
+        runtime.install_snapshot = installed
 
     def check_leader_log(self, node: SimNode, cluster: Any, group: Any) -> None:
         """Leader completeness: the new leader holds every entry applied anywhere, to its last index."""
@@ -300,7 +328,7 @@ class World:
 
     # -- a run -------------------------------------------------------------------------------
     def run(self) -> "World":
-        with patch_time(self.clock), quiet_logs():
+        with patch_time(self.clock), quiet_logs(), snapshots_every(self.scenario.snapshot_entries):
             self.start()
             self.started_at = self.clock.now
             faults_end = self.clock.now + self.scenario.fault_seconds
