@@ -19,12 +19,13 @@ def main() -> int:
     seeds = [args.seed] if args.seed is not None else range(args.first, args.first + args.seeds)
     failures, steps, started = 0, 0, time.perf_counter()
     for seed in seeds:
+        world = World(SCENARIOS[args.scenario], seed)
         try:
-            world = World(SCENARIOS[args.scenario], seed).run()
-            steps += world.steps
+            world.run()
         except SimulationFailure as failure:
             failures += 1
             print(f"FAIL {failure}", flush=True)
+        steps += world.steps
     elapsed = time.perf_counter() - started
     print(f"{len(seeds)} seeds, {failures} failed, {steps} steps in {elapsed:.1f} s "
           f"({steps / elapsed:.0f} steps/s)")

@@ -11,7 +11,8 @@ node, and then, or now and then by choice, reconnects to another node.
   knows every publish. Unroutable publishes are confirmed, as RabbitMQ does
   without `mandatory`.
 * `Consumer` consumes with manual acks (`add_consumer`, a prefetch) and
-  acks what it got (`apply(fifo.Settle)`) a little later, as a channel does;
+  acks what it got (`apply(fifo.Settle)`) a little later, or now and then
+  rejects it with requeue (`fifo.Return`), as a channel does;
   closing its channel returns what it held (`owner_down`).
 * `Admin` declares and deletes queues through the metadata group, as
   broker/channel_topology.py does, and notes when the answer came.
@@ -26,6 +27,7 @@ from protocol.codec import EMPTY_PROPERTIES
 from tests.sim.node import VHOST, SimNode
 
 PREFETCH = 8
+RETURN_RATE = 0.1   # share of deliveries rejected with requeue
 
 
 class Client:
@@ -118,17 +120,29 @@ class Consumer(Client):
                 self.consuming = queue
                 queue.add_consumer((self.owner, self.tag), self, PREFETCH, 0, False, False)
             return
-        if self.unacked and self.world.rng.random() < 0.5:
-            count = self.world.rng.randint(1, len(self.unacked))
-            settled, self.unacked = self.unacked[:count], self.unacked[count:]
-            for queue, msg_id in settled:
+        rng = self.world.rng
+        if self.unacked and rng.random() < 0.5:
+            count = rng.randint(1, len(self.unacked))
+            released, self.unacked = self.unacked[:count], self.unacked[count:]
+            for queue, msg_id, body in released:
                 if not queue.deleted:
-                    queue.apply(fifo.Settle(consumer=(self.owner, self.tag), msg_ids=[msg_id]))
+                    self.release(queue, msg_id, body, returned=rng.random() < RETURN_RATE)
+
+    def release(self, queue: Any, msg_id: Any, body: bytes, returned: bool) -> None:
+        """An ack, or a reject with requeue (the message goes back to the queue)."""
+        history = self.world.history
+        if returned:
+            queue.apply(fifo.Return(consumer=(self.owner, self.tag), msg_ids=[msg_id]))
+            history.counts["returns"] += 1
+            return
+        history.settle_sent(self, body)
+        queue.apply(fifo.Settle(consumer=(self.owner, self.tag), msg_ids=[msg_id]),
+                    lambda count: history.settle_applied(body) if count else None)
 
     def deliver(self, queue: Any, consumer_tag: str, msg_id: Any, payload: Any, redelivered: bool) -> None:
         assert self.connected, f"{self.name}: a delivery to a dead connection"
         self.world.history.delivered(self, payload[3], redelivered)
-        self.unacked.append((queue, msg_id))
+        self.unacked.append((queue, msg_id, payload[3]))
 
     def on_queue_deleted(self, queue: Any, consumer_tag: str) -> None:
         self.consuming = None

@@ -6,7 +6,8 @@ bounded wait gave up on is excused, as production logs it), and a publish
 to such a queue, on such a node, routes. Checked at the end, after healing
 and draining (`final_failures`): no confirmed message lost, none delivered
 that was never published, no second delivery without the redelivered flag,
-each publisher session's first deliveries in its order (per consumer).
+each publisher session's first deliveries in its order (per consumer), no
+delivery of a message after its settle was applied, nor on the channel that acked it.
 """
 from __future__ import annotations
 
@@ -28,6 +29,9 @@ class History:
         self.last_first_seq: dict[tuple[str, str, int], int] = {}   # (consumer, publisher, session) -> seq
         self.known_on: dict[str, set[str]] = {}   # queue -> nodes that must route to it (declared-ok)
         self.deleted: set[str] = set()
+        self.received: dict[str, int] = {}   # consumer -> deliveries
+        self.settled: set[bytes] = set()   # bodies whose settle the queue applied
+        self.settle_sent_by: dict[bytes, tuple] = {}   # body -> the channel and tag that acked it
         self.declared = 0
         self.counts: dict[str, int] = defaultdict(int)
 
@@ -64,10 +68,15 @@ class History:
     def delivered(self, consumer: Any, body: bytes, redelivered: bool) -> None:
         if body not in self.published:
             self.fail(f"{consumer.name} got {body!r}, never published")
+        if body in self.settled:
+            self.fail(f"{consumer.name} got {body!r} again after settling it")
+        if self.settle_sent_by.get(body) == (consumer.owner, consumer.tag):
+            self.fail(f"{consumer.name} got {body!r} again on the channel that acked it")
         earlier = self.deliveries[body]
         if earlier and not redelivered:
             self.fail(f"{consumer.name} got {body!r} again without the redelivered flag (before: {earlier})")
         earlier.append((consumer.name, redelivered))
+        self.received[consumer.name] = self.received.get(consumer.name, 0) + 1
         self.counts["redeliveries" if redelivered else "deliveries"] += 1
         if not redelivered:
             publisher, session, seq = self.published[body]
@@ -76,6 +85,12 @@ class History:
             if seq < before:
                 self.fail(f"{consumer.name} got {body!r} (first delivery) after seq {before} of the same session")
             self.last_first_seq[key] = seq
+
+    def settle_sent(self, consumer: Any, body: bytes) -> None:
+        self.settle_sent_by[body] = (consumer.owner, consumer.tag)
+
+    def settle_applied(self, body: bytes) -> None:
+        self.settled.add(body)
 
     def lost(self, queues: set[str]) -> list[bytes]:
         """Confirmed messages to `queues` (never deleted) that nobody got."""

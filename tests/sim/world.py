@@ -336,6 +336,7 @@ class World:
                 self.step(faults=True, clients=True)
             self.heal()
             self.drain()
+            self.final_round()
         return self
 
     def start(self) -> None:
@@ -369,6 +370,39 @@ class World:
         states = {name: sorted(self.state_queues(node)) for name, node in self.nodes.items()}
         if len({tuple(q) for q in states.values()}) != 1:
             self.fail(f"the nodes disagree on the queues after healing: {states}")
+        self.check_replicas_agree()
+
+    def final_round(self) -> None:
+        """Healed and drained, every publisher publishes a few more: each consumer that
+        consumes gets some of them (round-robin), so none stays suspended for good."""
+        consuming = [c for c in self.consumers if c.connected and c.consuming is not None]
+        before = {c.name: self.history.received.get(c.name, 0) for c in consuming}
+        for _ in range(6 * self.scenario.consumers_per_queue):
+            for publisher in self.publishers:
+                publisher.publish()
+            for _ in range(10):
+                self.step(faults=False, clients=True)
+        self.drain()
+        starved = [c.name for c in consuming if c.connected and c.consuming is not None
+                   and self.history.received.get(c.name, 0) == before[c.name]]
+        if starved:
+            self.fail(f"consumers {starved} got nothing of the final round, their queues' others did")
+
+    def check_replicas_agree(self) -> None:
+        """Replicas of a queue that applied the same index hold the same machine (its snapshot bytes)."""
+        for name in self.queue_names:
+            by_index: dict[int, tuple[str, bytes]] = {}
+            for node in self.nodes.values():
+                queue = node.vhost.queues.get(name)
+                runtime = node.cluster.runtime
+                index = runtime.applied_index(queue.group) if queue is not None else None
+                if index is None or queue.machine is None:
+                    continue
+                snapshot = queue.machine.snapshot()
+                first = by_index.setdefault(index, (node.name, snapshot))
+                if first[1] != snapshot:
+                    self.fail(f"queue {name}: {node.name} and {first[0]} applied index {index} "
+                              f"and hold different machines")
 
     @staticmethod
     def state_queues(node: SimNode) -> set[str]:
