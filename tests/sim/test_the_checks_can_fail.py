@@ -1,5 +1,5 @@
 """The cluster simulation catches the queue machine's known mistakes, put back by monkeypatch
-(the cases tests/unit/quorumsim.py's hand-written copy of the node was shown to catch)."""
+(the cases the hand-written copy of the node it replaces, tests/unit/quorumsim.py, was shown to catch)."""
 from __future__ import annotations
 
 from broker import quorum_machine as qm
