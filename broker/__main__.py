@@ -1,3 +1,3 @@
-from broker.server import main
+from warren.broker.node.server import main
 
 raise SystemExit(main())

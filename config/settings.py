@@ -25,7 +25,7 @@ class ConfigError(Exception):
 
 
 class User(BaseModel):
-    """A user a fresh node starts with (see broker/auth.py and README "Users")."""
+    """A user a fresh node starts with (see broker/admin/auth.py and README "Users")."""
 
     name: str = Field(min_length=1)
     # Instead of `password`: RabbitMQ's rabbit_password_hashing_sha256 hash (base64 of a

@@ -13,7 +13,7 @@ from pamqp import base as pamqp_base
 from pamqp import commands as spec
 from pamqp import decode as pamqp_decode
 
-from protocol.constants import (
+from warren.protocol.constants import (
     CLASS_BASIC,
     FRAME_BODY,
     FRAME_END_BYTE,

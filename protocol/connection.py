@@ -32,7 +32,7 @@ import struct
 
 from pamqp import commands as spec
 
-from protocol.constants import (
+from warren.protocol.constants import (
     BASIC_ACK,
     BASIC_NACK,
     BASIC_PUBLISH,
@@ -54,7 +54,7 @@ from protocol.constants import (
     SYNTAX_ERROR,
     UNEXPECTED_FRAME,
 )
-from protocol.errors import AMQPConnectionError, ChannelError
+from warren.protocol.errors import AMQPConnectionError, ChannelError
 
 EV_METHOD = 0
 EV_PUBLISH = 1

@@ -6,7 +6,7 @@ plus the class and method ids of the method that caused them (0, 0 if none).
 """
 from __future__ import annotations
 
-from protocol.constants import REPLY_NAMES
+from warren.protocol.constants import REPLY_NAMES
 
 
 class AMQPError(Exception):

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from raft.group import Group, GroupId, PersistItem
+from warren.raft.group import Group, GroupId, PersistItem
 
 
 class CarriedCommits:

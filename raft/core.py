@@ -35,9 +35,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from raft import replication
-from raft.log import RaftLog
-from raft.messages import (
+from warren.raft import replication
+from warren.raft.log import RaftLog
+from warren.raft.messages import (
     AppendEntries,
     AppendEntriesResponse,
     ConfigChange,
@@ -56,7 +56,7 @@ from raft.messages import (
     SoftState,
     TimeoutNow,
 )
-from raft.progress import Progress
+from warren.raft.progress import Progress
 
 if TYPE_CHECKING:
     import random

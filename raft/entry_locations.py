@@ -21,16 +21,16 @@ from typing import TYPE_CHECKING
 
 import msgpack
 
-from raft.group import GroupId
-from raft.messages import Entry
-from raft.raft_storage import GroupStorage
-from storage.group_commit import BatchWritten
-from storage.wal import Location, Relocation
+from warren.raft.group import GroupId
+from warren.raft.messages import Entry
+from warren.raft.raft_storage import GroupStorage
+from warren.storage.group_commit import BatchWritten
+from warren.storage.wal import Location, Relocation
 
 if TYPE_CHECKING:
-    from raft.group import Group
-    from raft.log import RaftLog
-    from storage.wal import LogStore
+    from warren.raft.group import Group
+    from warren.raft.log import RaftLog
+    from warren.storage.wal import LogStore
 
 # Applied entries a group keeps in memory with their data (for followers a
 # little behind, and deliveries of what was just enqueued); older ones are

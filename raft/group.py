@@ -69,8 +69,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from raft.core import RaftNode, Ready
-from raft.messages import Entry, HardState, Heartbeat, Role, Snapshot
+from warren.raft.core import RaftNode, Ready
+from warren.raft.messages import Entry, HardState, Heartbeat, Role, Snapshot
 
 GroupId = int | str   # msgpack-able; the WAL's log_id when an int
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from raft.messages import ConfigChange, Entry, EntryKind, Snapshot
+from warren.raft.messages import ConfigChange, Entry, EntryKind, Snapshot
 
 # Reads an evicted entry's data back from stable storage.
 EntryLoader = Callable[[int], bytes]

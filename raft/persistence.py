@@ -32,14 +32,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from raft.group import GroupId, PersistItem
-from raft.messages import Snapshot
-from raft.raft_storage import GroupStorage, snapshot_record
+from warren.raft.group import GroupId, PersistItem
+from warren.raft.messages import Snapshot
+from warren.raft.raft_storage import GroupStorage, snapshot_record
 
 if TYPE_CHECKING:
-    from raft.entry_locations import EntryLocations
-    from raft.system import RaftSystem
-    from storage.group_commit import GroupCommitter
+    from warren.raft.entry_locations import EntryLocations
+    from warren.raft.system import RaftSystem
+    from warren.storage.group_commit import GroupCommitter
 
 
 class RaftPersistence:

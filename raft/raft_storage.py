@@ -12,7 +12,7 @@ in the order this node first hosted its groups. Log ids are node-local (one
 group has different log ids on different nodes); the GROUP record maps a log
 id back to the group id. The broker's own logs keep the range below 2**40:
 0 is the metadata log and 1, 2, ... the durable queues' logs
-(broker/durability.py). A removed group's log id is never reused while any
+(broker/node/durability.py). A removed group's log id is never reused while any
 of its records can still be on disk.
 
 Records. Two families, told apart by the index (and checked by the kind):
@@ -92,11 +92,11 @@ from dataclasses import dataclass, field
 
 import msgpack
 
-from raft.core import RecoveredState
-from raft.group import GroupId, PersistItem
-from raft.messages import Entry, EntryKind, HardState, Snapshot
-from storage import records
-from storage.wal import Location
+from warren.raft.core import RecoveredState
+from warren.raft.group import GroupId, PersistItem
+from warren.raft.messages import Entry, EntryKind, HardState, Snapshot
+from warren.storage import records
+from warren.storage.wal import Location
 
 RAFT_LOG_ID_BASE = 1 << 40
 CONTROL_INDEX = 0

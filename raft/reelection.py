@@ -21,7 +21,7 @@ from __future__ import annotations
 import zlib
 from collections.abc import Collection, Sequence
 
-from raft.group import GroupId
+from warren.raft.group import GroupId
 
 
 def stable_hash(group_id: GroupId) -> int:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from raft.messages import (
+from warren.raft.messages import (
     AppendEntries,
     AppendEntriesResponse,
     EntryKind,
@@ -29,10 +29,10 @@ from raft.messages import (
     Role,
     TimeoutNow,
 )
-from raft.progress import ProgressState
+from warren.raft.progress import ProgressState
 
 if TYPE_CHECKING:
-    from raft.core import RaftNode
+    from warren.raft.core import RaftNode
 
 
 # --- leader: sending -------------------------------------------------------------------

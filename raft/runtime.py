@@ -91,12 +91,12 @@ from typing import Any
 
 import structlog
 
-from raft.core import RecoveredState, Status
-from raft.entry_locations import EntryLocations
-from raft.group import GroupId, GroupMetrics
-from raft.messages import ConfigChangeOp, Entry, HardState, Role, Snapshot
-from raft.persistence import RaftPersistence
-from raft.raft_storage import (
+from warren.raft.core import RecoveredState, Status
+from warren.raft.entry_locations import EntryLocations
+from warren.raft.group import GroupId, GroupMetrics
+from warren.raft.messages import ConfigChangeOp, Entry, HardState, Role, Snapshot
+from warren.raft.persistence import RaftPersistence
+from warren.raft.raft_storage import (
     GroupStorage,
     RecoveryScan,
     group_record,
@@ -104,12 +104,12 @@ from raft.raft_storage import (
     log_id_of,
     removed_record,
 )
-from raft.system import PersistFailed, RaftSystem
-from raft.transport import ClusterTransport, TransportLimits
-from raft.turns import TurnScheduler
-from storage import records
-from storage.group_commit import GroupCommitter
-from storage.wal import Location
+from warren.raft.system import PersistFailed, RaftSystem
+from warren.raft.transport import ClusterTransport, TransportLimits
+from warren.raft.turns import TurnScheduler
+from warren.storage import records
+from warren.storage.group_commit import GroupCommitter
+from warren.storage.wal import Location
 
 log = structlog.get_logger("warren.cluster")
 

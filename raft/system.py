@@ -75,16 +75,16 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
-from raft.carried_commits import CarriedCommits
-from raft.core import RaftNode, Ready, RecoveredState, Status
-from raft.group import (
+from warren.raft.carried_commits import CarriedCommits
+from warren.raft.core import RaftNode, Ready, RecoveredState, Status
+from warren.raft.group import (
     QUIESCE, Group, GroupId, GroupMetrics, PersistItem, follower_may_quiesce, leader_may_quiesce,
     persist_item, quiesce_heartbeats,
 )
-from raft.messages import (
+from warren.raft.messages import (
     ConfigChangeOp, Entry, Heartbeat, HeartbeatResponse, Message, Role, Snapshot, from_wire, to_wire,
 )
-from raft.reelection import campaigner
+from warren.raft.reelection import campaigner
 
 if TYPE_CHECKING:
     import random

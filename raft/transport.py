@@ -45,7 +45,7 @@ from typing import Any
 
 import structlog
 
-from raft.handshake import (
+from warren.raft.handshake import (
     HEARTBEAT_FRAME,
     NONCE_BYTES,
     FrameDecoder,

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import structlog
 
-from storage.wal import LogStore, Relocation
+from warren.storage.wal import LogStore, Relocation
 
 log = structlog.get_logger("warren.storage")
 

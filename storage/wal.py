@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
-from storage import records
-from storage.files import RealFiles
+from warren.storage import records
+from warren.storage.files import RealFiles
 
 WAL_DIR = "wal"
 SEGMENTS_DIR = "segments"

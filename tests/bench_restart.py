@@ -55,7 +55,7 @@ def start_server(data_dir: Path, port: int, log) -> subprocess.Popen:
     env = dict(os.environ, WARREN_AMQP_HOST="127.0.0.1", WARREN_AMQP_PORT=str(port),
                WARREN_METRICS_PORT="0", WARREN_DATA_DIR=str(data_dir), WARREN_LOG_LEVEL="warning")
     # cwd = the data dir's parent, so the broker package comes from PYTHONPATH / the venv
-    return subprocess.Popen([sys.executable, "-m", "broker"], env=env, cwd=data_dir.parent,
+    return subprocess.Popen([sys.executable, "-m", "warren.broker"], env=env, cwd=data_dir.parent,
                             stdout=log, stderr=subprocess.STDOUT)
 
 

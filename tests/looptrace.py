@@ -65,7 +65,7 @@ class TracingLoop(asyncio.SelectorEventLoop):
 
 
 def _patch() -> None:
-    from storage.wal import LogStore
+    from warren.storage.wal import LogStore
     submit = concurrent.futures.ThreadPoolExecutor.submit
 
     def traced_submit(self, fn, /, *args, **kwargs):
@@ -96,5 +96,5 @@ def _patch() -> None:
 
 def main() -> None:
     _patch()
-    from broker import server
+    from warren.broker.node import server
     sys.exit(server.main())

@@ -49,7 +49,7 @@ class ServerProcess:
     process: subprocess.Popen | None = None
     log_path: Path = field(default_factory=lambda: Path(tempfile.mktemp(prefix="warren-log-")))
     # what follows the interpreter: the server module, or a wrapper that patches something first
-    command: tuple[str, ...] = ("-m", "broker")   # what the interpreter runs (a test may wrap the server)
+    command: tuple[str, ...] = ("-m", "warren.broker")   # what the interpreter runs (a test may wrap the server)
 
     @property
     def url(self) -> str:

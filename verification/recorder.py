@@ -17,7 +17,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from verification.history import EVENTS, SCHEMA
+from warren.verification.history import EVENTS, SCHEMA
 
 COLUMNS = SCHEMA.names
 _STOP = object()

@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from config.settings import ClusterNode, Settings
-from raft.handshake import encode_frame
-from raft.transport import PEER_SILENT_HEARTBEATS_MAX, ClusterTransport, TransportLimits
 from tests.serverproc import free_port
+from warren.config.settings import ClusterNode, Settings
+from warren.raft.handshake import encode_frame
+from warren.raft.transport import PEER_SILENT_HEARTBEATS_MAX, ClusterTransport, TransportLimits
 
 SECRET = "integration-cookie"
 HEARTBEAT_SECONDS = 0.1

@@ -32,9 +32,9 @@ import pika
 import pytest
 from pika.exceptions import ChannelClosedByBroker
 
-from storage import records
 from tests.integration.pika_support import connect, drain, message_count, parameters, pump_until
 from tests.serverproc import ServerProcess, make_server
+from warren.storage import records
 
 PERSISTENT = pika.BasicProperties(delivery_mode=2)
 TRANSIENT = pika.BasicProperties(delivery_mode=1)

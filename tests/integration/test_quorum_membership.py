@@ -28,7 +28,7 @@ CTL_TIMEOUT_SECONDS = 60
 
 def ctl(server, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "broker.ctl", "--port", str(server.metrics_port), *args],
+        [sys.executable, "-m", "warren.broker.admin.ctl", "--port", str(server.metrics_port), *args],
         capture_output=True, text=True, timeout=CTL_TIMEOUT_SECONDS)
 
 

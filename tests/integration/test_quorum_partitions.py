@@ -244,8 +244,9 @@ def test_deliveries_lost_in_a_partition_come_again_after_a_leader_change_and_the
                 for body in bodies[queue]:
                     channel.basic_publish("", queue, body, pika.BasicProperties(delivery_mode=2))
         wait_for(lambda: c not in api(servers[a], "/api/overview")["running_nodes"], "a to see c down")
-        result = subprocess.run([sys.executable, "-m", "broker.ctl", "--port", str(servers[a].metrics_port),
-                                 "rebalance", "quorum"], capture_output=True, text=True, timeout=30)
+        result = subprocess.run([sys.executable, "-m", "warren.broker.admin.ctl",
+                                 "--port", str(servers[a].metrics_port), "rebalance", "quorum"],
+                                capture_output=True, text=True, timeout=30)
         assert result.returncode == 0, result
         moved = wait_for(lambda: next((q for q in queues if known_leader(servers, q, [a, b]) == b), None),
                          "one queue's leadership to move to b")

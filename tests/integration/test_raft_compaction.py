@@ -28,13 +28,13 @@ from pathlib import Path
 
 import msgpack
 
-from config.settings import ClusterNode
-from raft.messages import Entry, EntryKind, Snapshot
-from raft.runtime import RaftRuntime
-from storage.group_commit import GroupCommitter
-from storage.wal import LogStore
 from tests.integration.test_raft_runtime import FAST, leaders, node_settings, until
 from tests.serverproc import free_port
+from warren.config.settings import ClusterNode
+from warren.raft.messages import Entry, EntryKind, Snapshot
+from warren.raft.runtime import RaftRuntime
+from warren.storage.group_commit import GroupCommitter
+from warren.storage.wal import LogStore
 
 SECRET = "raft-compaction-cookie"
 NAMES = ["node-a", "node-b", "node-c"]

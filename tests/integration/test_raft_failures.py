@@ -17,15 +17,15 @@ from pathlib import Path
 import pika
 import pytest
 
-from config.settings import ClusterNode
-from raft.messages import Entry, EntryKind
-from raft.runtime import RaftRuntime
-from raft.system import PersistFailed
-from storage.group_commit import GroupCommitter
-from storage.wal import LogStore
 from tests.integration.pika_support import parameters
 from tests.integration.test_raft_runtime import node_settings, until
 from tests.serverproc import free_port, make_server
+from warren.config.settings import ClusterNode
+from warren.raft.messages import Entry, EntryKind
+from warren.raft.runtime import RaftRuntime
+from warren.raft.system import PersistFailed
+from warren.storage.group_commit import GroupCommitter
+from warren.storage.wal import LogStore
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -126,14 +126,14 @@ async def test_a_lost_wal_batch_stops_the_node_loudly(node, monkeypatch):
 # The real server, its WAL failing once a marker file exists: it must exit non-zero, not serve on.
 FAILING_DISK_SERVER = """
 import errno, os, sys
-from storage.wal import LogStore
+from warren.storage.wal import LogStore
 write_batch = LogStore.write_batch
 def failing(self, data):
     if os.path.exists(os.environ["WAL_FAILS_MARKER"]):
         raise OSError(errno.EIO, "Input/output error (injected)")
     return write_batch(self, data)
 LogStore.write_batch = failing
-from broker.server import main
+from warren.broker.node.server import main
 sys.exit(main())
 """
 FATAL_EXIT_SECONDS = 20.0

@@ -126,8 +126,8 @@ def own_server(tmp_path):
 # Not Raft: publishes to a quorum queue deleted before it applied them are
 # never answered, so the channel's enqueues in flight only grow and past
 # commands_soft_limit (32) it stops reading its socket for good (with
-# WARREN_COMMANDS_SOFT_LIMIT=1000000 the scenario passes). broker/quorum.py
-# and broker/channel.py, another item of issue 9.
+# WARREN_COMMANDS_SOFT_LIMIT=1000000 the scenario passes). broker/queues/quorum.py
+# and broker/amqp/channel.py, another item of issue 9.
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
 def test_declare_delete_churn_leaves_raft_running(own_server, scenario):
     arguments, pause, publish = SCENARIOS[scenario]

@@ -19,10 +19,11 @@ from pathlib import Path
 import msgpack
 import pytest
 
-from config.settings import ClusterNode, Settings
-from raft.group import PersistItem
-from raft.messages import Entry, EntryKind, HardState, Snapshot
-from raft.raft_storage import (
+from tests.serverproc import free_port
+from warren.config.settings import ClusterNode, Settings
+from warren.raft.group import PersistItem
+from warren.raft.messages import Entry, EntryKind, HardState, Snapshot
+from warren.raft.raft_storage import (
     RAFT_LOG_ID_BASE,
     GroupStorage,
     RaftLogCorrupt,
@@ -31,12 +32,11 @@ from raft.raft_storage import (
     is_raft_log_id,
     removed_record,
 )
-from raft.runtime import RaftRuntime
-from raft.transport import TransportLimits
-from storage import records
-from storage.group_commit import GroupCommitter
-from storage.wal import LogStore
-from tests.serverproc import free_port
+from warren.raft.runtime import RaftRuntime
+from warren.raft.transport import TransportLimits
+from warren.storage import records
+from warren.storage.group_commit import GroupCommitter
+from warren.storage.wal import LogStore
 
 SECRET = "raft-runtime-cookie"
 GROUPS = [f"queue-{n}" for n in range(10)]

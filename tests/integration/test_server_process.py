@@ -40,7 +40,7 @@ def run_broker(env: dict, *args: str, timeout: float = BAD_CONFIG_EXIT_SECONDS) 
     """Run ``python -m broker`` expecting it to exit by itself; fail if it does not."""
     started = time.monotonic()
     try:
-        result = subprocess.run([sys.executable, "-m", "broker", *args], env=env, capture_output=True,
+        result = subprocess.run([sys.executable, "-m", "warren.broker", *args], env=env, capture_output=True,
                                 text=True, timeout=timeout)
     except subprocess.TimeoutExpired as error:
         pytest.fail(f"python -m broker {' '.join(args)} was still running after {timeout}s "
@@ -368,7 +368,7 @@ def test_help_mentions_environment(tmp_path):
 
 
 def test_assertions_cannot_be_disabled(tmp_path):
-    result = subprocess.run([sys.executable, "-O", "-m", "broker"], env=make_server(tmp_path).env,
+    result = subprocess.run([sys.executable, "-O", "-m", "warren.broker"], env=make_server(tmp_path).env,
                             capture_output=True, text=True, timeout=BAD_CONFIG_EXIT_SECONDS)
     assert result.returncode != 0, "the server ran under python -O"
     assert "assert" in result.stderr, result.stderr

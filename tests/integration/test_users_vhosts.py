@@ -22,7 +22,7 @@ BOB_PASSWORD = "b0b-s3cret-pw"
 
 def ctl(server, *args: str, user: str = "guest", password: str = "guest") -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "broker.ctl", "--port", str(server.metrics_port), "--user", user,
+        [sys.executable, "-m", "warren.broker.admin.ctl", "--port", str(server.metrics_port), "--user", user,
          "--password", password, *args], capture_output=True, text=True, timeout=CTL_TIMEOUT_SECONDS)
 
 

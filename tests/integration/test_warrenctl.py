@@ -17,7 +17,8 @@ CTL_TIMEOUT_SECONDS = 30
 
 def ctl(server, *args: str, password: str = "guest") -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "broker.ctl", "--port", str(server.metrics_port), "--password", password, *args],
+        [sys.executable, "-m", "warren.broker.admin.ctl", "--port", str(server.metrics_port),
+         "--password", password, *args],
         capture_output=True, text=True, timeout=CTL_TIMEOUT_SECONDS)
 
 
@@ -60,7 +61,7 @@ def test_wrong_password_is_refused_and_api_needs_auth(server):
 
 def test_unreachable_node_exits_69(tmp_path):
     from tests.serverproc import free_port
-    result = subprocess.run([sys.executable, "-m", "broker.ctl", "--port", str(free_port()), "status"],
+    result = subprocess.run([sys.executable, "-m", "warren.broker.admin.ctl", "--port", str(free_port()), "status"],
                             capture_output=True, text=True, timeout=CTL_TIMEOUT_SECONDS)
     assert result.returncode == 69 and "cannot reach" in result.stderr, result
 
@@ -100,7 +101,7 @@ def assert_one_line_failure(result: subprocess.CompletedProcess, expected: str) 
 
 
 def ctl_at(port: int, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "broker.ctl", "--port", str(port), *args],
+    return subprocess.run([sys.executable, "-m", "warren.broker.admin.ctl", "--port", str(port), *args],
                           capture_output=True, text=True, timeout=CTL_TIMEOUT_SECONDS)
 
 

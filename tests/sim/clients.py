@@ -21,10 +21,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from broker import fifo
-from broker import metadata_commands as mc
-from protocol.codec import EMPTY_PROPERTIES
 from tests.sim.node import VHOST, SimNode
+from warren.broker.node import metadata_commands as mc
+from warren.broker.queues import fifo
+from warren.protocol.codec import EMPTY_PROPERTIES
 
 PREFETCH = 8
 RETURN_RATE = 0.1   # share of deliveries rejected with requeue

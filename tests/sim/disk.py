@@ -19,8 +19,8 @@ import random
 from collections.abc import Callable
 from pathlib import Path
 
-from storage.group_commit import BatchWritten
-from storage.wal import LogStore
+from warren.storage.group_commit import BatchWritten
+from warren.storage.wal import LogStore
 
 WAL_MAX_BYTES = 1 << 40   # no rollover in the simulation
 

@@ -2,7 +2,7 @@
 
 Theory of operation. One `SimClock` is the time of the whole world; it
 stands in for the `time` module of the shells the simulation runs
-(broker/cluster.py, broker/quorum.py, broker/queue.py: `patch_time`), so
+(broker/node/cluster.py, broker/queues/quorum.py, broker/queues/queue.py: `patch_time`), so
 their resend and liveness timers run on simulated seconds. A `SimLoop` is a
 node's event loop as the runtime uses it (`call_soon`, `call_later`): the
 world runs its due callbacks in order, or none while the node is paused.
@@ -16,9 +16,9 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-import broker.cluster
-import broker.queue
-import broker.quorum
+import warren.broker.node.cluster
+import warren.broker.queues.queue
+import warren.broker.queues.quorum
 
 CALLBACKS_PER_RUN_MAX = 200_000
 
@@ -43,7 +43,7 @@ class SimClock:
 @contextmanager
 def patch_time(clock: SimClock) -> Iterator[None]:
     """The shells read `clock` instead of the real time while the world runs."""
-    modules = (broker.cluster, broker.quorum, broker.queue)
+    modules = (warren.broker.node.cluster, warren.broker.queues.quorum, warren.broker.queues.queue)
     saved = [module.time for module in modules]
     for module in modules:
         module.time = clock   # type: ignore[assignment]

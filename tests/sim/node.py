@@ -22,16 +22,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from broker.auth import AccessControl
-from broker.cluster import Cluster
-from broker.metadata import Metadata
-from broker.vhost import VirtualHost
-from config.settings import ClusterNode, Settings
-from raft.raft_storage import is_raft_log_id
-from storage.wal import LogStore
 from tests.sim.disk import WAL_MAX_BYTES, SimCommitter
 from tests.sim.loop import SimLoop
 from tests.unit.faultyfiles import FaultyFiles
+from warren.broker.admin.auth import AccessControl
+from warren.broker.node.cluster import Cluster
+from warren.broker.node.metadata import Metadata
+from warren.broker.routing.vhost import VirtualHost
+from warren.config.settings import ClusterNode, Settings
+from warren.raft.raft_storage import is_raft_log_id
+from warren.storage.wal import LogStore
 
 VHOST = "/"
 NODE_GONE_SECONDS = 6.0

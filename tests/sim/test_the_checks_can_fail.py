@@ -2,9 +2,9 @@
 (the cases the hand-written copy of the node it replaces, tests/unit/quorumsim.py, was shown to catch)."""
 from __future__ import annotations
 
-from broker import quorum_machine as qm
 from tests.sim.history import SimulationFailure
 from tests.sim.world import SCENARIOS, World, replay_command
+from warren.broker.queues import quorum_machine as qm
 
 
 def first_failure(scenario: str, seeds: int = 12) -> str | None:

@@ -34,13 +34,13 @@ from typing import Any
 
 import structlog
 
-import broker.quorum
-from raft.messages import Role
+import warren.broker.queues.quorum as quorum_shell
 from tests.sim.clients import Admin, Consumer, Publisher
 from tests.sim.history import History, SimulationFailure
 from tests.sim.loop import SimClock, patch_time
 from tests.sim.network import Network
 from tests.sim.node import SimNode
+from warren.raft.messages import Role
 
 STEP_SECONDS = 0.002
 
@@ -91,13 +91,13 @@ def quiet_logs() -> Iterator[None]:
 @contextmanager
 def snapshots_every(entries: int | None) -> Iterator[None]:
     """Queues snapshot after `entries` applied entries (or 64 bytes each) instead of thousands."""
-    saved = broker.quorum.SNAPSHOT_ENTRIES_MIN, broker.quorum.SNAPSHOT_BYTES_MIN
+    saved = quorum_shell.SNAPSHOT_ENTRIES_MIN, quorum_shell.SNAPSHOT_BYTES_MIN
     if entries is not None:
-        broker.quorum.SNAPSHOT_ENTRIES_MIN, broker.quorum.SNAPSHOT_BYTES_MIN = entries, 64 * entries
+        quorum_shell.SNAPSHOT_ENTRIES_MIN, quorum_shell.SNAPSHOT_BYTES_MIN = entries, 64 * entries
     try:
         yield
     finally:
-        broker.quorum.SNAPSHOT_ENTRIES_MIN, broker.quorum.SNAPSHOT_BYTES_MIN = saved
+        quorum_shell.SNAPSHOT_ENTRIES_MIN, quorum_shell.SNAPSHOT_BYTES_MIN = saved
 
 
 class World:

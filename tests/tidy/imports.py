@@ -18,14 +18,16 @@ from functools import cache
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-# The installable packages (pyproject's [tool.setuptools.packages.find]); tests/ is not one of them.
+# The installable packages' folders (pyproject's [tool.setuptools]); tests/ is not one of them...
 PROJECT_PACKAGES = ("protocol", "broker", "raft", "storage", "config", "verification")
+# ...installed under this one name (pyproject's package-dir): `import warren.raft.core` reads raft/core.py.
+INSTALLED_NAME = "warren"
 
 
 @dataclass(frozen=True, slots=True)
 class Import:
     """One module named by one import statement (or dynamic import call)."""
-    importer: str           # the importing module, dotted ("broker.durability")
+    importer: str           # the importing module, dotted ("broker.node.durability")
     target: str             # the imported module, dotted and absolute ("storage.wal", "os.path")
     line: int
     deferred: bool = False      # inside a function: runs when the function does
@@ -38,7 +40,7 @@ class Import:
 
     @property
     def where(self) -> str:
-        """`broker/durability.py:40`, for messages."""
+        """`broker/node/durability.py:40`, for messages."""
         return f"{module_path(self.importer)}:{self.line}"
 
     def describe(self) -> str:
@@ -47,8 +49,14 @@ class Import:
         return f"{self.where} imports {self.target}{kind}"
 
 
+def source_name(imported: str) -> str:
+    """`warren.broker.queues.fifo` (how the code imports it, installed) -> `broker.queues.fifo` (its folder)."""
+    head, _, rest = imported.partition(".")
+    return rest if head == INSTALLED_NAME and rest.split(".")[0] in PROJECT_PACKAGES else imported
+
+
 def module_name(path: Path) -> str:
-    """`broker/fifo.py` -> `broker.fifo`; `raft/__init__.py` -> `raft`."""
+    """`broker/queues/fifo.py` -> `broker.queues.fifo`; `raft/__init__.py` -> `raft`."""
     parts = path.resolve().relative_to(REPO).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
@@ -101,6 +109,7 @@ class _Walker(ast.NodeVisitor):
         self.depth_in_typing = 0
 
     def add(self, target: str, line: int, dynamic: bool = False) -> None:
+        target = source_name(target)
         self.found.append(Import(self.name, target, line, self.depth_in_function > 0,
                                  self.depth_in_typing > 0, dynamic))
 
@@ -128,10 +137,10 @@ class _Walker(ast.NodeVisitor):
             self.add(alias.name, node.lineno)
 
     def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
-        base = self.absolute(node)
-        # "from broker import fifo" imports the module broker.fifo; "from broker.fifo import X" only a name
-        # of broker.fifo. The package itself counts only when a name is taken from it (its __init__ runs
-        # either way: `reachable` adds the packages around every module it reaches).
+        base = source_name(self.absolute(node))
+        # "from broker.queues import fifo" imports the module broker.queues.fifo; "from broker.queues.fifo
+        # import X" only a name of broker.queues.fifo. The package itself counts only when a name is taken
+        # from it (its __init__ runs either way: `reachable` adds the packages around every module it reaches).
         submodules = [f"{base}.{alias.name}" for alias in node.names if f"{base}.{alias.name}" in self.known]
         if len(submodules) < len(node.names):
             self.add(base, node.lineno)

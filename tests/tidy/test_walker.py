@@ -55,16 +55,17 @@ def test_the_walker_sees_every_kind_of_import():
 
 def test_the_walker_reads_the_whole_project():
     assert len(project_modules()) >= 45
-    assert {"broker.fifo", "raft.core", "storage.wal", "protocol", "config.settings"} <= set(project_modules())
+    assert {"broker.queues.fifo", "raft.core", "storage.wal", "protocol", "config.settings"} <= set(project_modules())
     assert any(edge.target == "raft.core" for edge in imports_of("raft.system"))
-    deferred = [edge for edge in imports_of("broker.cluster") if edge.target == "broker.quorum" and edge.deferred]
-    assert deferred, "broker/cluster.py imports broker.quorum inside a function"
+    deferred = [edge for edge in imports_of("broker.node.cluster")
+                if edge.target == "broker.queues.quorum" and edge.deferred]
+    assert deferred, "broker/node/cluster.py imports broker.queues.quorum inside a function"
 
 
 def test_reaching_a_module_reaches_its_package_and_what_it_imports():
-    reached = reachable("broker.auth")
+    reached = reachable("broker.admin.auth")
     assert {"config", "config.settings", "protocol.codec", "protocol"} <= set(reached)
-    # broker/auth.py imports config, whose __init__ imports config.settings
+    # broker/admin/auth.py imports config, whose __init__ imports config.settings
     assert [edge.target for edge in reached["config.settings"]] == ["config", "config.settings"]
 
 
@@ -72,5 +73,5 @@ def test_cycles_are_found_and_drawn():
     graph = {"a": ["b"], "b": ["c"], "c": ["a", "d"], "d": [], "e": ["e"]}
     groups = _strongly_connected(graph)
     assert frozenset({"a", "b", "c"}) in groups and frozenset({"d"}) in groups
-    ring = cycle_path(frozenset({"broker.cluster", "broker.quorum"}))
-    assert [edge.target for edge in ring] == ["broker.quorum", "broker.cluster"]
+    ring = cycle_path(frozenset({"broker.node.cluster", "broker.queues.quorum"}))
+    assert [edge.target for edge in ring] == ["broker.queues.quorum", "broker.node.cluster"]

@@ -20,6 +20,6 @@ def tool(name: str) -> str:
     return found
 
 
-def run(command: list[str]) -> subprocess.CompletedProcess[str]:
-    """Run from the repository root, so pyproject.toml's configuration applies."""
-    return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
+def run(command: list[str], cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
+    """Run from the repository root (so pyproject.toml's configuration applies) unless told otherwise."""
+    return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=120)

@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 
 import msgpack
 
-from raft.core import RaftNode, Ready
-from raft.messages import (
+from warren.raft.core import RaftNode, Ready
+from warren.raft.messages import (
     AppendEntries,
     AppendEntriesResponse,
     ConfigChange,

@@ -35,9 +35,10 @@ from dataclasses import dataclass, field
 
 import msgpack
 
-from raft.core import RecoveredState
-from raft.group import QUIESCE, PersistItem
-from raft.messages import (
+from tests.unit.raftsim import SimStorage
+from warren.raft.core import RecoveredState
+from warren.raft.group import QUIESCE, PersistItem
+from warren.raft.messages import (
     AppendEntriesResponse,
     Entry,
     Heartbeat,
@@ -50,8 +51,7 @@ from raft.messages import (
     entry_to_wire,
     from_wire,
 )
-from raft.system import RaftSystem
-from tests.unit.raftsim import SimStorage
+from warren.raft.system import RaftSystem
 
 
 class HarnessFailure(AssertionError):

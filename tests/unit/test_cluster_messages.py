@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import msgpack
 
-from broker import quorum_machine as qm
-from broker.cluster import forwardable_op
+from warren.broker.node.cluster import forwardable_op
+from warren.broker.queues import quorum_machine as qm
 
 
 def test_encoded_commands_are_well_formed():

@@ -20,8 +20,8 @@ from pamqp import frame as pamqp_frame
 from pamqp import header as pamqp_header
 from pamqp import heartbeat as pamqp_heartbeat
 
-from protocol import codec
-from protocol.constants import FRAME_MIN_SIZE
+from warren.protocol import codec
+from warren.protocol.constants import FRAME_MIN_SIZE
 
 PROPS = settings(max_examples=300, deadline=None)
 

@@ -1,4 +1,4 @@
-"""config/settings.py (load_settings) and broker/auth.py (authenticate)."""
+"""config/settings.py (load_settings) and broker/admin/auth.py (authenticate)."""
 from __future__ import annotations
 
 import os
@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from pamqp import encode
 
-from broker.auth import AuthenticationError, authenticate, is_loopback
-from config import ConfigError, Settings, load_settings
+from warren.broker.admin.auth import AuthenticationError, authenticate, is_loopback
+from warren.config import ConfigError, Settings, load_settings
 
 REPO = Path(__file__).resolve().parents[2]
 

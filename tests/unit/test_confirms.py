@@ -1,4 +1,4 @@
-"""broker/confirms.py: ConfirmTracker turns settlements into basic.ack/nack replies.
+"""broker/amqp/confirms.py: ConfirmTracker turns settlements into basic.ack/nack replies.
 
 The client's view (RabbitMQ's publisher confirms): it keeps the set of
 outstanding sequence numbers; a reply with multiple=false answers one of them,
@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.confirms import ConfirmTracker
+from warren.broker.amqp.confirms import ConfirmTracker
 
 
 class Client:

@@ -1,4 +1,4 @@
-"""broker/exchanges.py: routing by direct, fanout, topic (trie) and headers exchanges.
+"""broker/routing/exchanges.py: routing by direct, fanout, topic (trie) and headers exchanges.
 
 Topic matching is checked against a naive recursive matcher written from the
 rule itself (RabbitMQ's: words split on '.', '*' is exactly one word, '#' zero
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.exchanges import Binding, TopicExchange, headers_match, make_exchange
+from warren.broker.routing.exchanges import Binding, TopicExchange, headers_match, make_exchange
 
 
 def q(name: str) -> tuple[str, str]:

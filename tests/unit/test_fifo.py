@@ -1,4 +1,4 @@
-"""broker/fifo.py: the queue as a pure machine, apply(meta, command, state) -> (reply, effects).
+"""broker/queues/fifo.py: the queue as a pure machine, apply(meta, command, state) -> (reply, effects).
 
 Unit tests for each command and effect, then a property test that folds
 random command logs through apply() and checks the invariants after every
@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.fifo import (
+from warren.broker.queues.fifo import (
     ACCEPTED,
     DROP_HEAD,
     REJECT_PUBLISH,
@@ -611,7 +611,7 @@ def test_random_command_logs_keep_the_invariants(data, limits):
 
 
 def test_bulk_restore_equals_replaying_enqueues():
-    from broker.fifo import Enqueue, FifoState, Meta, apply, restore
+    from warren.broker.queues.fifo import Enqueue, FifoState, Meta, apply, restore
     items = [(3, ("e", "k", b"\x00\x00", b"a"), 1), (7, ("e", "k", b"\x00\x00", b"bb"), 2), (9, "stored", 5)]
     replayed = FifoState()
     for msg_id, payload, size in items:
@@ -624,7 +624,7 @@ def test_bulk_restore_equals_replaying_enqueues():
 
 
 def test_message_ttl_expires_heads_on_tick_and_dead_letters_them():
-    from broker.fifo import ACCEPTED, DeadLetter, Enqueue, FifoState, Meta, QueueLimits, Tick, apply
+    from warren.broker.queues.fifo import ACCEPTED, DeadLetter, Enqueue, FifoState, Meta, QueueLimits, Tick, apply
     state = FifoState(limits=QueueLimits(message_ttl_ms=100))
     apply(Meta(1, 1_000), Enqueue("a", 1), state)
     apply(Meta(2, 1_050), Enqueue("b", 1, ttl_ms=500), state)   # queue TTL (100) is shorter
@@ -639,7 +639,7 @@ def test_message_ttl_expires_heads_on_tick_and_dead_letters_them():
 
 
 def test_dequeue_skips_expired_heads():
-    from broker.fifo import DeadLetter, Dequeue, Enqueue, FifoState, Meta, apply
+    from warren.broker.queues.fifo import DeadLetter, Dequeue, Enqueue, FifoState, Meta, apply
     state = FifoState()
     apply(Meta(1, 0), Enqueue("old", 1, ttl_ms=5), state)
     apply(Meta(2, 0), Enqueue("fresh", 1), state)
@@ -648,7 +648,18 @@ def test_dequeue_skips_expired_heads():
 
 
 def test_single_active_consumer_hands_over_in_registration_order():
-    from broker.fifo import Cancel, Checkout, Deliver, Down, Enqueue, FifoState, Meta, QueueLimits, Settle, apply
+    from warren.broker.queues.fifo import (
+        Cancel,
+        Checkout,
+        Deliver,
+        Down,
+        Enqueue,
+        FifoState,
+        Meta,
+        QueueLimits,
+        Settle,
+        apply,
+    )
     state = FifoState(limits=QueueLimits(single_active_consumer=True))
     first, second, third = ("ch1", "a"), ("ch2", "b"), ("ch3", "c")
     for index, consumer in enumerate((first, second, third), start=1):
@@ -669,7 +680,7 @@ def test_single_active_consumer_hands_over_in_registration_order():
 
 
 def test_priority_queue_serves_highest_priority_first_and_requeues_in_place():
-    from broker.fifo import Checkout, Deliver, Enqueue, FifoState, Meta, QueueLimits, Return, apply
+    from warren.broker.queues.fifo import Checkout, Deliver, Enqueue, FifoState, Meta, QueueLimits, Return, apply
     state = FifoState(limits=QueueLimits(max_priority=5))
     for index, priority in enumerate([0, 3, 9, 3, 1], start=1):  # 9 is capped at 5
         apply(Meta(index, 0), Enqueue(f"p{priority}-{index}", 1, priority=priority), state)
@@ -683,7 +694,7 @@ def test_priority_queue_serves_highest_priority_first_and_requeues_in_place():
 
 
 def test_restore_into_a_priority_queue_keeps_priorities():
-    from broker.fifo import Dequeue, FifoState, Meta, QueueLimits, apply, restore
+    from warren.broker.queues.fifo import Dequeue, FifoState, Meta, QueueLimits, apply, restore
     state = FifoState(limits=QueueLimits(max_priority=10))
     restore(state, [(1, "low", 1), (2, "high", 1), (3, "mid", 1)], {2: 7, 3: 2})
     order = [apply(Meta(10 + i, 0), Dequeue(("o", None), True), state)[0].payload for i in range(3)]
@@ -691,7 +702,17 @@ def test_restore_into_a_priority_queue_keeps_priorities():
 
 
 def test_delivery_limit_dead_letters_after_too_many_returns():
-    from broker.fifo import Checkout, DeadLetter, Deliver, Enqueue, FifoState, Meta, QueueLimits, Return, apply
+    from warren.broker.queues.fifo import (
+        Checkout,
+        DeadLetter,
+        Deliver,
+        Enqueue,
+        FifoState,
+        Meta,
+        QueueLimits,
+        Return,
+        apply,
+    )
     state = FifoState(limits=QueueLimits(delivery_limit=2))
     consumer = ("ch", "c")
     apply(Meta(1, 0), Enqueue("m", 1), state)

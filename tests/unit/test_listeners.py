@@ -5,7 +5,7 @@ import errno
 
 import pytest
 
-from broker.server import listen
+from warren.broker.node.server import listen
 
 
 class FakeServer:

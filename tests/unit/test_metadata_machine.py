@@ -1,4 +1,4 @@
-"""The metadata machine (broker/metadata_machine.py): each command, its errors and effects; the codec; snapshots."""
+"""The metadata machine (broker/node/metadata_machine.py): each command, its errors, effects; the codec; snapshots."""
 from __future__ import annotations
 
 import msgpack
@@ -6,11 +6,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker import metadata_commands as mc
-from broker import metadata_effects as fx
-from broker import metadata_machine as machine
-from broker.auth import hash_password
-from broker.metadata_state import UserRecord, initial_state, restore, snapshot
+from warren.broker.admin.auth import hash_password
+from warren.broker.node import metadata_commands as mc
+from warren.broker.node import metadata_effects as fx
+from warren.broker.node import metadata_machine as machine
+from warren.broker.node.metadata_state import UserRecord, initial_state, restore, snapshot
 
 NODES = ("a", "b", "c")
 HASH = hash_password("secret", b"salt")

@@ -1,17 +1,17 @@
 """The metadata shell on one node (no cluster): the machine's effects on the
 vhosts' read model and users, and the machine's state rebuilt from what
-recovery reads back (broker/metadata_read_model.py)."""
+recovery reads back (broker/routing/metadata_read_model.py)."""
 from __future__ import annotations
 
 import asyncio
 from types import SimpleNamespace
 
-from broker import metadata_commands as mc
-from broker.auth import hash_password
-from broker.broker import Broker
-from broker.metadata_read_model import state_from_read_model
-from broker.metadata_state import snapshot
-from config import Settings
+from warren.broker.admin.auth import hash_password
+from warren.broker.node import metadata_commands as mc
+from warren.broker.node.broker import Broker
+from warren.broker.node.metadata_state import snapshot
+from warren.broker.routing.metadata_read_model import state_from_read_model
+from warren.config import Settings
 
 COMMANDS = [
     mc.DeclareExchange("/", "x", "topic", False, False, {}),

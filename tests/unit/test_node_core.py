@@ -1,9 +1,9 @@
 """The node's pure core (broker/node_core.py), driven by hand: inputs in, frames and answers out."""
 from __future__ import annotations
 
-from broker import quorum_machine as qm
-from broker.metadata_answers import APPLIED_AT, SPREAD_WAIT_SECONDS
-from broker.node_core import CMD, DONE, HELLO, META, METADATA_APPLIED, RESEND_SECONDS, NodeCore
+from warren.broker.node.metadata_answers import APPLIED_AT, SPREAD_WAIT_SECONDS
+from warren.broker.node.node_core import CMD, DONE, HELLO, META, METADATA_APPLIED, RESEND_SECONDS, NodeCore
+from warren.broker.queues import quorum_machine as qm
 
 
 class FakeRaft:

@@ -15,9 +15,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pamqp import commands as spec
 
-from protocol.connection import BadProtocolHeader
-from protocol.constants import REPLY_NAMES
-from protocol.errors import AMQPConnectionError
 from tests.unit.wire import (
     HANDSHAKE,
     channel_open,
@@ -31,6 +28,9 @@ from tests.unit.wire import (
     opened_connection,
     publish,
 )
+from warren.protocol.connection import BadProtocolHeader
+from warren.protocol.constants import REPLY_NAMES
+from warren.protocol.errors import AMQPConnectionError
 
 FUZZ = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -11,28 +11,6 @@ import struct
 import pytest
 from pamqp import commands as spec
 
-from protocol.connection import (
-    AWAIT_OPEN,
-    AWAIT_START_OK,
-    AWAIT_TUNE_OK,
-    OPEN,
-    BadProtocolHeader,
-)
-from protocol.constants import (
-    CHANNEL_ERROR,
-    COMMAND_INVALID,
-    FRAME_BODY,
-    FRAME_ERROR,
-    FRAME_HEADER,
-    FRAME_METHOD,
-    NOT_ALLOWED,
-    NOT_IMPLEMENTED,
-    PRECONDITION_FAILED,
-    PROTOCOL_HEADER,
-    SYNTAX_ERROR,
-    UNEXPECTED_FRAME,
-)
-from protocol.errors import AMQPConnectionError
 from tests.unit.wire import (
     FRAME_MAX,
     HANDSHAKE,
@@ -51,6 +29,28 @@ from tests.unit.wire import (
     start_ok,
     tune_ok,
 )
+from warren.protocol.connection import (
+    AWAIT_OPEN,
+    AWAIT_START_OK,
+    AWAIT_TUNE_OK,
+    OPEN,
+    BadProtocolHeader,
+)
+from warren.protocol.constants import (
+    CHANNEL_ERROR,
+    COMMAND_INVALID,
+    FRAME_BODY,
+    FRAME_ERROR,
+    FRAME_HEADER,
+    FRAME_METHOD,
+    NOT_ALLOWED,
+    NOT_IMPLEMENTED,
+    PRECONDITION_FAILED,
+    PROTOCOL_HEADER,
+    SYNTAX_ERROR,
+    UNEXPECTED_FRAME,
+)
+from warren.protocol.errors import AMQPConnectionError
 
 
 def hard_error(conn, data: bytes) -> AMQPConnectionError:

@@ -1,11 +1,11 @@
 """A quorum queue's node-liveness commands and delivery resends, as one node's
-shell (broker/quorum.py) handles them, over a fake cluster that records what
+shell (broker/queues/quorum.py) handles them, over a fake cluster that records what
 it proposes, submits and sends."""
 from __future__ import annotations
 
-from broker import quorum_machine as qm
-from broker.cluster import DELIVER, RESEND
-from broker.quorum import LocalConsumer, QuorumQueue
+from warren.broker.node.cluster import DELIVER, RESEND
+from warren.broker.queues import quorum_machine as qm
+from warren.broker.queues.quorum import LocalConsumer, QuorumQueue
 
 LIVENESS = {qm.NODE_DOWN, qm.NODE_UP, qm.NODE_GONE}
 

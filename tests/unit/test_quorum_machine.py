@@ -1,4 +1,4 @@
-"""broker/quorum_machine.py: the quorum queue's replicated state machine.
+"""broker/queues/quorum_machine.py: the quorum queue's replicated state machine.
 
 Unit tests for every command, the enqueuer sessions and the delivery seqs,
 then properties: a random command log folded through the machine keeps its
@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker import fifo
-from broker import quorum_machine as qm
-from broker.quorum_machine import Applied, Delivery, Got, Purged, QuorumMachine
+from warren.broker.queues import fifo
+from warren.broker.queues import quorum_machine as qm
+from warren.broker.queues.quorum_machine import Applied, Delivery, Got, Purged, QuorumMachine
 
 P1 = "n1/i1/p1"
 P2 = "n2/i1/p2"
@@ -192,7 +192,7 @@ def test_the_hold_is_bounded_and_beyond_it_commands_are_dropped_for_the_sender_t
 
 def test_an_unknown_enqueuer_starts_at_seq_1_and_enqueuers_are_independent():
     """As rabbit_fifo's #enqueuer{next_seqno = 1}: a publisher's session always starts at 1
-    (broker/quorum.py), so a first command with a later seq was overtaken by earlier ones
+    (broker/queues/quorum.py), so a first command with a later seq was overtaken by earlier ones
     that are still on their way (sent before a leader was known, say). Taking it for the
     start would confirm those earlier ones as duplicates without enqueuing them: confirmed
     messages lost (found by warren-chaos: the first two publishes of a run, confirmed, never

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import random
 
-from raft.messages import Role
-from raft.system import RaftSystem
+from warren.raft.messages import Role
+from warren.raft.system import RaftSystem
 
 
 def system(name: str, sent: list) -> RaftSystem:

@@ -12,8 +12,9 @@ import random
 import msgpack
 import pytest
 
-from raft.core import RaftNode
-from raft.messages import (
+from tests.unit.raftsim import Cluster, show
+from warren.raft.core import RaftNode
+from warren.raft.messages import (
     AppendEntries,
     AppendEntriesResponse,
     ConfigChange,
@@ -32,7 +33,6 @@ from raft.messages import (
     from_wire,
     to_wire,
 )
-from tests.unit.raftsim import Cluster, show
 
 
 def entry(index: int, term: int, data: bytes = b"", kind: EntryKind = EntryKind.NORMAL) -> Entry:

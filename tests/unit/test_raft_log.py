@@ -4,8 +4,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from raft.log import RaftLog
-from raft.messages import Entry, EntryKind, Snapshot
+from warren.raft.log import RaftLog
+from warren.raft.messages import Entry, EntryKind, Snapshot
 
 OPERATIONS = st.lists(st.tuples(st.sampled_from(["append", "commit", "apply", "compact", "persist"]),
                                 st.integers(0, 30), st.integers(1, 4)), max_size=60)

@@ -12,9 +12,9 @@ from collections import Counter
 
 import pytest
 
-from raft.log import RaftLog
-from raft.messages import Role
 from tests.unit.raftsim import SCENARIOS, Simulation, SimulationFailure
+from warren.raft.log import RaftLog
+from warren.raft.messages import Role
 
 SEEDS = int(os.environ.get("WARREN_RAFT_SEEDS", "34"))
 REPLAY_SEED = os.environ.get("WARREN_RAFT_SEED")

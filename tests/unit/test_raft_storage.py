@@ -9,9 +9,9 @@ from __future__ import annotations
 import msgpack
 import pytest
 
-from raft.group import PersistItem
-from raft.messages import Entry, EntryKind, HardState, Snapshot
-from raft.raft_storage import (
+from warren.raft.group import PersistItem
+from warren.raft.messages import Entry, EntryKind, HardState, Snapshot
+from warren.raft.raft_storage import (
     RAFT_LOG_ID_BASE,
     GroupStorage,
     RecoveryScan,
@@ -19,8 +19,8 @@ from raft.raft_storage import (
     snapshot_record,
     snapshot_record_pieces,
 )
-from storage import records
-from storage.wal import LogStore
+from warren.storage import records
+from warren.storage.wal import LogStore
 
 LOG_ID = RAFT_LOG_ID_BASE + 3
 MEMBERS = ("a", "b", "c")

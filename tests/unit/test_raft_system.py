@@ -15,10 +15,10 @@ import random
 
 import pytest
 
-from raft.group import QUIESCE
-from raft.messages import AppendEntries, Entry, EntryKind, HardState, Heartbeat, Role, from_wire, to_wire
-from raft.system import PersistFailed, RaftSystem
 from tests.unit.systemsim import HarnessFailure, SystemCluster, run_chaos
+from warren.raft.group import QUIESCE
+from warren.raft.messages import AppendEntries, Entry, EntryKind, HardState, Heartbeat, Role, from_wire, to_wire
+from warren.raft.system import PersistFailed, RaftSystem
 
 SEEDS = [int(os.environ["WARREN_SYSTEM_SEED"])] if "WARREN_SYSTEM_SEED" in os.environ else [1, 2]
 ELECTION_TICKS = 10

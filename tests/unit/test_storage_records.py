@@ -14,8 +14,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from storage import records
-from storage.records import FILE_HEADER, FILE_HEADER_SIZE, CorruptLog, Record, encode, scan
+from warren.storage import records
+from warren.storage.records import FILE_HEADER, FILE_HEADER_SIZE, CorruptLog, Record, encode, scan
 
 U64 = st.integers(min_value=0, max_value=2**64 - 1)
 SMALL_PAYLOADS = st.binary(max_size=200)

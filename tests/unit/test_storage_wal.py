@@ -21,11 +21,11 @@ from pathlib import Path
 
 import pytest
 
-from storage import records
-from storage.group_commit import GroupCommitter
-from storage.records import CorruptLog, Record
-from storage.wal import LogStore
 from tests.unit.faultyfiles import FaultyFiles, SimulatedCrash
+from warren.storage import records
+from warren.storage.group_commit import GroupCommitter
+from warren.storage.records import CorruptLog, Record
+from warren.storage.wal import LogStore
 
 DATA_DIR = Path("/data")
 ROOT = DATA_DIR / "log"

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from config.settings import Settings
-from raft.handshake import (
+from warren.config.settings import Settings
+from warren.raft.handshake import (
     HANDSHAKE_FRAME_MAX_BYTES,
     HANDSHAKE_REASONS,
     HEARTBEAT_FRAME,
@@ -34,8 +34,8 @@ from raft.handshake import (
     encode_object,
     hello_message,
 )
-from raft.messages import AppendEntries, Entry, EntryKind, from_wire, to_wire
-from raft.transport import Backoff, TransportLimits
+from warren.raft.messages import AppendEntries, Entry, EntryKind, from_wire, to_wire
+from warren.raft.transport import Backoff, TransportLimits
 
 SECRET = b"the-cluster-cookie"
 KNOWN = frozenset({"node-a", "node-b", "node-c"})

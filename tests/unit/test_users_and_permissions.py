@@ -6,7 +6,7 @@ import hashlib
 
 import pytest
 
-from broker.auth import (
+from warren.broker.admin.auth import (
     AccessControl,
     AuthenticationError,
     Permission,
@@ -15,7 +15,7 @@ from broker.auth import (
     hash_password,
     refused_text,
 )
-from config import load_settings
+from warren.config import load_settings
 
 
 def test_hash_matches_rabbitmq_documented_example():
@@ -85,7 +85,7 @@ def test_config_users_are_hashed_and_get_all_permissions_on_their_declared_vhost
 
 
 def test_bad_password_hash_in_config_names_the_field():
-    from config import ConfigError
+    from warren.config import ConfigError
     with pytest.raises(ConfigError) as info:
         load_settings(users=[{"name": "bob", "password_hash": "nope"}])
     assert "users.0.password_hash" in str(info.value), info.value

@@ -14,7 +14,7 @@ from pamqp import frame as pamqp_frame
 from pamqp import header as pamqp_header
 from pamqp import heartbeat as pamqp_heartbeat
 
-from protocol.connection import (
+from warren.protocol.connection import (
     EV_ACK,
     EV_CHANNEL_ERROR,
     EV_HEARTBEAT,
@@ -24,8 +24,8 @@ from protocol.connection import (
     EV_REJECT,
     ServerConnection,
 )
-from protocol.constants import FRAME_END, PROTOCOL_HEADER
-from protocol.errors import ChannelError
+from warren.protocol.constants import FRAME_END, PROTOCOL_HEADER
+from warren.protocol.errors import ChannelError
 
 FRAME_MAX = 4096
 CHANNEL_MAX = 16

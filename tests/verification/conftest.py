@@ -6,7 +6,7 @@ import pytest
 
 @pytest.fixture(scope="session")
 def spark():
-    from verification.judge.session import spark_session
+    from warren.verification.judge.session import spark_session
 
     session, created = spark_session("local[2]", driver_memory="1g", shuffle_partitions=4)
     session.conf.set("spark.sql.adaptive.coalescePartitions.enabled", "true")

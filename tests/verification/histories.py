@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from verification.history import SCHEMA
+from warren.verification.history import SCHEMA
 
 
 def read_events(directory: Path) -> list[dict]:

@@ -6,7 +6,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from verification.history import SCHEMA, message_id
+from warren.verification.history import SCHEMA, message_id
 
 
 def event(kind: str, t: int, queue: str | None = "q", publisher: str | None = "p", seq: int | None = None,

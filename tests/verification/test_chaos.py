@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from tests.verification.histories import assert_consistent, ids, read_events
-from verification.chaos.schedule import PARTITION_SHAPES
-from verification.judge.verdict import judge_history
+from warren.verification.chaos.schedule import PARTITION_SHAPES
+from warren.verification.judge.verdict import judge_history
 
 CHAOS_TIMEOUT_SECONDS = 240
 
@@ -37,7 +37,7 @@ def test_seeded_chaos_run_is_judged_clean_by_the_pipeline(tmp_path, spark):
     judged by warren-verify's Spark job: no confirmed message lost, no phantom."""
     run_dir, report_path = tmp_path / "run", tmp_path / "report.json"
     result = subprocess.run(
-        [sys.executable, "-m", "verification.chaos.cli", "--seed", "3", "--duration", "36",
+        [sys.executable, "-m", "warren.verification.chaos.cli", "--seed", "3", "--duration", "36",
          "--faults", "kill,pause,partition", "--run-dir", str(run_dir), "--json", str(report_path),
          "--fault-min", "3", "--fault-max", "6", "--drain-idle", "2"],
         capture_output=True, text=True, timeout=CHAOS_TIMEOUT_SECONDS)

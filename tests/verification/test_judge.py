@@ -7,9 +7,9 @@ import re
 import pytest
 
 from tests.verification.historyrows import delivered, event, published_confirmed, write_history
-from verification.judge import cli, reference
-from verification.judge.synthetic import generate
-from verification.judge.verdict import judge_history
+from warren.verification.judge import cli, reference
+from warren.verification.judge.synthetic import generate
+from warren.verification.judge.verdict import judge_history
 
 INJECTED_AS_COUNTED = ("confirmed_lost", "unconfirmed_delivered", "duplicates_redelivered", "duplicates_unflagged",
                        "phantom_messages", "order_violations", "nacked", "returned")

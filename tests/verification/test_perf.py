@@ -11,13 +11,13 @@ from collections import Counter
 import pyarrow.parquet as pq
 
 from tests.verification.histories import assert_consistent, ids, read_events
-from verification.perf.options import parse, to_argv
+from warren.verification.perf.options import parse, to_argv
 
 RUN_TIMEOUT_SECONDS = 90
 
 
 def perf(*args: str, **popen) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "verification.perf.cli", *args], **popen)
+    return subprocess.Popen([sys.executable, "-m", "warren.verification.perf.cli", *args], **popen)
 
 
 def test_options_round_trip_through_a_child_command_line():

@@ -9,8 +9,8 @@ import signal
 import sys
 import time
 
-from verification.chaos.run import ChaosRun
-from verification.chaos.schedule import KINDS
+from warren.verification.chaos.run import ChaosRun
+from warren.verification.chaos.schedule import KINDS
 
 
 def _kinds(text: str) -> list[str]:

@@ -13,7 +13,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from verification.chaos.proxy import LinkProxy
+from warren.verification.chaos.proxy import LinkProxy
 
 SECRET = "warren-chaos local secret"
 LISTEN_TIMEOUT_SECONDS = 60.0
@@ -95,7 +95,7 @@ class LocalCluster:
         node = self.nodes[name]
         log = open(node.directory / "server.log", "ab")
         node.process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "broker", env=self._environment(node), stdout=log, stderr=log,
+            sys.executable, "-m", "warren.broker", env=self._environment(node), stdout=log, stderr=log,
             start_new_session=True)  # a Ctrl-C on the terminal reaches warren-chaos only, which stops the nodes
         log.close()
         node.paused = False

@@ -7,7 +7,7 @@ import time
 
 import aiormq
 
-from verification.perf.link import LINK_ERRORS, node_label
+from warren.verification.perf.link import LINK_ERRORS, node_label
 
 POLL_SECONDS = 0.2
 PREFETCH = 500

@@ -6,9 +6,9 @@ import asyncio
 import signal
 from collections.abc import Awaitable, Callable
 
-from verification.chaos.cluster import LocalCluster
-from verification.chaos.disk import SmallDisks
-from verification.chaos.schedule import PlannedFault
+from warren.verification.chaos.cluster import LocalCluster
+from warren.verification.chaos.disk import SmallDisks
+from warren.verification.chaos.schedule import PlannedFault
 
 RESTART_LISTEN_SECONDS = 45.0
 Heal = Callable[[], Awaitable[None]]

@@ -6,7 +6,7 @@ import json
 import sys
 from pathlib import Path
 
-from verification.perf.stats import finish_summary, merge_summaries
+from warren.verification.perf.stats import finish_summary, merge_summaries
 
 EXIT_GRACE_SECONDS = 40.0   # after --time: the perf's own stop grace plus its connections' close
 
@@ -21,7 +21,7 @@ class PerfLoad:
         a = self.args
         for index in range(a.perf_processes):
             summary = self.run_dir / f"perf-{index}.json"
-            argv = [sys.executable, "-m", "verification.perf.cli", *[x for u in self.urls for x in ("--url", u)],
+            argv = [sys.executable, "-m", "warren.verification.perf.cli", *[x for u in self.urls for x in ("--url", u)],
                     "--time", str(a.duration), "--rate", str(a.rate), "--producers", str(a.producers),
                     "--consumers", str(a.consumers), "--queues", str(a.queues), "--queue", a.queue,
                     "--queue-type", "quorum", "--size", str(a.size), "--history", str(self.history),

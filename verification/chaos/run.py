@@ -8,13 +8,13 @@ import time
 import uuid
 from pathlib import Path
 
-from verification.chaos import schedule
-from verification.chaos.cluster import LocalCluster
-from verification.chaos.disk import SmallDisks
-from verification.chaos.drain import drain_everything
-from verification.chaos.faults import FaultInjector
-from verification.chaos.perfload import PerfLoad
-from verification.recorder import HistoryRecorder
+from warren.verification.chaos import schedule
+from warren.verification.chaos.cluster import LocalCluster
+from warren.verification.chaos.disk import SmallDisks
+from warren.verification.chaos.drain import drain_everything
+from warren.verification.chaos.faults import FaultInjector
+from warren.verification.chaos.perfload import PerfLoad
+from warren.verification.recorder import HistoryRecorder
 
 HEALTHY_TIMEOUT_SECONDS = 60.0
 

@@ -1,6 +1,6 @@
 """python -m verification.judge HISTORY_DIR ...: the same as warren-verify."""
 import sys
 
-from verification.judge.cli import main
+from warren.verification.judge.cli import main
 
 sys.exit(main())

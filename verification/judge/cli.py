@@ -45,8 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from pyspark.errors import AnalysisException  # after argparse: --help needs no Spark
 
-    from verification.judge.session import spark_session
-    from verification.judge.verdict import judge_history
+    from warren.verification.judge.session import spark_session
+    from warren.verification.judge.verdict import judge_history
 
     spark, created = spark_session(args.master, args.driver_memory, args.shuffle_partitions)
     try:
@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = {"ok": all(v["ok"] for v in verdicts), "histories": verdicts}
     (out / "verdict.json").write_text(json.dumps(summary, indent=1, default=str))
     if not args.no_html:
-        from verification.judge.report import write_report
+        from warren.verification.judge.report import write_report
 
         write_report(verdicts, out / "report.html")
     for verdict in verdicts:

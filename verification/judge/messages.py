@@ -12,7 +12,7 @@ from pyspark import StorageLevel
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from verification.judge.events import Events
+from warren.verification.judge.events import Events
 
 COUNT_COLUMNS = ("published", "confirmed", "nacked", "returned", "delivered_messages", "deliveries",
                  "confirmed_lost", "unconfirmed_delivered", "phantom_messages", "phantom_deliveries",

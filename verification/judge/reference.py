@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from verification.judge.faults import ALL_QUEUES, measurement_windows, pair_faults
-from verification.judge.latency import PERCENTILES_PER_MILLE, nearest_rank
-from verification.judge.messages import COUNT_COLUMNS
+from warren.verification.judge.faults import ALL_QUEUES, measurement_windows, pair_faults
+from warren.verification.judge.latency import PERCENTILES_PER_MILLE, nearest_rank
+from warren.verification.judge.messages import COUNT_COLUMNS
 
 
 def read_events(path: str | Path) -> list[dict]:

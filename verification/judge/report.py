@@ -12,7 +12,7 @@ from pathlib import Path
 import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 
-from verification.judge.latency import HISTOGRAM_BINS_PER_DECADE
+from warren.verification.judge.latency import HISTOGRAM_BINS_PER_DECADE
 
 FAULT_SHADE = dict(fillcolor="rgba(220, 50, 50, 0.15)", line_width=0, layer="below")
 COUNTS_SHOWN = ("published", "confirmed", "confirmed_lost", "unconfirmed_delivered", "phantom_messages",

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
-from verification.judge.javaenv import ensure_java
+from warren.verification.judge.javaenv import ensure_java
 
 _PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the directory holding verification/
 

@@ -7,7 +7,7 @@ The zip comes from `python -m verification.judge.session DIR`.
 """
 import sys
 
-from verification.judge.cli import main
+from warren.verification.judge.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

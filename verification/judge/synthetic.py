@@ -33,7 +33,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from verification.history import SCHEMA, message_id
+from warren.verification.history import SCHEMA, message_id
 
 ANOMALIES = ("confirmed_lost", "unconfirmed_delivered", "duplicates_redelivered", "duplicates_unflagged",
              "order_violations", "nacked", "returned", "late_confirm")

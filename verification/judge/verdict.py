@@ -3,12 +3,12 @@ from __future__ import annotations
 
 from pyspark.sql import SparkSession
 
-from verification.judge import faults as fault_metrics
-from verification.judge.events import control_events, read_history, split_events
-from verification.judge.latency import exact_percentiles, latency_frame, latency_histogram, latency_over_time
-from verification.judge.messages import COUNT_COLUMNS, counts_by_queue, lost_examples, message_table
-from verification.judge.ordering import order_violations_by_queue
-from verification.judge.throughput import throughput_series
+from warren.verification.judge import faults as fault_metrics
+from warren.verification.judge.events import control_events, read_history, split_events
+from warren.verification.judge.latency import exact_percentiles, latency_frame, latency_histogram, latency_over_time
+from warren.verification.judge.messages import COUNT_COLUMNS, counts_by_queue, lost_examples, message_table
+from warren.verification.judge.ordering import order_violations_by_queue
+from warren.verification.judge.throughput import throughput_series
 
 FAILING_COUNTS = ("confirmed_lost", "phantom_messages")  # what makes warren-verify exit non-zero
 

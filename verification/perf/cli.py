@@ -7,11 +7,11 @@ import sys
 
 import uvloop
 
-from verification.perf.display import ProgressDisplay, print_summary
-from verification.perf.multiprocess import run_children
-from verification.perf.options import parse
-from verification.perf.runner import ProcessRun, RateReporter
-from verification.perf.stats import finish_summary
+from warren.verification.perf.display import ProgressDisplay, print_summary
+from warren.verification.perf.multiprocess import run_children
+from warren.verification.perf.options import parse
+from warren.verification.perf.runner import ProcessRun, RateReporter
+from warren.verification.perf.stats import finish_summary
 
 
 async def _run(options) -> dict:

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import time
 
-from verification.perf.link import LINK_ERRORS, Link, declare_queue
-from verification.perf.options import PerfOptions
-from verification.perf.stats import PerfStats
+from warren.verification.perf.link import LINK_ERRORS, Link, declare_queue
+from warren.verification.perf.options import PerfOptions
+from warren.verification.perf.stats import PerfStats
 
 
 class Consumer:

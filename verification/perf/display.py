@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import sys
 
-from verification.perf.stats import LatencyHistogram
+from warren.verification.perf.stats import LatencyHistogram
 
 
 def _ms(value: float | None) -> str:

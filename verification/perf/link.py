@@ -8,7 +8,7 @@ from urllib.parse import urlsplit
 
 import aiormq
 
-from verification.perf.stats import PerfStats
+from warren.verification.perf.stats import PerfStats
 
 RETRY_INITIAL_SECONDS = 0.1
 RETRY_MAX_SECONDS = 2.0

@@ -8,8 +8,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from verification.perf.options import PerfOptions, to_argv
-from verification.perf.stats import LatencyHistogram, merge_summaries
+from warren.verification.perf.options import PerfOptions, to_argv
+from warren.verification.perf.stats import LatencyHistogram, merge_summaries
 
 CHILD_EXIT_GRACE_SECONDS = 30.0
 
@@ -19,7 +19,7 @@ async def run_children(options: PerfOptions, reporter) -> dict:
     with tempfile.TemporaryDirectory(prefix="warren-perf-") as scratch:
         summaries = [Path(scratch) / f"{n}.json" for n in range(options.processes)]
         children = [await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "verification.perf.cli",
+            sys.executable, "-m", "warren.verification.perf.cli",
             *to_argv(options, process_index=n, json_path=str(summaries[n]), quiet=False, progress_jsonl=True),
             stdout=asyncio.subprocess.PIPE) for n in range(options.processes)]
         latest: list[dict | None] = [None] * len(children)

@@ -7,10 +7,10 @@ import time
 import aiormq
 from pamqp import commands as spec
 
-from verification.history import message_id
-from verification.perf.link import LINK_ERRORS, Link, declare_queue
-from verification.perf.options import PerfOptions
-from verification.perf.stats import PerfStats
+from warren.verification.history import message_id
+from warren.verification.perf.link import LINK_ERRORS, Link, declare_queue
+from warren.verification.perf.options import PerfOptions
+from warren.verification.perf.stats import PerfStats
 
 FINAL_CONFIRMS_TIMEOUT_SECONDS = 30.0
 

@@ -8,13 +8,13 @@ import signal
 import sys
 import time
 
-from verification.perf.consumer import Consumer
-from verification.perf.display import ProgressDisplay, progress_fields
-from verification.perf.link import Link
-from verification.perf.options import PerfOptions
-from verification.perf.publisher import Publisher
-from verification.perf.stats import LatencyHistogram, PerfStats
-from verification.recorder import HistoryRecorder
+from warren.verification.perf.consumer import Consumer
+from warren.verification.perf.display import ProgressDisplay, progress_fields
+from warren.verification.perf.link import Link
+from warren.verification.perf.options import PerfOptions
+from warren.verification.perf.publisher import Publisher
+from warren.verification.perf.stats import LatencyHistogram, PerfStats
+from warren.verification.recorder import HistoryRecorder
 
 STOP_GRACE_SECONDS = 5.0       # a stopping publisher's last confirms
 DRAIN_MAX_SECONDS = 120.0      # bound on --consumer-drain however busy the queue stays

@@ -9,16 +9,16 @@ hosts:
   in a cluster of several nodes also durable exchanges and bindings between
   durable exchanges and quorum queues, so every node routes the same way.
   Each node applies a committed change through the metadata machine
-  (broker/metadata_machine.py; broker/metadata.py performs its effects on
+  (broker/node/metadata_machine.py; broker/node/metadata.py performs its effects on
   the node's `VirtualHost` read model, which journals them in the node's
   metadata log, with the group's index, so a restart re-applies only what
   came later); the channel that asked replies once its node, and every
-  running node, has applied it (broker/metadata_answers.py);
-* one group per quorum queue on its members (`broker/quorum.py`).
+  running node, has applied it (broker/node/metadata_answers.py);
+* one group per quorum queue on its members (`broker/queues/quorum.py`).
 
 What the node decides beside Raft (forwarding commands to a group's leader,
 resends, answers, nodes up/down/gone, timers) is the pure `NodeCore`
-(broker/node_core.py). This shell feeds it the transport's application
+(broker/node/node_core.py). This shell feeds it the transport's application
 frames and link events, the runtime's applies and leader changes, and the
 time at every Raft tick; it runs in the runtime's one turn (raft/turns.py):
 the core's frames, one per peer, are written at the end of the turn that
@@ -38,8 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from broker import quorum_machine as qm
-from broker.node_core import (  # noqa: F401 -- the message kinds and constants, re-exported for the queue shell
+from warren.broker.node.node_core import (  # noqa: F401 -- the message kinds and constants, re-exported for the queue shell
     APP_FRAME_MESSAGES_MAX,
     APPLIED,
     CMD,
@@ -54,14 +53,15 @@ from broker.node_core import (  # noqa: F401 -- the message kinds and constants,
     forwardable_op,
     unpack,
 )
-from raft.messages import Entry, EntryKind, Role, Snapshot
-from raft.runtime import RaftRuntime
-from raft.transport import TransportLimits
+from warren.broker.queues import quorum_machine as qm
+from warren.raft.messages import Entry, EntryKind, Role, Snapshot
+from warren.raft.runtime import RaftRuntime
+from warren.raft.transport import TransportLimits
 
 if TYPE_CHECKING:
-    from broker.broker import Broker
-    from broker.metadata import Metadata
-    from broker.quorum import QuorumQueue
+    from warren.broker.node.broker import Broker
+    from warren.broker.node.metadata import Metadata
+    from warren.broker.queues.quorum import QuorumQueue
 
 log = structlog.get_logger("warren.cluster")
 
@@ -156,7 +156,7 @@ class Cluster:
     # -- lifecycle -------------------------------------------------------------
     def restore_queue(self, vhost: Any, name: str, arguments: dict, group: str, members: list[str]) -> None:
         """Recovery found a quorum queue in the metadata log; its group recovers its messages."""
-        from broker.quorum import QuorumQueue
+        from warren.broker.queues.quorum import QuorumQueue
         queue = QuorumQueue(vhost, name, arguments, self, group, members)
         self.queues[group] = queue
         vhost.add_queue(queue)

@@ -1,8 +1,8 @@
 """What the metadata machine asks every node's shell to do: plain records.
 
 The machine decides the same on every node; an effect therefore never says
-"this node": it names nodes, and each node's shell (broker/metadata.py,
-broker/metadata_read_model.py, broker/definitions.py) compares them with
+"this node": it names nodes, and each node's shell (broker/node/metadata.py,
+broker/routing/metadata_read_model.py, broker/admin/definitions.py) compares them with
 itself. Effects come in the order they must be performed.
 
 Read model (each node's `VirtualHost` objects and its `AccessControl`):

@@ -22,12 +22,12 @@ from typing import TYPE_CHECKING, Any
 
 from pamqp import commands as spec
 
-from broker import fifo
-from broker.channel_topology import REPLY_TO_QUEUE, TopologyMethods
-from broker.confirms import ConfirmTracker
-from broker.queue import Queue
-from protocol import codec
-from protocol.constants import (
+from warren.broker.amqp.channel_topology import REPLY_TO_QUEUE, TopologyMethods
+from warren.broker.amqp.confirms import ConfirmTracker
+from warren.broker.queues import fifo
+from warren.broker.queues.queue import Queue
+from warren.protocol import codec
+from warren.protocol.constants import (
     ACCESS_REFUSED,
     INTERNAL_ERROR,
     NO_ROUTE,
@@ -40,10 +40,10 @@ from protocol.constants import (
     PROP_REPLY_TO,
     PROP_USER_ID,
 )
-from protocol.errors import AMQPConnectionError, ChannelError
+from warren.protocol.errors import AMQPConnectionError, ChannelError
 
 if TYPE_CHECKING:
-    from broker.connection import AMQPConnection
+    from warren.broker.amqp.connection import AMQPConnection
 
 DELIVERY_TIME_RESOLUTION_SECONDS = 0.1
 REPLY_TO_PREFIX = REPLY_TO_QUEUE + "."

@@ -6,8 +6,8 @@ expressions, configure / write / read, matched (unanchored, as Erlang's
 ``re:run``) against a resource name; an empty expression matches only the
 empty name ("^$"), the default exchange is checked as ``amq.default``.
 The state is seeded from the config (`AccessControl.from_settings`) and then
-changed only through the metadata Raft group (broker/metadata.py), so every
-node of a cluster holds the same users; broker/durability.py journals it.
+changed only through the metadata Raft group (broker/node/metadata.py), so every
+node of a cluster holds the same users; broker/node/durability.py journals it.
 
 Passwords are never kept or logged in clear: a user holds RabbitMQ's
 ``rabbit_password_hashing_sha256`` hash, base64(salt(4) | sha256(salt |
@@ -26,9 +26,9 @@ import re
 import struct
 from dataclasses import dataclass
 
-from broker.definition_checks import SALT_BYTES, check_expression, valid_password_hash  # noqa: F401 (re-exported)
-from config import Settings
-from protocol import codec
+from warren.broker.node.definition_checks import SALT_BYTES, check_expression, valid_password_hash  # noqa: F401 (re-exported)
+from warren.config import Settings
+from warren.protocol import codec
 
 ADMINISTRATOR = "administrator"
 PERMISSIONS = ("configure", "write", "read")

@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Any
 import structlog
 from pamqp import commands as spec
 
-from broker.auth import AuthenticationError, authenticate
-from broker.channel import Channel
-from protocol import codec
-from protocol.connection import (
+from warren.broker.admin.auth import AuthenticationError, authenticate
+from warren.broker.amqp.channel import Channel
+from warren.protocol import codec
+from warren.protocol.connection import (
     AWAIT_HEADER,
     EV_ACK,
     EV_CHANNEL_ERROR,
@@ -32,7 +32,7 @@ from protocol.connection import (
     BadProtocolHeader,
     ServerConnection,
 )
-from protocol.constants import (
+from warren.protocol.constants import (
     ACCESS_REFUSED,
     CONNECTION_FORCED,
     FRAME_MIN_SIZE,
@@ -41,10 +41,10 @@ from protocol.constants import (
     PRECONDITION_FAILED,
     PROTOCOL_HEADER,
 )
-from protocol.errors import AMQPConnectionError, AMQPError, ChannelError
+from warren.protocol.errors import AMQPConnectionError, AMQPError, ChannelError
 
 if TYPE_CHECKING:
-    from broker.broker import Broker
+    from warren.broker.node.broker import Broker
 
 log = structlog.get_logger("warren.connection")
 _connection_ids = itertools.count(1)

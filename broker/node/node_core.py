@@ -1,7 +1,7 @@
 """What one node decides beside Raft, as a pure object with one explicit turn.
 
 Theory of operation (issue 11, item 4). The node's distributed logic takes
-plain inputs and leaves plain outputs; the asyncio shell (broker/cluster.py)
+plain inputs and leaves plain outputs; the asyncio shell (broker/node/cluster.py)
 feeds it and performs what it leaves, once per Raft turn:
 
 * inputs: a channel's command (`submit`), a peer's application frame
@@ -36,8 +36,8 @@ from typing import Any, Protocol
 
 import msgpack
 
-from broker import quorum_machine as qm
-from broker.metadata_answers import MetadataAnswers
+from warren.broker.node.metadata_answers import MetadataAnswers
+from warren.broker.queues import quorum_machine as qm
 
 META = "meta"
 # application message kinds

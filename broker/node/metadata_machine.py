@@ -1,12 +1,12 @@
 """The metadata Raft group's machine: `apply(meta, command, state) -> (state, reply, effects)`.
 
 Theory of operation. Every node applies the group's committed commands
-(broker/metadata_commands.py) in log order to its own `MetaState`
-(broker/metadata_state.py), so every node holds the same state; the machine
+(broker/node/metadata_commands.py) in log order to its own `MetaState`
+(broker/node/metadata_state.py), so every node holds the same state; the machine
 only decides. What the change means for the node (its `VirtualHost` read
 model, Raft groups to host or drop, a first leader's campaign, connections
 to close, the membership reconciler's follow-up) comes back as effect
-records (broker/metadata_effects.py) that every node's shell performs. The
+records (broker/node/metadata_effects.py) that every node's shell performs. The
 reply is what the asking channel or warrenctl gets, with RabbitMQ's codes and
 texts: a queue, exchange or binding error is [reply_code, reply_text,
 class_id, method_id]; a users/vhosts/permissions change answers {"ok": true}
@@ -27,13 +27,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from broker import metadata_commands as mc
-from broker import metadata_effects as fx
-from broker.definition_checks import check_expression, valid_password_hash
-from broker.exchanges import EXCHANGE_TYPES, Binding
-from broker.metadata_state import ExchangeRecord, MetaState, QueueRecord, UserRecord, VhostRecord
-from protocol.constants import ACCESS_REFUSED, CONNECTION_FORCED, NOT_FOUND, PRECONDITION_FAILED
-from protocol.errors import ChannelError
+from warren.broker.node import metadata_commands as mc
+from warren.broker.node import metadata_effects as fx
+from warren.broker.node.definition_checks import check_expression, valid_password_hash
+from warren.broker.node.metadata_state import ExchangeRecord, MetaState, QueueRecord, UserRecord, VhostRecord
+from warren.broker.routing.exchanges import EXCHANGE_TYPES, Binding
+from warren.protocol.constants import ACCESS_REFUSED, CONNECTION_FORCED, NOT_FOUND, PRECONDITION_FAILED
+from warren.protocol.errors import ChannelError
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,21 +33,21 @@ import msgpack
 import structlog
 from prometheus_client import Histogram
 
-from broker.auth import Permission, UserRecord
-from broker.exchanges import Binding, Exchange, make_exchange
-from broker.queue import Queue
-from broker.vhost import NullJournal
-from config import Settings
-from protocol import codec
-from protocol.constants import PROP_EXPIRATION, PROP_PRIORITY
-from raft.raft_storage import is_raft_log_id
-from storage import records
-from storage.group_commit import BatchWritten, GroupCommitter
-from storage.wal import Location, LogStore, Relocation
+from warren.broker.admin.auth import Permission, UserRecord
+from warren.broker.queues.queue import Queue
+from warren.broker.routing.exchanges import Binding, Exchange, make_exchange
+from warren.broker.routing.vhost import NullJournal
+from warren.config import Settings
+from warren.protocol import codec
+from warren.protocol.constants import PROP_EXPIRATION, PROP_PRIORITY
+from warren.raft.raft_storage import is_raft_log_id
+from warren.storage import records
+from warren.storage.group_commit import BatchWritten, GroupCommitter
+from warren.storage.wal import Location, LogStore, Relocation
 
 if TYPE_CHECKING:
-    from broker.broker import Broker
-    from broker.vhost import VirtualHost
+    from warren.broker.node.broker import Broker
+    from warren.broker.routing.vhost import VirtualHost
 
 log = structlog.get_logger("warren.durability")
 
@@ -111,7 +111,7 @@ class Durability:
         self._meta(["meta_applied", index])
 
     def definitions_changed(self, entry: list) -> None:
-        """A user, vhost or permission changed (broker/definitions.py); one record."""
+        """A user, vhost or permission changed (broker/admin/definitions.py); one record."""
         assert entry[0] in _DEFINITION_RECORDS, f"not a definitions record: {entry[0]!r}"
         self._meta(entry)
 

@@ -11,11 +11,11 @@ import time
 from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from broker import fifo
-from protocol import codec
+from warren.broker.queues import fifo
+from warren.protocol import codec
 
 if TYPE_CHECKING:
-    from broker.vhost import VirtualHost
+    from warren.broker.routing.vhost import VirtualHost
 
 
 class ConsumerSink(Protocol):
@@ -39,7 +39,7 @@ def _wall_clock_ms() -> int:
 
 
 class Queue:
-    replicated = False  # a quorum queue (broker/quorum.py): changed through Raft
+    replicated = False  # a quorum queue (broker/queues/quorum.py): changed through Raft
 
     def __init__(
         self,

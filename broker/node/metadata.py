@@ -1,16 +1,16 @@
-"""The metadata Raft group's shell on one node (the machine: broker/metadata_machine.py).
+"""The metadata Raft group's shell on one node (the machine: broker/node/metadata_machine.py).
 
 Theory of operation. The channel checks a topology change against its node's
 vhost first (so that mistakes get RabbitMQ's reply at once), warrenctl
 checks a users/vhosts/permissions or membership change against the machine's
 state here; then the change is submitted to the group as a typed command
-(broker/metadata_commands.py). Every node applies the committed command to
+(broker/node/metadata_commands.py). Every node applies the committed command to
 its own `MetaState` through the pure machine and performs the effects it
-returns (broker/metadata_effects.py): the routing read model
-(`VirtualHost`, broker/metadata_read_model.py), users and permissions
-(broker/definitions.py), Raft groups hosted, dropped and campaigned for,
+returns (broker/node/metadata_effects.py): the routing read model
+(`VirtualHost`, broker/routing/metadata_read_model.py), users and permissions
+(broker/admin/definitions.py), Raft groups hosted, dropped and campaigned for,
 connections closed, and the membership reconciler's follow-up
-(broker/metadata_reconcile.py). The asking node answers once it, and every
+(broker/node/metadata_reconcile.py). The asking node answers once it, and every
 running node, applied the change.
 
 What goes through the group: every durable exchange, every replicated queue
@@ -35,22 +35,22 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import structlog
 
-from broker import fifo
-from broker import metadata_commands as mc
-from broker import metadata_effects as fx
-from broker import metadata_machine as machine
-from broker import metadata_read_model as read_model
-from broker import quorum_machine as qm
-from broker.metadata_answers import APPLIED_AT
-from broker.metadata_reconcile import Reconciler
-from broker.quorum import QuorumQueue
-from protocol.errors import ChannelError
+from warren.broker.node import metadata_commands as mc
+from warren.broker.node import metadata_effects as fx
+from warren.broker.node import metadata_machine as machine
+from warren.broker.node.metadata_answers import APPLIED_AT
+from warren.broker.node.metadata_reconcile import Reconciler
+from warren.broker.queues import fifo
+from warren.broker.queues import quorum_machine as qm
+from warren.broker.queues.quorum import QuorumQueue
+from warren.broker.routing import metadata_read_model as read_model
+from warren.protocol.errors import ChannelError
 
 if TYPE_CHECKING:
-    from broker.broker import Broker
-    from broker.cluster import Cluster
-    from broker.vhost import VirtualHost
-    from raft.messages import Entry
+    from warren.broker.node.broker import Broker
+    from warren.broker.node.cluster import Cluster
+    from warren.broker.routing.vhost import VirtualHost
+    from warren.raft.messages import Entry
 
 log = structlog.get_logger("warren.metadata")
 
@@ -87,7 +87,7 @@ class Metadata:
     def submit(self, command: mc.Command, on_done: Callable[[Any], None], everywhere: bool = True) -> None:
         """Have the metadata group apply `command`; `on_done(reply)` once this
         node has applied it and (`everywhere`) so has every running node
-        (broker/metadata_answers.py)."""
+        (broker/node/metadata_answers.py)."""
         self.cluster.core.submit_meta(mc.encode(command), on_done, everywhere)
         self.cluster.after_input()
 

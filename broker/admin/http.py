@@ -3,7 +3,7 @@
 ``/metrics`` (and ``/``) is the Prometheus text format, open like RabbitMQ's
 prometheus plugin. ``/api/...`` are the management views (GET) and changes
 (POST with a JSON body: quorum queue membership; the reply waits until the
-metadata Raft group has applied the change) of ``broker.management``, as
+metadata Raft group has applied the change) of ``broker.admin.management``, as
 JSON, behind HTTP Basic authentication against the node's users (as AMQP
 logins: the same password hashes and loopback rule); users, vhosts and
 permissions (`management.ADMIN_PATHS`) need the "administrator" tag, else
@@ -21,12 +21,12 @@ from typing import TYPE_CHECKING
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import CollectorRegistry
 
-from broker import management
-from broker.auth import ADMINISTRATOR, AuthenticationError, UserRecord, authenticate
-from broker.metrics import BrokerCollector
+from warren.broker.admin import management
+from warren.broker.admin.auth import ADMINISTRATOR, AuthenticationError, UserRecord, authenticate
+from warren.broker.admin.metrics import BrokerCollector
 
 if TYPE_CHECKING:
-    from broker.broker import Broker
+    from warren.broker.node.broker import Broker
 
 # A request is one line plus headers; anything longer is not a client of ours.
 REQUEST_MAX_BYTES = 16384

@@ -2,17 +2,17 @@
 
 Theory of operation. warrenctl's add_user, delete_user, change_password,
 set_user_tags, add_vhost, delete_vhost, set_permissions and
-clear_permissions (broker/management.py) build a typed command
-(broker/metadata_commands.py; a password travels only as its salted hash,
+clear_permissions (broker/admin/management.py) build a typed command
+(broker/node/metadata_commands.py; a password travels only as its salted hash,
 made by the asking node), which `check` tries against the metadata machine's
 state here, so that a mistake gets rabbitmqctl's words at once; then it goes
-to the metadata Raft group. Every node's machine (broker/metadata_machine.py)
+to the metadata Raft group. Every node's machine (broker/node/metadata_machine.py)
 checks it again and applies it in log order, so every node of the cluster
 ends with the same users, vhosts and permissions; an apply answers {"ok":
 true} or {"error": text, "status": http status}. This module performs the
 machine's effects on the node: `AccessControl` (logins and permission
 checks read it), the broker's vhosts, connections to close, and the node's
-metadata log (broker/durability.py), journaled before the group's index so a
+metadata log (broker/node/durability.py), journaled before the group's index so a
 restart replays it and re-applies only later entries.
 
 delete_vhost closes the vhost's connections on every node (320
@@ -28,15 +28,15 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from broker import metadata_commands as mc
-from broker import metadata_effects as fx
-from broker import metadata_machine as machine
-from broker.auth import Permission, UserRecord
-from broker.metadata import ChangeRefused
+from warren.broker.admin.auth import Permission, UserRecord
+from warren.broker.node import metadata_commands as mc
+from warren.broker.node import metadata_effects as fx
+from warren.broker.node import metadata_machine as machine
+from warren.broker.node.metadata import ChangeRefused
 
 if TYPE_CHECKING:
-    from broker.broker import Broker
-    from broker.metadata import Metadata
+    from warren.broker.node.broker import Broker
+    from warren.broker.node.metadata import Metadata
 
 log = structlog.get_logger("warren.definitions")
 

@@ -28,12 +28,12 @@ from typing import IO
 import structlog
 import uvloop
 
-from broker.broker import VERSION, Broker
-from broker.connection import AMQPConnection
-from broker.http import start_http_server
-from broker.logs import configure_logging
-from config import ConfigError, Settings, load_settings
-from storage.records import CorruptLog
+from warren.broker.admin.http import start_http_server
+from warren.broker.amqp.connection import AMQPConnection
+from warren.broker.node.broker import VERSION, Broker
+from warren.broker.node.logs import configure_logging
+from warren.config import ConfigError, Settings, load_settings
+from warren.storage.records import CorruptLog
 
 log = structlog.get_logger("warren.server")
 # How long shutdown waits for clients to answer connection.close.

@@ -1,8 +1,8 @@
 """Checks on users' and permissions' data that the metadata machine makes too.
 
-Pure (no I/O, no clock): the metadata machine (broker/metadata_machine.py)
+Pure (no I/O, no clock): the metadata machine (broker/node/metadata_machine.py)
 checks a change with these on every node, so they cannot live in
-broker/auth.py, which reads the config.
+broker/admin/auth.py, which reads the config.
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Prometheus metrics, read from broker state at scrape time.
 
 A custom collector reads counters and queue sizes when Prometheus scrapes,
-so the hot path only bumps plain integers. ``broker.http`` serves it on the
+so the hot path only bumps plain integers. ``broker.admin.http`` serves it on the
 broker's own event loop (no thread reads state the loop is changing).
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
-    from broker.broker import Broker
+    from warren.broker.node.broker import Broker
 
 
 class BrokerCollector(Collector):

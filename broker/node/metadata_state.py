@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import msgpack
 
-from broker.exchanges import DEFAULT_EXCHANGES, Binding
+from warren.broker.routing.exchanges import DEFAULT_EXCHANGES, Binding
 
 SNAPSHOT_VERSION = 1
 

@@ -5,7 +5,7 @@ what changed (an exchange, a binding, the auto-delete exchanges a removal
 took with it), so it says so in effect records; a diff would copy the whole
 state at every entry to find what the machine had in hand. The updates here
 do no checks (the machine made them) and journal what they change in the
-node's metadata log (broker/durability.py) through the vhost's journal, as
+node's metadata log (broker/node/durability.py) through the vhost's journal, as
 before. They are idempotent: the vhost's own cascades (a deleted queue's
 bindings, an auto-delete source) may have done part of it already.
 
@@ -26,13 +26,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from broker import metadata_effects as fx
-from broker.exchanges import Binding, Exchange, make_exchange
-from broker.metadata_state import ExchangeRecord, MetaState, QueueRecord, UserRecord, VhostRecord
+from warren.broker.node import metadata_effects as fx
+from warren.broker.node.metadata_state import ExchangeRecord, MetaState, QueueRecord, UserRecord, VhostRecord
+from warren.broker.routing.exchanges import Binding, Exchange, make_exchange
 
 if TYPE_CHECKING:
-    from broker.broker import Broker
-    from broker.vhost import VirtualHost
+    from warren.broker.node.broker import Broker
+    from warren.broker.routing.vhost import VirtualHost
 
 
 def owns_exchange(exchange: Exchange | None) -> bool:

@@ -6,7 +6,7 @@ quorum queue, member or not, so any node routes to it and any channel can
 consume from it. Channels use it as they use a classic `Queue`, but nothing
 is applied here directly: every command goes to the group's leader
 (`Cluster.submit`), and every replica applies the committed commands to its
-`QuorumMachine` (broker/quorum_machine.py); only the leader performs the
+`QuorumMachine` (broker/queues/quorum_machine.py); only the leader performs the
 effects:
 
 * publishing: each channel is an enqueuer with its own sequence numbers; its
@@ -36,16 +36,16 @@ from typing import TYPE_CHECKING, Any, Callable, Hashable
 
 import structlog
 
-from broker import fifo
-from broker import metadata_commands as mc
-from broker import quorum_machine as qm
-from broker.queue import Queue
-from broker.cluster import APPLIED, DELIVER, RESEND, RESEND_SECONDS
+from warren.broker.queues import fifo
+from warren.broker.node import metadata_commands as mc
+from warren.broker.queues import quorum_machine as qm
+from warren.broker.queues.queue import Queue
+from warren.broker.node.cluster import APPLIED, DELIVER, RESEND, RESEND_SECONDS
 
 if TYPE_CHECKING:
-    from broker.cluster import Cluster
-    from broker.vhost import VirtualHost
-    from raft.messages import Entry, Snapshot
+    from warren.broker.node.cluster import Cluster
+    from warren.broker.routing.vhost import VirtualHost
+    from warren.raft.messages import Entry, Snapshot
 
 log = structlog.get_logger("warren.quorum")
 HELD_DELIVERIES_MAX = 10_000

@@ -1,6 +1,6 @@
 """Reconciling a quorum queue group's Raft configuration with its members.
 
-The metadata machine (broker/metadata_machine.py) holds each queue's wanted
+The metadata machine (broker/node/metadata_machine.py) holds each queue's wanted
 members and, per group, the nodes removed that may still hold a replica
 (`MetaState.leaving`); this shell part, with timers, makes each group follow
 them one single-server change at a time (thesis §4.1). The leader of each
@@ -22,11 +22,11 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from broker import metadata_commands as mc
+from warren.broker.node import metadata_commands as mc
 
 if TYPE_CHECKING:
-    from broker.metadata import Metadata
-    from broker.quorum import QuorumQueue
+    from warren.broker.node.metadata import Metadata
+    from warren.broker.queues.quorum import QuorumQueue
 
 log = structlog.get_logger("warren.metadata")
 

@@ -9,18 +9,18 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from broker.auth import AccessControl
-from broker.cluster import Cluster
-from broker.definitions import Definitions
-from broker.durability import Durability
-from broker.metadata import Metadata
-from broker.vhost import VirtualHost
-from config import Settings
-from protocol.constants import CONNECTION_FORCED
+from warren.broker.admin.auth import AccessControl
+from warren.broker.admin.definitions import Definitions
+from warren.broker.node.cluster import Cluster
+from warren.broker.node.durability import Durability
+from warren.broker.node.metadata import Metadata
+from warren.broker.routing.vhost import VirtualHost
+from warren.config import Settings
+from warren.protocol.constants import CONNECTION_FORCED
 
 if TYPE_CHECKING:
-    from broker.channel import Channel
-    from broker.connection import AMQPConnection
+    from warren.broker.amqp.channel import Channel
+    from warren.broker.amqp.connection import AMQPConnection
 
 VERSION = "0.1.0"
 log = structlog.get_logger("warren.broker")
@@ -45,7 +45,7 @@ class Broker:
         self.version = VERSION
         self.durability = Durability(settings)
         # The config's vhosts, users and permissions: what a fresh node starts with; the
-        # metadata log's definitions replace them at recovery (broker/durability.py).
+        # metadata log's definitions replace them at recovery (broker/node/durability.py).
         self.vhosts = {name: VirtualHost(name, self.durability) for name in settings.vhosts}
         self.access = AccessControl.from_settings(settings)
         self.cluster = Cluster(self)
@@ -57,7 +57,7 @@ class Broker:
         self.counters = Counters()
         self._reply_channels: dict[str, "Channel"] = {}
         self.started_monotonic = time.monotonic()
-        self.listeners: dict[str, list[str]] = {}   # what the server bound, by listener (broker/server.py)
+        self.listeners: dict[str, list[str]] = {}   # what the server bound, by listener (broker/node/server.py)
         self.memory_alarm = False
         self.disk_alarm = False
         # cluster peers whose authenticated link is up (node-pair failure detection)

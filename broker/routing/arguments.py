@@ -6,8 +6,8 @@ PRECONDITION_FAILED naming the argument, the way RabbitMQ words it:
 """
 from __future__ import annotations
 
-from protocol.constants import PRECONDITION_FAILED
-from protocol.errors import ChannelError
+from warren.protocol.constants import PRECONDITION_FAILED
+from warren.protocol.errors import ChannelError
 
 QUEUE_TYPES = ("classic", "quorum", "stream")
 OVERFLOW_MODES = ("drop-head", "reject-publish", "reject-publish-dlx")

@@ -13,17 +13,24 @@ from typing import Any
 
 from pamqp import commands as spec
 
-from broker import arguments as queue_arguments
-from broker.exchanges import DEFAULT_EXCHANGES, EXCHANGE_TYPES, Binding, Destination, Exchange, make_exchange
-from broker.queue import Queue
-from protocol import codec
-from protocol.constants import (
+from warren.broker.queues.queue import Queue
+from warren.broker.routing import arguments as queue_arguments
+from warren.broker.routing.exchanges import (
+    DEFAULT_EXCHANGES,
+    EXCHANGE_TYPES,
+    Binding,
+    Destination,
+    Exchange,
+    make_exchange,
+)
+from warren.protocol import codec
+from warren.protocol.constants import (
     ACCESS_REFUSED,
     NOT_FOUND,
     PRECONDITION_FAILED,
     RESOURCE_LOCKED,
 )
-from protocol.errors import ChannelError
+from warren.protocol.errors import ChannelError
 
 QUEUE_TYPES_DURABLE_ONLY = ("quorum", "stream")
 # Longest path through exchange-to-exchange bindings we follow; cycles are cut by a visited set.

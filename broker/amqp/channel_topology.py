@@ -1,6 +1,6 @@
 """A channel's methods on exchanges, queues and bindings (AMQP 0-9-1 §3.1).
 
-Mixed into ``broker.channel.Channel``. Replies to durable topology changes go
+Mixed into ``broker.amqp.channel.Channel``. Replies to durable topology changes go
 out once the change is on disk, as RabbitMQ answers only after its metadata
 store has committed; tx.commit-ok waits the same way for its messages.
 """
@@ -12,13 +12,13 @@ from typing import Any
 
 from pamqp import commands as spec
 
-from broker import fifo
-from broker import metadata_commands as mc
-from broker.auth import refused_text
-from broker.metadata import raise_if_error
-from broker.queue import Queue
-from protocol.constants import ACCESS_REFUSED, INTERNAL_ERROR, NOT_FOUND
-from protocol.errors import ChannelError
+from warren.broker.admin.auth import refused_text
+from warren.broker.node import metadata_commands as mc
+from warren.broker.node.metadata import raise_if_error
+from warren.broker.queues import fifo
+from warren.broker.queues.queue import Queue
+from warren.protocol.constants import ACCESS_REFUSED, INTERNAL_ERROR, NOT_FOUND
+from warren.protocol.errors import ChannelError
 
 REPLY_TO_QUEUE = "amq.rabbitmq.reply-to"
 # what a channel remembers of its permission checks (RabbitMQ keeps a few per channel)
@@ -75,7 +75,7 @@ class TopologyMethods:
             return
         self.send(reply)
 
-    # -- through the metadata Raft group (broker/metadata.py) -----------------------------
+    # -- through the metadata Raft group (broker/node/metadata.py) -----------------------------
     def _replicate(self, command: mc.Command, reply: Any | None,
                    on_applied: Callable[[Any], Any | None] | None = None) -> Callable[..., None]:
         """A hook for the vhost: submit `command` to the metadata group; reply

@@ -6,10 +6,10 @@ under /api/ with HTTP Basic authentication against the configured users.
 Changes (`ACTIONS`, served as POST with a JSON body, same authentication)
 are quorum queue membership commands named after rabbitmq-queues':
 add_member, delete_member, grow, shrink, rebalance; and users, vhosts and
-permissions named after rabbitmqctl's (broker/definitions.py): add_user,
+permissions named after rabbitmqctl's (broker/admin/definitions.py): add_user,
 delete_user, change_password, set_user_tags, add_vhost, delete_vhost,
 set_permissions, clear_permissions. They go through the metadata Raft group
-(broker/metadata.py) and answer once it has committed and this node applied
+(broker/node/metadata.py) and answer once it has committed and this node applied
 them: the change is then made on every node (each queue's Raft group follows
 a membership change in the background). A change that cannot be made raises
 `ManagementError` (an HTTP status and one line of text). `ADMIN_PATHS` (the
@@ -23,13 +23,13 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from broker import metadata_commands as mc
-from broker.auth import hash_password
-from broker.definitions import DefinitionError
-from broker.metadata import MembershipError
+from warren.broker.admin.auth import hash_password
+from warren.broker.admin.definitions import DefinitionError
+from warren.broker.node import metadata_commands as mc
+from warren.broker.node.metadata import MembershipError
 
 if TYPE_CHECKING:
-    from broker.broker import Broker
+    from warren.broker.node.broker import Broker
 
 
 def overview(broker: "Broker") -> dict[str, Any]:
@@ -323,7 +323,7 @@ async def rebalance(broker: "Broker", body: dict) -> dict[str, Any]:
             "leaders": [{"node": node, "quorum_leaders": count} for node, count in after.items()]}
 
 
-# -- changes: users, vhosts, permissions (broker/definitions.py) ---------------------------
+# -- changes: users, vhosts, permissions (broker/admin/definitions.py) ---------------------------
 
 async def _define(broker: "Broker", command: mc.Command) -> dict[str, Any]:
     try:

@@ -9,7 +9,7 @@ proposer's clock, stamped when it proposed, so replicas agree on time. Time in
 the machine never goes back: a command stamped earlier than the last one (a
 proposer with a slower clock) runs at the last one's time.
 
-It wraps the queue machine of broker/fifo.py and adds what replication needs:
+It wraps the queue machine of broker/queues/fifo.py and adds what replication needs:
 
 * Enqueuer sessions. A publisher (enqueuer) numbers its ENQUEUEs 1, 2, 3...
   and resends the unconfirmed ones after a leader change, so the log holds
@@ -51,8 +51,8 @@ from typing import Any
 
 import msgpack
 
-from broker import fifo
-from protocol import codec
+from warren.broker.queues import fifo
+from warren.protocol import codec
 
 
 # -- opcodes (the first element of every command) ------------------------------------
@@ -93,7 +93,7 @@ TIME_FIELD = {ENQUEUE: 3, ENQUEUE_BATCH: 3, NODE_UP: 3, DOWN: 2, NODE_DOWN: 2, N
               DROP_TRANSIENT: 1, DROP_TRANSIENT_BEFORE: 2}
 TIME_FIELD_DEFAULT = 3
 
-# What one node states about others (a leader's own view, broker/quorum.py `_state_own_view`):
+# What one node states about others (a leader's own view, broker/queues/quorum.py `_state_own_view`):
 # proposed only by the leader into its own log, never forwarded, so a peer that sends one is refused.
 LIVENESS_OPS = frozenset({NODE_DOWN, NODE_UP, NODE_GONE})
 
@@ -493,7 +493,7 @@ class QuorumMachine:
     def _on_enqueue(self, enqueuer: str, seq: int, message: list, effects: list) -> list[Applied]:
         session = self._sessions.get(enqueuer)
         if session is None:
-            # A publisher's session starts at seq 1 (broker/quorum.py), as rabbit_fifo's
+            # A publisher's session starts at seq 1 (broker/queues/quorum.py), as rabbit_fifo's
             # enqueuer: a first command with a later seq overtook earlier ones still on
             # their way, which must not be taken for duplicates (confirmed, never enqueued).
             # The machine forgets a session only when its channel is gone for good (DOWN,
@@ -565,7 +565,7 @@ class QuorumMachine:
             # not a second message. A node numbers its requests upwards.
             effects.append(Got(owner, request_id, last[1]))
             return last[1]
-        # basic.get's pseudo-consumer (owner, None), as broker/queue.py has it
+        # basic.get's pseudo-consumer (owner, None), as broker/queues/queue.py has it
         dequeued = self._fifo_apply(_time(command), fifo.Dequeue((owner, None), no_ack), effects)
         self._gets[owner] = (request_id, dequeued)
         effects.append(Got(owner, request_id, dequeued))
