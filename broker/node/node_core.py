@@ -385,6 +385,7 @@ class NodeCore:
             self.check_gone_nodes()
             self.release_answers()   # a wait for a lagging node is bounded
             self.announce()
+            self.ask_for_lost_deliveries()
 
     def announce(self) -> None:
         """Say again who this node is and how far it applied the metadata group: a
@@ -394,6 +395,16 @@ class NodeCore:
         for peer in self.running_peers():
             self.send(peer, [HELLO, self.incarnation])
             self.send(peer, [METADATA_APPLIED, self.meta_applied_index])
+
+    def ask_for_lost_deliveries(self) -> None:
+        """This node's consumers ask each queue's leader, now and then, for what it
+        checked out to them after the last delivery they saw: a lost delivery at the
+        end of a consumer's window leaves no gap to notice, and the window stays full
+        for good (tests/sim seed 33). The queue's link-up hook asks just that."""
+        for queue in list(self.queues.values()):
+            leader = queue.leader_hint
+            if leader is not None and leader != self.node and leader not in self.down_since:
+                queue.on_link_up(leader)
 
     def check_gone_nodes(self) -> None:
         for peer, since in list(self.down_since.items()):

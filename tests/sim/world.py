@@ -375,16 +375,18 @@ class World:
     def final_round(self) -> None:
         """Healed and drained, every publisher publishes a few more: each consumer that
         consumes gets some of them (round-robin), so none stays suspended for good."""
+        for _ in range(int(2.0 / STEP_SECONDS)):   # a consumer that just (re)connected is registered by then
+            self.step(faults=False, clients=True)
         consuming = [c for c in self.consumers if c.connected and c.consuming is not None]
-        before = {c.name: self.history.received.get(c.name, 0) for c in consuming}
+        before = {c.name: (c.owner, self.history.received.get(c.name, 0)) for c in consuming}
         for _ in range(6 * self.scenario.consumers_per_queue):
             for publisher in self.publishers:
                 publisher.publish()
             for _ in range(10):
                 self.step(faults=False, clients=True)
         self.drain()
-        starved = [c.name for c in consuming if c.connected and c.consuming is not None
-                   and self.history.received.get(c.name, 0) == before[c.name]]
+        starved = [c.name for c in consuming if c.connected and c.consuming is not None   # the same channel
+                   and (c.owner, self.history.received.get(c.name, 0)) == before[c.name]]
         if starved:
             self.fail(f"consumers {starved} got nothing of the final round, their queues' others did")
 

@@ -174,3 +174,18 @@ def test_a_repeated_hello_states_a_node_up_once_per_link():
     core.peer_up("b")
     core.on_frame("b", {"a": [[HELLO, "b2"]]})   # after the link came up again
     assert ups == [("b", "b1"), ("b", "b2"), ("b", "b2")]
+
+
+def test_consumers_ask_the_leader_again_for_lost_deliveries():
+    """A delivery lost at the end of a consumer's window leaves no gap to notice
+    (tests/sim seed 33): now and then the queue asks its leader (its link-up hook)."""
+    asked = []
+    core = core_on_a({})
+    queue = core.queues["q"] = StubQueue("q")
+    queue.leader_hint = "b"
+    queue.on_link_up = asked.append
+    core.tick(0.6)
+    assert asked == ["b"]
+    queue.leader_hint = "a"   # led here: nothing to ask
+    core.tick(1.2)
+    assert asked == ["b"]
