@@ -120,6 +120,7 @@ class World:
         self.fault: str | None = None
         self.stats: dict[str, int] = {}
         self.failure: SimulationFailure | None = None
+        self.reconnects = True   # clients reconnect to other nodes now and then, by choice
         self.failures: list[tuple[float, str, str]] = []   # nodes whose Raft failed: (t, node, error)
         # Raft's safety: (group, term) -> leader; group -> index -> (term, data) applied
         self.leaders: dict[tuple[str, int], str] = {}
@@ -258,7 +259,7 @@ class World:
         scenario = self.scenario
         live = [node for node in self.nodes.values() if node.up]
         for client in [self.admin, *self.publishers, *self.consumers]:
-            if not client.connected or self.rng.random() < scenario.reconnect_rate:
+            if not client.connected or (self.reconnects and self.rng.random() < scenario.reconnect_rate):
                 if isinstance(client, Consumer):
                     client.close()
                 if live:
@@ -375,7 +376,8 @@ class World:
     def final_round(self) -> None:
         """Healed and drained, every publisher publishes a few more: each consumer that
         consumes gets some of them (round-robin), so none stays suspended for good."""
-        for _ in range(int(2.0 / STEP_SECONDS)):   # a consumer that just (re)connected is registered by then
+        self.reconnects = False   # clients stay where they are; one that just reconnected is registered
+        for _ in range(int(2.0 / STEP_SECONDS)):   # within 2 s (a CHECKOUT lost is resent after 1 s)
             self.step(faults=False, clients=True)
         consuming = [c for c in self.consumers if c.connected and c.consuming is not None]
         before = {c.name: (c.owner, self.history.received.get(c.name, 0)) for c in consuming}
