@@ -39,7 +39,7 @@ from tests.sim.clients import Admin, Consumer, Publisher
 from tests.sim.history import History, SimulationFailure
 from tests.sim.loop import SimClock, patch_time
 from tests.sim.network import Network
-from tests.sim.node import SimNode
+from tests.sim.node import NODE_GONE_SECONDS, SimNode
 from warren.raft.messages import Role
 
 STEP_SECONDS = 0.002
@@ -309,8 +309,11 @@ class World:
             self.network.cut_links({(shuffled[0], shuffled[1])})
         elif kind == "pause":
             self.paused_until[shuffled[0]] = self.clock.now + max(seconds, 1.0)
-        elif kind == "crash":
-            self.crash(shuffled[0], seconds)
+        elif kind == "crash":   # now and then down longer than cluster_node_gone_seconds
+            long = rng.random() < 0.25
+            self.crash(shuffled[0], NODE_GONE_SECONDS + 1 if long else seconds)
+            if long:
+                self.note("crash past gone")
         elif kind == "disk":
             node = self.nodes[shuffled[0]]
             if node.up:
