@@ -125,6 +125,8 @@ class World:
         # Raft's safety: (group, term) -> leader; group -> index -> (term, data) applied
         self.leaders: dict[tuple[str, int], str] = {}
         self.applied: dict[str, dict[int, tuple[int, bytes]]] = {}
+        self.newest_term: dict[str, int] = {}   # group -> the newest term a leader was elected in
+        self.committed_by: dict[tuple[str, int], int] = {}   # (group, index) -> newest term at its first apply
         self.last_applied: dict[tuple[str, int, str], int] = {}   # (node, incarnation, group) -> index
         self.queue_names = [f"q{i}" for i in range(1, scenario.queues + 1)]
         self.publisher_queue: dict[str, str] = {}
@@ -165,6 +167,7 @@ class World:
 
         def role_changed(group: Any, role: Role, leader: str | None, term: int) -> None:
             if role == Role.LEADER:
+                self.newest_term[group] = max(self.newest_term.get(group, 0), term)
                 first = self.leaders.setdefault((group, term), node.name)
                 if first != node.name:
                     self.fail(f"group {group}: two leaders in term {term}: {first} and {node.name}")
@@ -177,6 +180,9 @@ class World:
             if last is not None and entry.index != last + 1:
                 self.fail(f"{node.name} applies {group} index {entry.index} after {last}")
             self.last_applied[key] = entry.index
+            if entry.index not in self.applied.get(group, {}):
+                # committed in a term no later than the newest leader's so far
+                self.committed_by[(group, entry.index)] = self.newest_term.get(group, 0)
             seen = self.applied.setdefault(group, {}).setdefault(entry.index, (entry.term, entry.data))
             if seen != (entry.term, entry.data):
                 self.fail(f"{node.name} applies {group} index {entry.index} term {entry.term}, "
@@ -199,11 +205,15 @@ class World:
         runtime.install_snapshot = installed
 
     def check_leader_log(self, node: SimNode, cluster: Any, group: Any) -> None:
-        """Leader completeness: the new leader holds every entry applied anywhere, to its last index."""
-        log = cluster.runtime.system.groups[group].raft.log
+        """Leader completeness: a leader of term T holds every entry committed in an earlier
+        term. An entry first applied when the newest leader's term was M was committed in a
+        term no later than M, so every leader of a term after M must hold it. (A leader of an
+        earlier term may be elected late: a paused candidate counting votes granted before.)"""
+        raft = cluster.runtime.system.groups[group].raft
+        log = raft.log
         applied = self.applied.get(group, {})
         for index, (term, _) in applied.items():
-            if index <= log.snapshot_index:
+            if index <= log.snapshot_index or raft.term <= self.committed_by[(group, index)]:
                 continue
             if index > log.last_index():
                 self.fail(f"{node.name} leads {group} without index {index}, applied elsewhere")
