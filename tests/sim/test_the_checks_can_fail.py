@@ -5,6 +5,7 @@ from __future__ import annotations
 from tests.sim.history import SimulationFailure
 from tests.sim.world import SCENARIOS, World, replay_command
 from warren.broker.queues import quorum_machine as qm
+from warren.raft.log import RaftLog
 
 
 def first_failure(scenario: str, seeds: int = 12) -> str | None:
@@ -49,3 +50,10 @@ def test_a_release_cursor_that_cuts_below_a_kept_message(monkeypatch):
         return index, machine.snapshot()
     monkeypatch.setattr(qm.ReleaseCursor, "offer", eager)
     assert first_failure("snapshots") is not None
+
+
+def test_votes_for_a_candidate_missing_committed_entries(monkeypatch):
+    """Raft's election restriction off (§5.4.1): a leader without committed entries is caught."""
+    monkeypatch.setattr(RaftLog, "is_up_to_date", lambda self, last_index, last_term: True)
+    failure = first_failure("faults")
+    assert failure is not None and ("leads" in failure or "applies" in failure), failure
