@@ -140,8 +140,10 @@ class Cluster:
         self.nodes = self.core.nodes
         self.multi_node = len(self.nodes) > 1
         self.metadata: "Metadata | None" = None   # set by Metadata, which applies the group's entries
-        # queue groups' snapshots recovered before the metadata entry declaring the queue is re-applied
+        # queue groups' snapshots and committed entries recovered before the metadata entry
+        # declaring the queue is re-applied: the replica takes them when the queue is made
         self.early_snapshots: dict[str, Snapshot] = {}
+        self.early_entries: dict[str, list[Entry]] = {}
 
     # the core's state that the queue shell reads
     @property
@@ -292,6 +294,10 @@ class Cluster:
                 queue = self.queues.get(group)
                 if queue is not None:
                     result = queue.apply_entry(entry, self.is_leader(group))
+                elif group in self.runtime.groups:
+                    # At start a queue group may apply before the metadata group re-applies
+                    # its declaration (after the metadata snapshot): applied when it is made.
+                    self.early_entries.setdefault(group, []).append(entry)
         self._input().on_applied(group, entry.index, result)
 
     def apply_meta(self, entry: Entry) -> Any:
@@ -309,6 +315,7 @@ class Cluster:
             queue.install_snapshot(snapshot)
         else:   # at start, a queue declared after the metadata snapshot: its entry is re-applied later
             self.early_snapshots[group] = snapshot
+            self.early_entries.pop(group, None)   # the snapshot holds them
 
     def queue_known(self, queue: "QuorumQueue") -> None:
         """A queue the metadata group made here: its replica's state if this node hosts its group."""
@@ -320,6 +327,8 @@ class Cluster:
         snapshot = self.early_snapshots.pop(queue.group, None)
         if snapshot is not None:
             queue.install_snapshot(snapshot)
+        for entry in self.early_entries.pop(queue.group, ()):
+            queue.apply_entry(entry, False)   # a replay: the leader's effects were performed, or are resent
 
     def on_role_change(self, group: Any, role: Role, leader_id: str | None, term: int) -> None:
         self._input().on_role_change(group, role == Role.LEADER, leader_id)
