@@ -176,8 +176,18 @@ class RaftRuntime:
 
     async def start(self) -> None:
         """Host the recovered groups, link to the peers, start ticking."""
+        transport = ClusterTransport(
+            self.settings, self.on_frame, random.Random(self.rng.random()), limits=self.transport_limits,
+            on_peer_up=self.on_peer_up, on_peer_down=self.on_peer_down)
+        self.begin(asyncio.get_running_loop(), transport)
+        await transport.start()
+
+    def begin(self, loop: Any, transport: Any) -> None:
+        """The synchronous part of `start` over the given loop (`call_soon`,
+        `call_later`) and transport (`send`, `peers`, `connected_peers`): a
+        seeded simulation (tests/sim) runs the runtime over its own."""
         assert self.system is None, "a runtime starts once; build a new one to restart"
-        self._loop = self.turns.loop = asyncio.get_running_loop()
+        self._loop = self.turns.loop = loop
         self.system = RaftSystem(
             self.node_name, self.rng, self.persistence.persist, self.send, self.locations.apply_noting,
             install_snapshot=self.install_snapshot, on_role_change=self.on_role_change,
@@ -199,13 +209,10 @@ class RaftRuntime:
                 assert self.install_snapshot is not None, \
                     f"group {recovered.group_id!r} recovered a snapshot but no install_snapshot callback was given"
                 self.install_snapshot(recovered.group_id, recovered.state.snapshot)
-        self.transport = ClusterTransport(
-            self.settings, self.on_frame, random.Random(self.rng.random()), limits=self.transport_limits,
-            on_peer_up=self.on_peer_up, on_peer_down=self.on_peer_down)
+        self.transport = transport
         # Until the transport links a peer, the failure detector's answer is "down".
-        for peer in sorted(self.transport.peers):
+        for peer in sorted(transport.peers):
             self.system.peer_down(peer)
-        await self.transport.start()
         if self.turns.proposals_waiting:
             self.request_turn()   # proposals the host made before the start
         self._tick_handle = self._loop.call_later(self.tick_seconds, self.on_tick)

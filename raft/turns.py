@@ -10,7 +10,9 @@ item 8): the host's proposals of a loop turn are made at the start of the
 Raft turn (`before_turn`), the WAL batch goes to the writer at its end
 (`GroupCommitter.flush`), a durable batch's turn runs in the callback that
 reports it (`turn_now`), and the host's output of a turn (confirms) is written
-at its end (`after_turn`).
+at its end (`after_turn`). The host's `end_of_turn` runs at the end of
+every turn, still inside it: the node core's frames, one per peer, leave in
+the turn that made them.
 """
 from __future__ import annotations
 
@@ -39,6 +41,12 @@ class TurnScheduler:
         # the host's callbacks around the next turn (dicts as ordered sets)
         self._before_turn: dict[Callable[[], None], None] = {}
         self._after_turn: dict[Callable[[], None], None] = {}
+        # the host's end of every turn, still inside it (the node's frames, one per peer)
+        self.end_of_turn: Callable[[], None] | None = None
+
+    @property
+    def in_turn(self) -> bool:
+        return self._in_turn
 
     @property
     def proposals_waiting(self) -> bool:
@@ -101,6 +109,8 @@ class TurnScheduler:
             self.process()
             self.flush()
         finally:
+            if self.end_of_turn is not None:
+                self.run_hooks({self.end_of_turn: None})
             self._in_turn = False
             self.run_hooks(self._after_turn)
 

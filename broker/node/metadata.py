@@ -33,8 +33,6 @@ leadership over (rebalance; best effort).
 from __future__ import annotations
 
 import asyncio
-import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 import structlog
@@ -42,10 +40,11 @@ import structlog
 from warren.broker.node import metadata_commands as mc
 from warren.broker.node import metadata_effects as fx
 from warren.broker.node import metadata_machine as machine
-from warren.broker.node.cluster import META, METADATA_APPLIED
+from warren.broker.node.metadata_answers import APPLIED_AT
 from warren.broker.node.metadata_log import MetadataLog
 from warren.broker.node.metadata_reconcile import Reconciler
 from warren.broker.node.metadata_state import MetaState
+from warren.broker.node.node_core import META
 from warren.broker.queues import fifo
 from warren.broker.queues import quorum_machine as qm
 from warren.broker.queues.quorum import QuorumQueue
@@ -59,24 +58,6 @@ if TYPE_CHECKING:
     from warren.raft.messages import Entry, Snapshot
 
 log = structlog.get_logger("warren.metadata")
-
-# a new quorum queue's first leader campaigns again after these delays while it has no leader
-CAMPAIGN_AGAIN_SECONDS = (0.05, 0.15, 0.3)
-# An apply's reply is [APPLIED_AT, index, result]: the asking node answers once it applied `index` too.
-APPLIED_AT = "@"
-# A change is answered once every running node applied it, or after this long (a node
-# that is up but cannot apply, say cut off from the group's leader alone, holds no one back).
-SPREAD_WAIT_SECONDS = 10.0
-
-
-@dataclass(slots=True, eq=False)
-class AwaitingApply:
-    index: int
-    on_done: Callable[[Any], None]
-    result: Any
-    everywhere: bool
-    deadline: float
-
 
 # A metadata change that cannot be made: an HTTP status and one line of text (the
 # machine's refusal; the shell raises it as MembershipError or DefinitionError).
@@ -102,9 +83,6 @@ class Metadata:
         self.state = MetaState()
         self.applied_index = 0   # the group's last entry (or snapshot) applied here
         self.log = MetadataLog(self, META)
-        # answers that came from the group's leader before this node (or every running one) applied them
-        self._awaiting_apply: list[AwaitingApply] = []
-        self.peer_applied: dict[str, int] = {}   # how far each running peer has applied the group
         self.reconciler = Reconciler(self)
 
     def seed_if_empty(self) -> mc.SeedDefinitions | None:
@@ -117,69 +95,10 @@ class Metadata:
     # -- asked by channels ---------------------------------------------------------
     def submit(self, command: mc.Command, on_done: Callable[[Any], None], everywhere: bool = True) -> None:
         """Have the metadata group apply `command`; `on_done(reply)` once this
-        node has applied it and (`everywhere`) so has every running node, as
-        RabbitMQ answers a declaration only once every running node can use it:
-        a client that declares through one node and publishes through another
-        never meets a name the other does not know yet. The leader answers when
-        it has applied it, which may be before this node: then the answer waits
-        here (`release_answers`)."""
-        self.cluster.submit(META, mc.encode(command), lambda answer: self._on_answer(answer, on_done, everywhere))
-
-    def _on_answer(self, answer: Any, on_done: Callable[[Any], None], everywhere: bool) -> None:
-        if not (isinstance(answer, list) and len(answer) == 3 and answer[0] == APPLIED_AT):
-            on_done(answer)   # None: the leader had applied it before a restart
-            return
-        _, index, result = answer
-        waiting = AwaitingApply(index, on_done, result, everywhere, time.monotonic() + SPREAD_WAIT_SECONDS)
-        if not self._applied_where_needed(waiting):
-            self._awaiting_apply.append(waiting)
-            return
-        on_done(result)
-
-    def _applied_where_needed(self, waiting: "AwaitingApply") -> bool:
-        if self.applied_index < waiting.index:
-            return False
-        if not waiting.everywhere:
-            return True
-        lagging = [peer for peer in self.cluster.running_peers() if self.peer_applied.get(peer, 0) < waiting.index]
-        if lagging and time.monotonic() >= waiting.deadline:
-            log.warning("metadata.change_not_applied_everywhere", index=waiting.index, lagging=lagging,
-                        waited_seconds=SPREAD_WAIT_SECONDS)
-            return True
-        return not lagging
-
-    def release_answers(self) -> None:
-        """Answer what every node it waits for has applied now: after a local
-        apply, a peer's METADATA_APPLIED, a peer going down, and now and then
-        (the wait is bounded)."""
-        if not self._awaiting_apply:
-            return
-        ready = [waiting for waiting in self._awaiting_apply if self._applied_where_needed(waiting)]
-        if ready:
-            self._awaiting_apply = [waiting for waiting in self._awaiting_apply if waiting not in ready]
-            for waiting in ready:
-                waiting.on_done(waiting.result)
-
-    def on_applied_here(self, index: int) -> None:
-        """This node applied metadata entries up to `index` (once per turn):
-        tell every peer, and answer what waited for it."""
-        for peer in self.cluster.running_peers():
-            self.cluster.app_send(peer, [METADATA_APPLIED, index])
-        self.release_answers()
-
-    def on_peer_applied(self, peer: str, index: int) -> None:
-        self.peer_applied[peer] = max(self.peer_applied.get(peer, 0), index)
-        self.release_answers()
-
-    def on_peer_up(self, peer: str) -> None:
-        self.cluster.app_send(peer, [METADATA_APPLIED, self.applied_index])
-
-    def on_peer_down(self, peer: str) -> None:
-        """A node that went down no longer holds answers back; when it is back it
-        says how far it got (and a restarted node catches up before it opens its
-        AMQP port: `catch_up`)."""
-        self.peer_applied.pop(peer, None)
-        self.release_answers()
+        node has applied it and (`everywhere`) so has every running node
+        (broker/node/metadata_answers.py)."""
+        self.cluster.core.submit_meta(mc.encode(command), on_done, everywhere)
+        self.cluster.after_input()
 
     async def catch_up(self, seconds: float, barrier: mc.Command | None = None) -> bool:
         """A barrier through the group (Raft's read index, by a no-op entry, or
@@ -298,18 +217,11 @@ class Metadata:
             # with its log and elects as usual (a campaign here would hold its Ready, with
             # the whole committed log, until the vote is durable).
             return
-        self._campaign_if_leaderless(effect.group)
+        if self.cluster.local_leader(effect.group) is None:
+            self.cluster.runtime.campaign(effect.group)
         # The other members may not host the group yet (they apply this entry a little
         # later) and drop the votes asked: ask again before their election timers fire.
-        loop = asyncio.get_running_loop()
-        for delay in CAMPAIGN_AGAIN_SECONDS:
-            loop.call_later(delay, self._campaign_if_leaderless, effect.group)
-
-    def _campaign_if_leaderless(self, group: str) -> None:
-        runtime = self.cluster.runtime
-        if (not runtime.stopped and runtime.failed is None and group in runtime.groups
-                and self.cluster.local_leader(group) is None):
-            runtime.campaign(group)
+        self.cluster.core.campaign_again(effect.group)
 
     def _queue_deleted(self, effect: fx.QueueDeleted) -> int:
         queue = self._queue(effect.vhost, effect.name, effect.group)

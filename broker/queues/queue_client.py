@@ -23,6 +23,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from warren.broker.node.node_core import RESEND, RESEND_SECONDS
 from warren.broker.queues import queue_commands as qc
 
 if TYPE_CHECKING:
@@ -30,8 +31,6 @@ if TYPE_CHECKING:
 
 HELD_DELIVERIES_MAX = 10_000
 ENQUEUE_BATCH_MAX = 1024
-RESEND_SECONDS = 1.0   # as broker/node/cluster.py's
-RESEND = 4             # [RESEND, group, owner, tag, after_seq]: a consumer's node lost deliveries
 
 
 def now_ms() -> int:
@@ -200,7 +199,8 @@ class QueueClient:
         for local_key in [k for k in self.local_consumers if k[0] == key]:
             del self.local_consumers[local_key]
         self.forget_enqueuer(owner)
-        self.submit(qc.Down(key, now_ms()))
+        self.send_unsent()
+        self.route.submit_down(qc.Down(key, now_ms()))
 
     # -- deliveries to this node's channels ---------------------------------------------------
     def on_remote_delivery(self, message: list) -> None:

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
 
+from warren.broker.node.node_core import APPLIED, DELIVER
 from warren.broker.queues import fifo, queue_codec, queue_snapshots
 from warren.broker.queues import queue_commands as qc
 from warren.broker.queues import quorum_machine as qm
@@ -31,10 +32,6 @@ if TYPE_CHECKING:
     from warren.broker.queues.queue_client import QueueClient
 
 log = structlog.get_logger("warren.quorum")
-
-# application messages (kinds of broker/node/cluster.py)
-DELIVER = 2    # [DELIVER, group, owner, tag, seq, msg_id, exchange, routing_key, properties, body, redelivered, count]
-APPLIED = 3    # [APPLIED, group, enqueuer, first_seq, last_seq, [refused seqs]]
 
 
 class ReplicaLog(Protocol):

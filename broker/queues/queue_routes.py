@@ -14,13 +14,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from warren.broker.node import metadata_commands as mc
+from warren.broker.node.node_core import RESEND
 from warren.broker.queues import queue_codec
 
 if TYPE_CHECKING:
     from warren.broker.node.cluster import Cluster
     from warren.broker.queues.queue import Queue
-
-RESEND = 4   # broker/node/cluster.py's kind: [RESEND, group, owner, tag, after_seq]
 
 
 class QueueRoute(Protocol):
@@ -41,6 +40,8 @@ class QueueRoute(Protocol):
     def send(self, command: Any) -> str | None: ...
 
     def submit(self, command: Any, on_done: Callable[[Any], None] | None) -> None: ...
+
+    def submit_down(self, down: Any) -> None: ...
 
     def leader(self) -> str | None: ...
 
@@ -82,6 +83,10 @@ class ReplicatedRoute:
 
     def submit(self, command: Any, on_done: Callable[[Any], None] | None) -> None:
         self.cluster.submit(self.group, queue_codec.encode(command), on_done)
+
+    def submit_down(self, down: Any) -> None:
+        """A channel's Down: its commands still unanswered are not resent after it."""
+        self.cluster.submit_down(self.group, down.owner, queue_codec.encode(down))
 
     def leader(self) -> str | None:
         return self.cluster.leader_hint(self.group)
@@ -133,6 +138,9 @@ class LocalRoute:
         reply = self.queue.replica.apply_now(command)
         if on_done is not None:
             on_done(reply)
+
+    def submit_down(self, down: Any) -> None:
+        self.queue.replica.apply_now(down)   # nothing is resent here
 
     def leader(self) -> str | None:
         return self.node

@@ -12,7 +12,8 @@ PURE_BROKER = ("broker.queues.fifo", "broker.queues.quorum_machine", "broker.que
                "broker.queues.queue_codec", "broker.queues.queue_snapshots", "broker.routing.exchanges",
                "broker.amqp.confirms", "broker.routing.arguments",
                "broker.node.metadata_machine", "broker.node.metadata_state", "broker.node.metadata_commands",
-               "broker.node.metadata_effects", "broker.node.definition_checks")
+               "broker.node.metadata_effects", "broker.node.definition_checks", "broker.node.node_core",
+               "broker.node.metadata_answers")
 # raft's transport.py and runtime.py (with its turns.py, persistence.py, entry_locations.py) are the
 # asyncio shells; raft_storage is listed below. carried_commits and reelection were cut out of raft.system.
 PURE_RAFT = ("raft", "raft.core", "raft.log", "raft.progress", "raft.replication", "raft.messages",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgpack
 import pytest
 
-from warren.broker.node.cluster import APPLIED, DELIVER, RESEND, forwardable_op
+from warren.broker.node.cluster import forwardable_op
 from warren.broker.queues import fifo
 from warren.broker.queues import queue_codec as qcodec
 from warren.broker.queues import queue_commands as qc
@@ -124,8 +124,3 @@ def test_forwardable_commands_are_well_formed_commands_but_no_liveness_statement
     for data in (b"", b"garbage", msgpack.packb([99, 1]), None, 42):
         assert qcodec.forwardable_tag(data) is None
 
-
-def test_the_application_message_kinds_agree_with_the_clusters():
-    from warren.broker.queues import queue_client, queue_replica, queue_routes
-    assert (queue_replica.DELIVER, queue_replica.APPLIED) == (DELIVER, APPLIED)
-    assert queue_client.RESEND == queue_routes.RESEND == RESEND

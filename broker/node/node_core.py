@@ -1,0 +1,425 @@
+"""What one node decides beside Raft, as a pure object with one explicit turn.
+
+Theory of operation (issue 11, item 4). The node's distributed logic takes
+plain inputs and leaves plain outputs; the asyncio shell (broker/node/cluster.py)
+feeds it and performs what it leaves, once per Raft turn:
+
+* inputs: a channel's command (`submit`), a peer's application frame
+  (`on_frame`), a peer's link up or down (`peer_up` / `peer_down`), the time
+  (`tick(now)`), a committed entry and a group's new leader (`on_applied`,
+  `on_role_change`);
+* outputs: one application frame per peer (`take_frames`, at the end of the
+  turn), the channels' answers (the callbacks given to `submit`, called in
+  the turn that learns them), proposals to the groups this node leads
+  (through `RaftPort`), and the queues' own hooks (`QueuePort`).
+
+Commands reach a group's leader wherever they start: `submit` proposes
+locally when this node leads, else sends a CMD message to the leader this
+node knows of (a non-leader forwards it once more). The leader remembers
+which index carries which (origin, token) and answers DONE with the apply's
+reply when it applies that index. An origin resends what is still
+unanswered when the group's leader changes and every `RESEND_SECONDS`; the
+commands tolerate being applied twice (enqueues carry enqueuer sequences the
+queue de-duplicates). A node's up, down and gone (liveness commands) are
+stated by the current leader's own view only: a peer never forwards them.
+
+Timers are ticks: the housekeeping (resends, nodes gone, bounded metadata
+answers) runs when a tick finds it due, and a new queue's first leader
+campaigns again at the deadlines `campaign_again` set, so a seeded
+simulation drives every timer with its own clock.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import msgpack
+
+from warren.broker.node.metadata_answers import MetadataAnswers
+from warren.broker.queues import queue_codec
+from warren.broker.queues import queue_commands as qc
+
+META = "meta"
+# application message kinds
+CMD = 0        # [CMD, group, data, origin, token]
+DONE = 1       # [DONE, group, token, result]
+DELIVER = 2    # [DELIVER, group, owner, tag, seq, msg_id, exchange, routing_key, properties, body, redelivered, count]
+APPLIED = 3    # [APPLIED, group, enqueuer, first_seq, last_seq, [refused seqs]]
+RESEND = 4     # [RESEND, group, owner, tag, after_seq]: a consumer's node lost deliveries
+HELLO = 5      # [HELLO, incarnation]: sent to a peer when its link comes up, and again now and then
+METADATA_APPLIED = 6   # [METADATA_APPLIED, index]: how far the sender applied the metadata group
+
+RESEND_SECONDS = 1.0
+HOUSEKEEPING_SECONDS = RESEND_SECONDS / 2
+APP_FRAME_MESSAGES_MAX = 4096
+# queue commands whose second field is the channel (owner) that sent them
+OWNER_OPS = frozenset(record.TAG for record in (qc.Checkout, qc.Cancel, qc.Settle, qc.Return, qc.Discard, qc.Suspend,
+                                                 qc.Dequeue, qc.Down))
+# a new quorum queue's first leader campaigns again after these delays while it has no leader
+CAMPAIGN_AGAIN_SECONDS = (0.05, 0.15, 0.3)
+
+
+def forwardable_op(data: Any) -> int | None:
+    """The opcode of a queue command a peer may forward: a msgpack list with a known
+    opcode and arity, and not a liveness command (a node's up/down/gone is stated by
+    the current leader's own view only, never forwarded: issue 9, item 5). None if not."""
+    try:
+        command = queue_codec.decode_positional(data)
+    except Exception:  # noqa: BLE001 -- anything undecodable is simply not well formed
+        return None
+    op = command[0]
+    if not isinstance(op, int) or queue_codec.ARITY.get(op) != len(command) or op in queue_codec.LIVENESS_TAGS:
+        return None
+    return op
+
+
+def command_owner(data: bytes) -> str | None:
+    """The owner (channel) a queue command names, None if it names none."""
+    try:
+        command = queue_codec.decode_positional(data)
+    except Exception:  # noqa: BLE001 -- not a queue command
+        return None
+    return command[1] if command[0] in OWNER_OPS else None
+
+
+def unpack(data: bytes) -> Any:
+    return msgpack.unpackb(data, raw=False, strict_map_key=False)
+
+
+class RaftPort(Protocol):
+    """The node's Raft groups as the core uses them (raft/runtime.py, or a simulation's)."""
+
+    def propose(self, group: str, data: bytes) -> int | None: ...
+
+    def leader_of(self, group: str) -> str | None: ...
+
+    def hosts(self, group: str) -> bool: ...
+
+    def campaign(self, group: str) -> bool: ...
+
+
+class QueuePort(Protocol):
+    """A queue as the core reaches it: its members, the leader it was told of, and its hooks."""
+
+    group: str
+    members: list[str]
+    leader_hint: str | None
+
+    def on_node_down(self, peer: str) -> None: ...
+
+    def on_node_up(self, peer: str, incarnation: str) -> None: ...
+
+    def on_node_gone(self, peer: str) -> None: ...
+
+    def on_link_up(self, peer: str) -> None: ...
+
+    def resend_enqueues(self, now: float, leader_changed: bool = False) -> None: ...
+
+    def on_applied(self, enqueuer: str, first_seq: int, last_seq: int, refused: list) -> None: ...
+
+    def on_remote_delivery(self, message: list) -> None: ...
+
+    def resend_deliveries(self, owner: str, tag: str, after_seq: int) -> None: ...
+
+    def on_leader_change(self, leader: str | None, leading: bool) -> None: ...
+
+
+@dataclass(slots=True)
+class Pending:
+    group: str
+    data: bytes
+    callback: Callable[[Any], None] | None
+    sent_at: float
+    sent_to: str | None = None   # the leader it was last sent to (None: no leader was known)
+
+
+class NodeCore:
+    def __init__(self, node: str, incarnation: str, nodes: Iterable[str], raft: RaftPort,
+                 node_gone_seconds: float, now: float = 0.0) -> None:
+        self.node = node
+        # Owners and enqueuers carry it: a restarted node's old sessions are told apart.
+        self.incarnation = incarnation
+        self.nodes = sorted(set(nodes) | {node})
+        self.raft = raft
+        self.node_gone_seconds = node_gone_seconds
+        self.queues: dict[str, QueuePort] = {}   # every replicated queue known here, by group id
+        self.pending: dict[int, Pending] = {}
+        self.next_token = 1
+        # group -> index -> (origin node, token): what the leader answers when it applies
+        self.awaiting_apply: dict[str, dict[int, tuple[str, int]]] = {}
+        self.outbox: dict[str, list] = {}
+        self.peer_incarnations: dict[str, str] = {}
+        # every peer is down until its link comes up
+        self.down_since: dict[str, float] = {peer: now for peer in self.nodes if peer != node}
+        # peer -> the incarnation its HELLO named since its link last came up
+        self.greeted: dict[str, str] = {}
+        self.answers = MetadataAnswers()
+        self.meta_applied_index = 0
+        self._meta_applied_noted = False
+        self.next_housekeeping = now + HOUSEKEEPING_SECONDS
+        self.campaigns: list[tuple[float, str]] = []   # (due, group): campaign if still leaderless
+        self.now = now
+
+    # -- submitting commands -----------------------------------------------------
+    def submit(self, group: str, data: bytes, callback: Callable[[Any], None] | None = None) -> None:
+        """Have `data` applied by `group`; `callback(reply)` on this node once the
+        leader has applied it (never, if it is lost for good)."""
+        token = self.next_token
+        self.next_token += 1
+        pending = self.pending[token] = Pending(group, data, callback, self.now)
+        pending.sent_to = self.send_command(group, data, token)
+
+    def submit_down(self, group: str, owner_key: str, data: bytes) -> None:
+        """A channel is gone (`data` is its DOWN): its unanswered commands to `group`
+        are not resent after it (answered None here). A CHECKOUT resent after the
+        DOWN was applied would register a consumer nobody closes, holding its
+        messages for good (tests/sim, seeds 32 and 58 before this)."""
+        for token, pending in list(self.pending.items()):
+            if pending.group == group and command_owner(pending.data) == owner_key:
+                del self.pending[token]
+                if pending.callback is not None:
+                    pending.callback(None)
+        self.submit(group, data)
+
+    def send_command(self, group: str, data: bytes, token: int = 0) -> str | None:
+        """Send to the leader this node knows of; returns it (None: none known, not sent)."""
+        leader = self.leader_hint(group)
+        if leader == self.node:
+            self.propose(group, data, self.node, token)
+        elif leader is not None:
+            self.send(leader, [CMD, group, data, self.node, token])
+        return leader
+
+    def propose(self, group: str, data: bytes, origin: str, token: int) -> None:
+        index = self.raft.propose(group, data)
+        if index is None:
+            leader = self.raft.leader_of(group)
+            if leader is not None and leader not in (self.node, origin):
+                self.send(leader, [CMD, group, data, origin, token])
+            return  # else dropped: the origin resends
+        if token:
+            self.awaiting_apply.setdefault(group, {})[index] = (origin, token)
+
+    def leader_hint(self, group: str) -> str | None:
+        if self.raft.hosts(group):
+            return self.raft.leader_of(group)
+        queue = self.queues.get(group)
+        if queue is None:
+            return None
+        if queue.leader_hint is None or queue.leader_hint in self.down_since:
+            # Not a member here: ask a live member (it forwards to the leader it knows).
+            live = [member for member in queue.members if member not in self.down_since]
+            queue.leader_hint = live[0] if live else queue.leader_hint
+        return queue.leader_hint
+
+    def is_leader(self, group: str) -> bool:
+        return self.raft.leader_of(group) == self.node
+
+    def resend(self, group: str | None = None) -> None:
+        """Send unanswered commands again: all of them after `RESEND_SECONDS`
+        without an answer, or those of `group` that went elsewhere than its leader now."""
+        now = self.now
+        leader = self.leader_hint(group) if group is not None else None
+        for token, pending in list(self.pending.items()):
+            if pending.group != META and pending.group not in self.queues:
+                del self.pending[token]   # the queue was deleted: nobody will answer, so answer None here
+                if pending.callback is not None:
+                    pending.callback(None)
+                continue
+            if group is None and now - pending.sent_at < RESEND_SECONDS:
+                continue
+            if group is not None and (pending.group != group or pending.sent_to == leader):
+                continue
+            pending.sent_at = now
+            pending.sent_to = self.send_command(pending.group, pending.data, token)
+        for queue in list(self.queues.values()):
+            if group is None or queue.group == group:
+                queue.resend_enqueues(now, leader_changed=group is not None)
+
+    def on_done(self, token: int, result: Any) -> None:
+        pending = self.pending.pop(token, None)
+        if pending is not None and pending.callback is not None:
+            pending.callback(result)
+
+    # -- what the node's groups did --------------------------------------------------
+    def on_applied(self, group: str, index: int, result: Any) -> None:
+        """`group` applied `index` here with `result`: answer its origin if this node proposed it for one."""
+        waiting = self.awaiting_apply.get(group)
+        if waiting:
+            answer = waiting.pop(index, None)
+            if answer is not None:
+                origin, token = answer
+                if origin == self.node:
+                    self.on_done(token, result)
+                else:
+                    self.send(origin, [DONE, group, token, result])
+
+    def on_meta_applied(self, index: int) -> None:
+        """This node applied the metadata group through `index`; peers hear of it at the end of the turn."""
+        self.meta_applied_index = max(self.meta_applied_index, index)
+        self._meta_applied_noted = True
+
+    def on_role_change(self, group: str, leading: bool, leader_id: str | None) -> None:
+        if not leading:
+            self.awaiting_apply.pop(group, None)
+        queue = self.queues.get(group)
+        if queue is not None:
+            queue.on_leader_change(leader_id, leading)
+        if leader_id is not None:
+            self.resend(group)
+
+    # -- metadata answers ------------------------------------------------------------
+    def submit_meta(self, data: bytes, on_done: Callable[[Any], None], everywhere: bool = True) -> None:
+        """Have the metadata group apply `data`; `on_done(reply)` once this node has
+        applied it and (`everywhere`) so has every running node (MetadataAnswers)."""
+        self.submit(META, data, lambda answer: self.answers.on_answer(
+            answer, on_done, everywhere, self.now, self.meta_applied_index, self.running_peers()))
+
+    def release_answers(self) -> None:
+        self.answers.release(self.now, self.meta_applied_index, self.running_peers())
+
+    def campaign_again(self, group: str) -> None:
+        """A new group's first leader: campaign again while it has no leader (the
+        other members may not host it yet and drop the votes asked)."""
+        self.campaigns.extend((self.now + delay, group) for delay in CAMPAIGN_AGAIN_SECONDS)
+
+    # -- application messages ------------------------------------------------------
+    def send(self, peer: str, message: list) -> None:
+        self.outbox.setdefault(peer, []).append(message)
+
+    @property
+    def has_output(self) -> bool:
+        return bool(self.outbox) or self._meta_applied_noted
+
+    def end_turn(self) -> dict[str, list[dict]]:
+        """The end of the node's turn: tell the peers how far this node applied the
+        metadata group, answer what waited for it, and hand over the frames to send
+        (peer -> frames: one per peer, unless more than APP_FRAME_MESSAGES_MAX messages)."""
+        if self._meta_applied_noted:
+            self._meta_applied_noted = False   # once per turn, with the turn's last index
+            for peer in self.running_peers():
+                self.send(peer, [METADATA_APPLIED, self.meta_applied_index])
+            self.release_answers()
+        outbox, self.outbox = self.outbox, {}
+        return {peer: [{"a": messages[start:start + APP_FRAME_MESSAGES_MAX]}
+                       for start in range(0, len(messages), APP_FRAME_MESSAGES_MAX)]
+                for peer, messages in outbox.items()}
+
+    def on_frame(self, peer: str, frame: dict) -> list[list]:
+        """A peer's application frame; returns the messages that were not well formed."""
+        bad = []
+        for message in frame.get("a", ()):
+            try:
+                if not self.on_message(peer, message):
+                    bad.append(message)
+            except (TypeError, ValueError, IndexError, KeyError):
+                bad.append(message)
+        return bad
+
+    def on_message(self, peer: str, message: list) -> bool:
+        kind = message[0]
+        if kind == CMD:
+            _, group, data, origin, token = message
+            if group != META and forwardable_op(data) is None:
+                return False
+            self.propose(group, data, origin, token)
+        elif kind == DONE:
+            self.on_done(message[2], message[3])
+        elif kind in (DELIVER, APPLIED):
+            queue = self.queues.get(message[1])
+            if queue is not None:
+                queue.leader_hint = peer
+                if kind == DELIVER:
+                    queue.on_remote_delivery(message)
+                else:
+                    queue.on_applied(message[2], message[3], message[4], message[5])
+        elif kind == RESEND:
+            queue = self.queues.get(message[1])
+            if queue is not None and self.is_leader(queue.group):
+                queue.resend_deliveries(message[2], message[3], message[4])
+        elif kind == METADATA_APPLIED:
+            self.answers.peer_applied[peer] = max(self.answers.peer_applied.get(peer, 0), message[1])
+            self.release_answers()
+        elif kind == HELLO:
+            if self.greeted.get(peer) == message[1]:
+                return True   # heard since its link came up: a repeat
+            self.greeted[peer] = self.peer_incarnations[peer] = message[1]
+            for queue in list(self.queues.values()):
+                queue.on_node_up(peer, message[1])
+        return True
+
+    # -- nodes coming and going ------------------------------------------------------
+    def running_peers(self) -> list[str]:
+        """The other nodes whose link is up."""
+        return [peer for peer in self.nodes if peer != self.node and peer not in self.down_since]
+
+    def peer_up(self, peer: str) -> None:
+        self.down_since.pop(peer, None)
+        self.send(peer, [HELLO, self.incarnation])
+        self.send(peer, [METADATA_APPLIED, self.meta_applied_index])
+        for queue in list(self.queues.values()):
+            queue.on_link_up(peer)
+
+    def peer_down(self, peer: str) -> None:
+        """A node that went down no longer holds metadata answers back; when it is
+        back it says how far it got."""
+        self.down_since.setdefault(peer, self.now)
+        self.greeted.pop(peer, None)
+        self.answers.peer_applied.pop(peer, None)
+        self.release_answers()
+        for queue in list(self.queues.values()):
+            queue.on_node_down(peer)
+
+    # -- time ----------------------------------------------------------------------------
+    def tick(self, now: float) -> None:
+        """The time is `now`: run the timers that are due."""
+        self.now = now
+        if self.campaigns:
+            due = [group for at, group in self.campaigns if at <= now]
+            self.campaigns = [(at, group) for at, group in self.campaigns if at > now]
+            for group in due:
+                if self.raft.hosts(group) and self.raft.leader_of(group) is None:
+                    self.raft.campaign(group)
+        if now >= self.next_housekeeping:
+            self.next_housekeeping = now + HOUSEKEEPING_SECONDS
+            self.resend()
+            self.check_gone_nodes()
+            self.release_answers()   # a wait for a lagging node is bounded
+            self.announce()
+            self.ask_for_lost_deliveries()
+
+    def announce(self) -> None:
+        """Say again who this node is and how far it applied the metadata group: a
+        message lost with a full outbound queue (or a simulated drop) would leave a
+        restarted node's old consumers in place, or a declaration waiting for the
+        bounded wait. A repeated HELLO is ignored; a repeated METADATA_APPLIED costs nothing."""
+        for peer in self.running_peers():
+            self.send(peer, [HELLO, self.incarnation])
+            self.send(peer, [METADATA_APPLIED, self.meta_applied_index])
+
+    def ask_for_lost_deliveries(self) -> None:
+        """This node's consumers ask each queue's leader, now and then, for what it
+        checked out to them after the last delivery they saw: a lost delivery at the
+        end of a consumer's window leaves no gap to notice, and the window stays full
+        for good (tests/sim seed 33). The queue's link-up hook asks just that."""
+        for queue in list(self.queues.values()):
+            leader = queue.leader_hint
+            if leader is not None and leader != self.node and leader not in self.down_since:
+                queue.on_link_up(leader)
+
+    def check_gone_nodes(self) -> None:
+        for peer, since in list(self.down_since.items()):
+            if self.now - since >= self.node_gone_seconds:
+                for queue in list(self.queues.values()):
+                    queue.on_node_gone(peer)
+
+    def owner_key(self, owner: Any) -> str:
+        """A channel's name in queue state: node/incarnation/connection/channel."""
+        return f"{self.node}/{self.incarnation}/{owner[0]}/{owner[1]}"
+
+    def place_members(self, size: int) -> list[str]:
+        """The declaring node plus the next ones (sorted, wrapping), `size` in all."""
+        wanted = min(size, len(self.nodes))
+        start = self.nodes.index(self.node)
+        return [self.nodes[(start + i) % len(self.nodes)] for i in range(wanted)]

@@ -1,0 +1,1 @@
+"""Whole-cluster deterministic simulation of the production node (tests/sim/world.py)."""

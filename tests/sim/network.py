@@ -1,0 +1,127 @@
+"""The simulated network between nodes, and each node's failure detector.
+
+Theory of operation. A frame sent is msgpack-encoded as the transport does
+and put on its directed link with a delivery time; faults act per frame:
+dropped, delayed, duplicated (a second copy later), and so reordered (a
+delay is drawn per frame, so a later frame may arrive first). A partition
+is a set of cut directed links: majority/minority, a bridge (one node sees
+both sides, the sides do not see each other), one-way. A cut link loses
+what is in flight on it.
+
+The failure detector is the transport's: a node counts a peer up while it
+heard from it within `DETECT_SECONDS` (nodes send heartbeats every
+`HEARTBEAT_SECONDS` on every link they can); when that changes it calls the
+runtime's `on_peer_down` / `on_peer_up`, as the transport does. A paused
+node sends and hears nothing, so its peers count it down after a while, and
+it counts them down when it wakes, then up again.
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+import random
+from typing import Any
+
+import msgpack
+
+HEARTBEAT_SECONDS = 0.25
+DETECT_SECONDS = 0.75
+
+
+class Network:
+    def __init__(self, world: Any, rng: random.Random) -> None:
+        self.world = world
+        self.rng = rng
+        self.in_flight: list[tuple[float, int, str, str, bytes]] = []   # (due, order, sender, to, raw)
+        self.order = itertools.count()
+        self.cut: set[tuple[str, str]] = set()
+        self.drop_rate = 0.0
+        self.duplicate_rate = 0.0
+        self.delay_max = 0.004
+        self.heard: dict[tuple[str, str], float] = {}   # (listener, peer) -> last heard
+        self.up: set[tuple[str, str]] = set()           # (listener, peer): the listener counts peer up
+        self.next_heartbeat = 0.0
+        self.frames = 0
+        self.dropped = 0
+
+    def linked(self, sender: str, to: str) -> bool:
+        return (sender, to) in self.up
+
+    def passable(self, sender: str, to: str) -> bool:
+        nodes = self.world.nodes
+        return ((sender, to) not in self.cut and nodes[sender].up and nodes[to].up
+                and not self.world.paused(sender) and not self.world.paused(to))
+
+    def send(self, sender: str, to: str, frame: Any) -> bool:
+        if (sender, to) not in self.up:
+            return False   # the transport drops frames to a peer it does not count linked
+        raw = msgpack.packb(frame, use_bin_type=True)
+        self.frames += 1
+        if not self.passable(sender, to) or self.rng.random() < self.drop_rate:
+            self.dropped += 1
+            return True
+        now = self.world.clock.now
+        self._put(now + self.rng.uniform(0.0002, self.delay_max), sender, to, raw)
+        if self.rng.random() < self.duplicate_rate:
+            self._put(now + self.rng.uniform(0.0002, 4 * self.delay_max), sender, to, raw)
+        return True
+
+    def _put(self, due: float, sender: str, to: str, raw: bytes) -> None:
+        heapq.heappush(self.in_flight, (due, next(self.order), sender, to, raw))
+
+    def cut_links(self, links: set[tuple[str, str]]) -> None:
+        self.cut |= links
+        self.in_flight = [item for item in self.in_flight if (item[2], item[3]) not in self.cut]
+        heapq.heapify(self.in_flight)
+
+    def heal(self) -> None:
+        self.cut.clear()
+
+    def deliver_due(self) -> None:
+        now = self.world.clock.now
+        while self.in_flight and self.in_flight[0][0] <= now:
+            _, _, sender, to, raw = heapq.heappop(self.in_flight)
+            if not self.passable(sender, to):
+                continue
+            node = self.world.nodes[to]
+            self.heard[(to, sender)] = now
+            node.cluster.runtime.on_frame(sender, msgpack.unpackb(raw, raw=False, strict_map_key=False))
+
+    def detect(self) -> None:
+        """Heartbeats on every passable link, then each node's view of its peers."""
+        now = self.world.clock.now
+        if now >= self.next_heartbeat:
+            self.next_heartbeat = now + HEARTBEAT_SECONDS
+            for sender in self.world.names:
+                for to in self.world.names:
+                    if sender != to and self.passable(sender, to):
+                        self.heard[(to, sender)] = now
+        for listener in self.world.names:
+            node = self.world.nodes[listener]
+            if not node.up or self.world.paused(listener):
+                continue
+            for peer in self.world.names:
+                if peer == listener:
+                    continue
+                alive = now - self.heard.get((listener, peer), -1e9) < DETECT_SECONDS
+                if alive and (listener, peer) not in self.up:
+                    self.up.add((listener, peer))
+                    node.cluster.runtime.on_peer_up(peer)
+                elif not alive and (listener, peer) in self.up:
+                    self.up.discard((listener, peer))
+                    node.cluster.runtime.on_peer_down(peer)
+
+    def forget(self, name: str) -> None:
+        """`name` crashed: its own view is gone (a restart starts with every peer down), and
+        its connections closed, which every peer that counted it up notices at once."""
+        for listener in self.world.names:
+            if (listener, name) in self.up:
+                self.up.discard((listener, name))
+                self.heard.pop((listener, name), None)
+                node = self.world.nodes[listener]
+                if node.up:
+                    node.cluster.runtime.on_peer_down(name)
+        self.up = {(listener, peer) for listener, peer in self.up if listener != name}
+        self.heard = {key: at for key, at in self.heard.items() if key[0] != name}
+        self.in_flight = [item for item in self.in_flight if name not in (item[2], item[3])]
+        heapq.heapify(self.in_flight)

@@ -1,0 +1,60 @@
+"""The cluster simulation catches the queue machine's known mistakes, put back by monkeypatch
+(the cases the hand-written copy of the node it replaces, tests/unit/quorumsim.py, was shown to catch)."""
+from __future__ import annotations
+
+from tests.sim.history import SimulationFailure
+from tests.sim.world import SCENARIOS, World, replay_command
+from warren.broker.queues import queue_snapshots
+from warren.broker.queues import quorum_machine as qm
+from warren.raft.log import RaftLog
+
+
+def first_failure(scenario: str, seeds: int = 12) -> str | None:
+    for seed in range(seeds):
+        try:
+            World(SCENARIOS[scenario], seed).run()
+        except SimulationFailure as failure:
+            assert f"seed={seed}" in str(failure) and replay_command(scenario, seed) in str(failure)
+            return str(failure)
+    return None
+
+
+def test_a_machine_that_enqueues_resends_again(monkeypatch):
+    def without_sessions(self, enqueuer, seq, message, effects):
+        return [self._enqueue_one(enqueuer, seq, message, effects)]
+    monkeypatch.setattr(qm.QuorumMachine, "_on_enqueue", without_sessions)
+    assert "without the redelivered flag" in (first_failure("faults") or "")
+
+
+def test_a_stale_settle_of_a_later_delivery(monkeypatch):
+    def ignoring_seqs(self, consumer, items):
+        return tuple(item if isinstance(item, int) else item[0] for item in items)
+    monkeypatch.setattr(qm.QuorumMachine, "_select", ignoring_seqs)
+    assert first_failure("faults") is not None
+
+
+def test_a_snapshot_that_loses_the_sessions(monkeypatch):
+    restore = qm.QuorumMachine.restore
+
+    def forgetful(data):
+        machine = restore(data)
+        machine._sessions.clear()
+        return machine
+    monkeypatch.setattr(qm.QuorumMachine, "restore", staticmethod(forgetful))
+    assert first_failure("snapshots") is not None
+
+
+def test_a_release_cursor_that_cuts_below_a_kept_message(monkeypatch):
+    """Messages are references into the log: compacting to the state now,
+    while it still refers to entries at or below it, loses their bodies."""
+    def eager(self, index, machine):
+        return index, machine.snapshot()
+    monkeypatch.setattr(queue_snapshots.ReleaseCursor, "offer", eager)
+    assert first_failure("snapshots") is not None
+
+
+def test_votes_for_a_candidate_missing_committed_entries(monkeypatch):
+    """Raft's election restriction off (§5.4.1): a leader without committed entries is caught."""
+    monkeypatch.setattr(RaftLog, "is_up_to_date", lambda self, last_index, last_term: True)
+    failure = first_failure("faults")
+    assert failure is not None and ("leads" in failure or "applies" in failure), failure
