@@ -40,7 +40,7 @@ RUN python -c "import tomllib; deps = tomllib.load(open('/tmp/warren-deps/pyproj
 COPY . /tmp/warren-src
 RUN python -m pip install --no-cache-dir /tmp/warren-src \
  && rm -rf /tmp/warren-src \
- && cd / && python -c "import broker, config, protocol" \
+ && cd / && python -c "import warren.broker, warren.config, warren.protocol" \
  && command -v warren-server
 
 ENV WARREN_DATA_DIR=/var/lib/warren \
