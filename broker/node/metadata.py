@@ -47,6 +47,7 @@ from warren.broker.node.metadata_state import MetaState
 from warren.broker.node.node_core import META
 from warren.broker.queues import fifo
 from warren.broker.queues import quorum_machine as qm
+from warren.broker.queues.queue_factory import Placement, make_queue
 from warren.broker.queues.quorum import QuorumQueue
 from warren.broker.routing import metadata_read_model as read_model
 from warren.protocol.errors import ChannelError
@@ -203,8 +204,9 @@ class Metadata:
             log.warning("metadata.queue_name_taken_here", queue=effect.name, vhost=effect.vhost)
             return   # a local (exclusive, auto-delete or transient) queue of that name
         cluster = self.cluster
-        queue = QuorumQueue(vhost, effect.name, effect.arguments, cluster, effect.group, list(effect.members))
-        queue.auto_delete = effect.auto_delete
+        queue = make_queue(vhost, effect.name, effect.arguments, durable=True, exclusive_owner=None,
+                           auto_delete=effect.auto_delete,
+                           placement=Placement(cluster, effect.group, tuple(effect.members)))
         vhost.add_queue(queue)
         cluster.queue_known(queue)
         if cluster.node in effect.members:

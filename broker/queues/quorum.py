@@ -40,14 +40,14 @@ class QuorumQueue(Queue):
     replicated = True
 
     def __init__(self, vhost: "VirtualHost", name: str, arguments: dict, cluster: "Cluster",
-                 group: str, members: list[str]):
+                 group: str, members: list[str], auto_delete: bool):
         self.cluster = cluster
         self.group = group
         self.members = list(members)
         self.leader_hint: str | None = members[0] if members else None
         self.gone_handled: set[str] = set()
         self.transient_dropped = False   # DropTransientBefore proposed in this incarnation
-        super().__init__(vhost, name, True, None, False, arguments, route=partial(ReplicatedRoute, cluster))
+        super().__init__(vhost, name, True, None, auto_delete, arguments, route=partial(ReplicatedRoute, cluster))
 
     # -- the replica ----------------------------------------------------------------------
     def apply_entry(self, entry: "Entry", leading: bool) -> Any:

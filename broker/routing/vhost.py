@@ -14,6 +14,7 @@ from typing import Any
 from pamqp import commands as spec
 
 from warren.broker.queues.queue import Queue
+from warren.broker.queues.queue_factory import is_replicated, make_queue
 from warren.broker.routing import arguments as queue_arguments
 from warren.broker.routing.exchanges import (
     DEFAULT_EXCHANGES,
@@ -162,12 +163,11 @@ class VirtualHost:
             existing.touch()
             return existing
         self._check_queue_type_properties(method, arguments, name)
-        if replicate is not None and (arguments.get("x-queue-type") == "quorum" or (
-                method.durable and not method.exclusive)):
+        if replicate is not None and is_replicated(method.durable, method.exclusive, arguments):
             if replicate(name, arguments):
                 return None
-        queue = Queue(self, name, method.durable, owner if method.exclusive else None,
-                      method.auto_delete, arguments)
+        queue = make_queue(self, name, arguments, durable=method.durable,
+                           exclusive_owner=owner if method.exclusive else None, auto_delete=method.auto_delete)
         self.add_queue(queue)
         return queue
 

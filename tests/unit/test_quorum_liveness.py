@@ -6,6 +6,7 @@ from __future__ import annotations
 from warren.broker.node.cluster import DELIVER, RESEND
 from warren.broker.queues import queue_codec as qcodec
 from warren.broker.queues import queue_commands as qc
+from warren.broker.queues.queue_factory import Placement, make_queue
 from warren.broker.queues.quorum import LocalConsumer, QuorumQueue
 
 LIVENESS = qc.LIVENESS
@@ -45,8 +46,8 @@ class FakeVhost:
 
 
 def queue_on(node: str, leading: bool) -> QuorumQueue:
-    return QuorumQueue(FakeVhost(), "q", {"x-queue-type": "quorum"}, FakeCluster(node, leading), "g",
-                       ["a", "b", "c"])
+    return make_queue(FakeVhost(), "q", {"x-queue-type": "quorum"}, durable=True, exclusive_owner=None,
+                      auto_delete=False, placement=Placement(FakeCluster(node, leading), "g", ("a", "b", "c")))
 
 
 def test_liveness_commands_are_only_proposed_by_a_leader_in_its_own_term_never_submitted():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from warren.broker.queues import queue_commands as qc
 from warren.broker.queues.queue import Queue
+from warren.broker.queues.queue_factory import make_queue
 from warren.broker.queues.queue_routes import LocalRoute
 
 
@@ -39,7 +40,7 @@ OWNER = (1, 1)
 
 
 def transient(**arguments) -> Queue:
-    return Queue(FakeVhost(), "q", False, None, False, arguments)
+    return make_queue(FakeVhost(), "q", arguments, durable=False, exclusive_owner=None, auto_delete=False)
 
 
 def publish(queue: Queue, body: bytes) -> list[bool]:

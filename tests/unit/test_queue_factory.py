@@ -1,0 +1,51 @@
+"""broker/queues/queue_factory.py: the one place a queue's kind is decided."""
+import pytest
+
+from warren.broker.queues.queue import Queue
+from warren.broker.queues.queue_factory import Placement, is_replicated, make_queue
+from warren.broker.queues.quorum import QuorumQueue
+from warren.broker.routing.vhost import VirtualHost
+
+
+class _Cluster:
+    """What a replicated queue asks of its cluster when it is made on a non-member."""
+    node = "n1"
+
+    def owner_key(self, owner: object) -> str:
+        return str(owner)
+
+
+@pytest.mark.parametrize("durable, exclusive, arguments, replicated", [
+    (True, False, {}, True),                              # durable classic: a group of one
+    (False, False, {}, False),                            # transient
+    (True, True, {}, False),                              # exclusive
+    (False, False, {"x-queue-type": "quorum"}, True),     # quorum (its properties are checked before)
+    (True, False, {"x-queue-type": "classic"}, True),
+])
+def test_which_queues_are_replicated(durable, exclusive, arguments, replicated):
+    assert is_replicated(durable, exclusive, arguments) is replicated
+
+
+def test_a_queue_without_placement_is_local():
+    vhost = VirtualHost("/")
+    queue = make_queue(vhost, "q", {"x-max-length": 3}, durable=False, exclusive_owner="conn",
+                       auto_delete=True)
+    assert type(queue) is Queue and not queue.replicated
+    assert (queue.durable, queue.exclusive_owner, queue.auto_delete) == (False, "conn", True)
+    assert queue.limits.max_length == 3
+
+
+def test_a_placed_queue_is_replicated_on_its_group():
+    vhost = VirtualHost("/")
+    placement = Placement(_Cluster(), "g1", ("n2", "n3"))
+    queue = make_queue(vhost, "q", {"x-queue-type": "quorum"}, durable=True, exclusive_owner=None,
+                       auto_delete=True, placement=placement)
+    assert isinstance(queue, QuorumQueue) and queue.replicated
+    assert (queue.group, queue.members, queue.auto_delete, queue.durable) == ("g1", ["n2", "n3"], True, True)
+    assert queue.replica is None   # n1 is not a member: it routes to the group, holds no replica
+
+
+def test_an_exclusive_queue_cannot_be_placed_on_a_group():
+    with pytest.raises(ValueError):
+        make_queue(VirtualHost("/"), "q", {}, durable=True, exclusive_owner="conn", auto_delete=False,
+                   placement=Placement(_Cluster(), "g1", ("n1",)))
