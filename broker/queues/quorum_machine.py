@@ -45,14 +45,12 @@ same bytes, so replicas can be compared by their snapshots.
 """
 from __future__ import annotations
 
-import dataclasses
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
 
-from warren.broker.queues import fifo, queue_codec
+from warren.broker.queues import fifo, queue_codec, snapshot_codec
 from warren.broker.queues import queue_commands as qc
 from warren.broker.queues.queue_commands import Applied, Delivery, Got, Purged, owner_incarnation, owner_node
 from warren.protocol import codec
@@ -61,7 +59,9 @@ from warren.protocol import codec
 HOLD_MAX = 4096
 # Dead incarnations remembered per node, so that their late commands are refused.
 RETIRED_MAX = 16
-SNAPSHOT_VERSION = 2
+# 3: the message table and other per-message parts as columns of ints (broker/queues/snapshot_codec.py);
+# 2 (a list per message) is still restored.
+SNAPSHOT_VERSION = 3
 # A message reference: index * REF_SLOTS + its position in the entry (an
 # EnqueueBatch carries at most REF_SLOTS messages), negated minus one for a
 # transient message (delivery_mode != 2): see `ref_location`.
@@ -140,6 +140,11 @@ class QuorumMachine:
         self._index: int | None = None   # the log index of the command being applied
         # owner -> (its latest basic.get request id, the answer), so a resent one is answered again
         self._gets: dict[str, tuple[int, fifo.Dequeued | None]] = {}
+        # For `oldest_ref_index`, not state (no snapshot holds them): messages enter the
+        # fifo in log order except those released from `held`; their ids are `_late`
+        # (None: not known, found by a scan), `_max_ref_index` the highest index enqueued.
+        self._late: set[int] | None = set()
+        self._max_ref_index = 0
 
     # --- reading -------------------------------------------------------------------
     @property
@@ -181,11 +186,35 @@ class QuorumMachine:
 
     def oldest_ref_index(self) -> int | None:
         """The lowest log index a message still kept here (ready, checked out
-        or held out of order) refers to; None when there is none. O(messages):
-        for the shell's occasional snapshot decisions."""
-        refs = [payload for payload, _ in self._fifo.messages.values() if type(payload) is int]
-        refs += [m[1] for session in self._sessions.values() for m in session.held.values() if type(m[1]) is int]
-        return min(ref_location(ref)[0] for ref in refs) if refs else None
+        or held out of order) refers to; None when there is none. The fifo's
+        first message has the lowest index but for the late ones (`_late`):
+        O(late + held), not O(messages), after a restore O(messages) once."""
+        messages = self._fifo.messages
+        late = self._late if self._late is not None else self._find_late()
+        self._late = late = {msg_id for msg_id in late if msg_id in messages}
+        first = next(iter(messages.values()), None)
+        refs = [messages[msg_id][0] for msg_id in late]
+        if first is not None:
+            refs.append(first[0])
+        refs += [m[1] for session in self._sessions.values() for m in session.held.values()]
+        indexes = [ref_location(ref)[0] for ref in refs if type(ref) is int]
+        return min(indexes) if indexes else None
+
+    def _note_enqueued(self, msg_id: int, payload: Any) -> None:
+        """Keep `_late` a superset of the messages with a lower index than one before them."""
+        if self._late is None or type(payload) is not int:
+            return
+        index = ref_location(payload)[0]
+        if index < self._max_ref_index:
+            self._late.add(msg_id)
+        else:
+            self._max_ref_index = index
+
+    def _find_late(self) -> set[int]:
+        self._late, self._max_ref_index = set(), 0
+        for msg_id, (payload, _) in self._fifo.messages.items():
+            self._note_enqueued(msg_id, payload)
+        return self._late
 
     def checked_out_deliveries(self) -> list[Delivery]:
         """Every delivery not settled or returned yet, with its original seq:
@@ -348,6 +377,7 @@ class QuorumMachine:
     def _enqueue_one(self, enqueuer: str, seq: int, message: list, effects: list) -> Applied:
         now_ms, payload, size, ttl_ms, priority = message
         reply = self._fifo_apply(now_ms, fifo.Enqueue(payload, size, ttl_ms, priority), effects)
+        self._note_enqueued(self.next_msg_id, payload)
         self.next_msg_id += 1
         applied = Applied(enqueuer, seq, accepted=reply == fifo.ACCEPTED)
         effects.append(applied)
@@ -491,7 +521,7 @@ class QuorumMachine:
     # --- snapshots -----------------------------------------------------------------------
     def snapshot(self) -> bytes:
         sessions = [[e, s.next_seq, list(s.held.items())] for e, s in self._sessions.items()]
-        seqs = [[list(c), r.last_seq, list(r.checked_out.items())] for c, r in self._seqs.items()]
+        seqs = [[list(c), r.last_seq, snapshot_codec.int_map(r.checked_out)] for c, r in self._seqs.items()]
         suspected = [[list(c), active] for c, active in self._suspected.items()]
         nodes = list(self._suspected_nodes.items())
         retired = list(self._retired.items())
@@ -499,21 +529,23 @@ class QuorumMachine:
                                                               else list(got.payload), got.redelivered,
                                                               got.message_count, got.delivery_count]]
                 for owner, (request_id, got) in self._gets.items()]
-        return _pack([SNAPSHOT_VERSION, self.next_msg_id, _fifo_to_wire(self._fifo), sessions, seqs,
+        return _pack([SNAPSHOT_VERSION, self.next_msg_id, snapshot_codec.fifo_to_wire(self._fifo), sessions, seqs,
                       suspected, nodes, retired, gets])
 
     @classmethod
     def restore(cls, data: bytes) -> QuorumMachine:
         version, next_msg_id, state, sessions, seqs, suspected, nodes, retired, gets = msgpack.unpackb(data, raw=False)
-        assert version == SNAPSHOT_VERSION, f"unknown snapshot version {version}"
+        assert version in (2, SNAPSHOT_VERSION), f"unknown snapshot version {version}"
         machine = cls()
-        machine._fifo = _fifo_from_wire(state)
+        machine._fifo = snapshot_codec.fifo_from_wire(state, version)
+        machine._late = None   # found again when first needed
         machine.next_msg_id = next_msg_id
         for enqueuer, next_seq, held in sessions:
             machine._sessions[enqueuer] = EnqueuerSession(next_seq, {seq: _payload_from_wire(message)
                                                                      for seq, message in held})
         for consumer, last_seq, checked_out in seqs:
-            machine._seqs[tuple(consumer)] = ConsumerSeqs(last_seq, {m: s for m, s in checked_out})
+            by_id = dict(checked_out) if version == 2 else snapshot_codec.int_map_from(checked_out)
+            machine._seqs[tuple(consumer)] = ConsumerSeqs(last_seq, by_id)
         machine._suspected = {tuple(consumer): active for consumer, active in suspected}
         machine._suspected_nodes = {node: incarnations for node, incarnations in nodes}
         machine._retired = {node: incarnations for node, incarnations in retired}
@@ -549,51 +581,3 @@ def _payload_from_wire(message: list) -> list:
     if type(message[1]) is list:
         message[1] = tuple(message[1])
     return message
-
-
-# -- the fifo state on the wire ---------------------------------------------------------
-def _fifo_to_wire(state: fifo.FifoState) -> list:
-    assert not state.track_removals, "a replicated queue keeps no removal log"
-    limits = {f.name: getattr(state.limits, f.name) for f in dataclasses.fields(fifo.QueueLimits)}
-    messages = [[msg_id, payload if type(payload) is int else list(payload), size]
-                for msg_id, (payload, size) in state.messages.items()]
-    consumers = [[list(cid), c.prefetch, c.priority, c.no_ack, list(c.checked_out), c.cancelled, c.suspended,
-                  c.in_service, c.ticket] for cid, c in state.consumers.items()]
-    return [limits, messages, list(state.delivery_counts.items()), list(state.ready), list(state.returns),
-            state.ready_bytes, state.message_bytes, list(state.expiries.items()),
-            list(state.message_priorities.items()), state.now_ms, consumers, _service_to_wire(state)]
-
-
-def _service_to_wire(state: fifo.FifoState) -> list:
-    """The service deques without their stale entries (fifo removes entries
-    lazily; a stale entry never becomes valid again, so dropping it changes nothing)."""
-    service = []
-    for priority, waiting in state.service.items():
-        live = [list(cid) for cid, consumer, ticket in waiting
-                if consumer.in_service and ticket == consumer.ticket and state.consumers.get(cid) is consumer]
-        service.append([priority, live])
-    in_service = sum(1 for c in state.consumers.values() if c.in_service)
-    assert in_service == sum(len(live) for _, live in service), "one service turn per consumer in service"
-    return service
-
-
-def _fifo_from_wire(wire: list) -> fifo.FifoState:
-    (limits, messages, counts, ready, returns, ready_bytes, message_bytes, expiries, priorities, now_ms,
-     consumers, service) = wire
-    state = fifo.FifoState(limits=fifo.QueueLimits(**limits))
-    state.messages = {msg_id: (payload if type(payload) is int else tuple(payload), size)
-                      for msg_id, payload, size in messages}
-    state.delivery_counts = dict(counts)
-    state.ready = deque(ready)
-    state.returns = list(returns)   # already a heap: kept in the same order
-    state.ready_bytes, state.message_bytes, state.now_ms = ready_bytes, message_bytes, now_ms
-    state.expiries = dict(expiries)
-    state.message_priorities = dict(priorities)
-    for cid, prefetch, priority, no_ack, checked_out, cancelled, suspended, in_service, ticket in consumers:
-        state.consumers[tuple(cid)] = fifo.ConsumerState(
-            prefetch, priority, no_ack, dict.fromkeys(checked_out), cancelled, suspended, in_service, ticket)
-    for priority, live in service:
-        entries = [(tuple(cid), state.consumers[tuple(cid)]) for cid in live]
-        state.service[priority] = deque((cid, consumer, consumer.ticket) for cid, consumer in entries)
-    state.priorities = sorted(state.service, reverse=True)
-    return state

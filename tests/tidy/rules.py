@@ -9,7 +9,8 @@ IMPURE_STDLIB = frozenset({"asyncio", "os", "random", "selectors", "socket", "su
                            "importlib"})
 
 PURE_BROKER = ("broker.queues.fifo", "broker.queues.quorum_machine", "broker.queues.queue_commands",
-               "broker.queues.queue_codec", "broker.queues.queue_snapshots", "broker.routing.exchanges",
+               "broker.queues.queue_codec", "broker.queues.queue_snapshots", "broker.queues.snapshot_codec",
+               "broker.routing.exchanges",
                "broker.amqp.confirms", "broker.routing.arguments",
                "broker.node.metadata_machine", "broker.node.metadata_state", "broker.node.metadata_commands",
                "broker.node.metadata_effects", "broker.node.definition_checks", "broker.node.node_core",

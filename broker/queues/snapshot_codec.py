@@ -1,0 +1,104 @@
+"""The fifo state of a quorum queue's machine (broker/queues/fifo.py) in the
+form its snapshots hold (broker/queues/quorum_machine.py packs it with msgpack).
+
+Version 3 keeps every per-message table as flat columns of ints (one list per
+field: ids, references, sizes...) instead of a list per message: a snapshot
+of a queue holding 700k messages built 700k lists (~1 s of the event loop
+with the collections they set off, docs/performance.md), while a column is
+built by C-level iterators and msgpack writes each int in the fewest bytes
+(it beat ``array`` columns of fixed-width ints, which need a Python int per
+element on the way in and were no smaller). Payloads are log references
+(ints) in a replicated queue; a machine without a log keeps them inline,
+listed apart by position. Version 2 (a list per message) is still read.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections import deque
+from operator import itemgetter
+from typing import Any
+
+from warren.broker.queues import fifo
+
+
+def int_map(mapping: dict[int, int]) -> list:
+    """An int -> int dict as two columns, keys and values, in its order."""
+    return [list(mapping.keys()), list(mapping.values())]
+
+
+def int_map_from(wire: list) -> dict[int, int]:
+    keys, values = wire
+    return dict(zip(keys, values))
+
+
+# -- the message table ---------------------------------------------------------------------
+def _messages_to_wire(messages: dict[int, tuple[Any, int]]) -> list:
+    """[ids, refs, sizes, inline]: columns in the dict's order; an inline
+    payload (no log) is [position, list(payload)] in `inline`, 0 in refs."""
+    values = messages.values()
+    refs: list[Any] = list(map(itemgetter(0), values))
+    inline: list[list] = []
+    if set(map(type, refs)) - {int}:   # a C-level look first: inline payloads are rare
+        inline = [[position, list(payload)] for position, payload in enumerate(refs) if type(payload) is not int]
+        for position, _ in inline:
+            refs[position] = 0
+    return [list(messages.keys()), refs, list(map(itemgetter(1), values)), inline]
+
+
+def _messages_from_wire(wire: list) -> dict[int, tuple[Any, int]]:
+    ids, refs, sizes, inline = wire
+    messages = dict(zip(ids, zip(refs, sizes)))
+    for position, payload in inline:   # the key is there already: its place is kept
+        messages[ids[position]] = (tuple(payload), sizes[position])
+    return messages
+
+
+# -- the whole fifo ---------------------------------------------------------------------------
+def fifo_to_wire(state: fifo.FifoState) -> list:
+    assert not state.track_removals, "a replicated queue keeps no removal log"
+    limits = {f.name: getattr(state.limits, f.name) for f in dataclasses.fields(fifo.QueueLimits)}
+    by_id: dict[Any, fifo.ConsumerState] = state.consumers   # ids are (owner, tag) tuples
+    consumers = [[list(cid), c.prefetch, c.priority, c.no_ack, list(c.checked_out), c.cancelled, c.suspended,
+                  c.in_service, c.ticket] for cid, c in by_id.items()]
+    return [limits, _messages_to_wire(state.messages), int_map(state.delivery_counts), list(state.ready),
+            state.returns, state.ready_bytes, state.message_bytes, int_map(state.expiries),
+            int_map(state.message_priorities), state.now_ms, consumers, _service_to_wire(state)]
+
+
+def _service_to_wire(state: fifo.FifoState) -> list:
+    """The service deques without their stale entries (fifo removes entries
+    lazily; a stale entry never becomes valid again, so dropping it changes nothing)."""
+    service: list[tuple[int, list]] = []
+    for priority, waiting in state.service.items():
+        live = [list(cid) for cid, consumer, ticket in waiting
+                if consumer.in_service and ticket == consumer.ticket and state.consumers.get(cid) is consumer]
+        service.append((priority, live))
+    in_service = sum(1 for c in state.consumers.values() if c.in_service)
+    assert in_service == sum(len(live) for _, live in service), "one service turn per consumer in service"
+    return service
+
+
+def fifo_from_wire(wire: list, version: int) -> fifo.FifoState:
+    """The fifo of a version 3 snapshot, or of a version 2 one (a list per message)."""
+    (limits, messages, counts, ready, returns, ready_bytes, message_bytes, expiries, priorities, now_ms,
+     consumers, service) = wire
+    state = fifo.FifoState(limits=fifo.QueueLimits(**limits))
+    if version == 2:
+        state.messages = {msg_id: (payload if type(payload) is int else tuple(payload), size)
+                          for msg_id, payload, size in messages}
+        state.delivery_counts, state.expiries, state.message_priorities = dict(counts), dict(expiries), dict(priorities)
+    else:
+        state.messages = _messages_from_wire(messages)
+        state.delivery_counts, state.expiries = int_map_from(counts), int_map_from(expiries)
+        state.message_priorities = int_map_from(priorities)
+    state.ready, state.returns = deque(ready), returns
+    # `returns` is already a heap: kept in the same order
+    state.ready_bytes, state.message_bytes, state.now_ms = ready_bytes, message_bytes, now_ms
+    for cid, prefetch, priority, no_ack, checked_out, cancelled, suspended, in_service, ticket in consumers:
+        state.consumers[tuple(cid)] = fifo.ConsumerState(
+            prefetch, priority, no_ack, dict.fromkeys(checked_out), cancelled, suspended, in_service, ticket)
+    for priority, live in service:
+        entries = [(tuple(cid), state.consumers[tuple(cid)]) for cid in live]
+        state.service[priority] = deque((cid, consumer, consumer.ticket) for cid, consumer in entries)
+    state.priorities = sorted(state.service, reverse=True)
+    return state
