@@ -344,6 +344,8 @@ class World:
     def heal(self) -> None:
         self.end_fault()
         self.paused_until.clear()
+        # a fault like the others: the final round allows 2 s for a CHECKOUT, not held-back resends
+        self.network.forward_delay_rate = 0.0
         self.restart_due(everyone=True)
         for node in self.nodes.values():
             node.files.eio_on_sync = False
