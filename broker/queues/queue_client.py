@@ -13,7 +13,13 @@ group's leader, or straight into a replica without a log):
 * consuming: deliveries carry a per-consumer sequence; this node hands them
   to the channel in order, drops what it has seen, holds what comes after a
   gap and asks the leader to send again what it has checked out after the
-  last one seen (RESEND).
+  last one seen (RESEND);
+* closed channels: a channel's DOWN can reach the leader before its CHECKOUT
+  (forwarded through a third node that knew an older leader), leaving a
+  consumer nobody closes holding a prefetch of messages. The owners this node
+  closed are remembered for `DOWNED_OWNERS_SECONDS`; a delivery to one of them
+  sends its DOWN again (at most once per `RESEND_SECONDS`), and the queue takes
+  back what it checked out to it.
 """
 from __future__ import annotations
 
@@ -30,6 +36,7 @@ if TYPE_CHECKING:
     from warren.broker.queues.queue_routes import QueueRoute
 
 HELD_DELIVERIES_MAX = 10_000
+DOWNED_OWNERS_SECONDS = 60.0   # far longer than a forwarded CHECKOUT can be on its way
 ENQUEUE_BATCH_MAX = 1024
 
 
@@ -74,6 +81,7 @@ class QueueClient:
         self.enqueuers_by_key: dict[str, EnqueuerSession] = {}
         self.unsent: list[EnqueuerSession] = []
         self.requests = itertools.count(1)
+        self.downed_owners: dict[str, tuple[float, float]] = {}   # owner key -> (DOWN sent at, again from)
 
     # -- publishing --------------------------------------------------------------------
     def enqueue_from(self, owner: Hashable, payload: tuple, ttl_ms: int | None, priority: int,
@@ -200,7 +208,30 @@ class QueueClient:
             del self.local_consumers[local_key]
         self.forget_enqueuer(owner)
         self.send_unsent()
+        self._forget_old_downs()
+        self._send_down(key)
+
+    def _send_down(self, key: str, again_after: float = 0.0) -> None:
+        now = time.monotonic()
+        self.downed_owners.pop(key, None)    # re-inserted last: the dict stays in order of sending
+        self.downed_owners[key] = (now, now + again_after)
         self.route.submit_down(qc.Down(key, now_ms()))
+
+    def _forget_old_downs(self) -> None:
+        oldest = time.monotonic() - DOWNED_OWNERS_SECONDS
+        while self.downed_owners:
+            key, (sent_at, _) = next(iter(self.downed_owners.items()))
+            if sent_at >= oldest:
+                return
+            del self.downed_owners[key]
+
+    def _down_again(self, owner: str) -> None:
+        """A delivery to a consumer of a channel closed here: its CHECKOUT may have
+        reached the leader after its DOWN, so the DOWN goes again (it returns
+        nothing if the delivery was only on its way before the first one)."""
+        downed = self.downed_owners.get(owner)
+        if downed is not None and time.monotonic() >= downed[1]:
+            self._send_down(owner, again_after=RESEND_SECONDS)
 
     # -- deliveries to this node's channels ---------------------------------------------------
     def on_remote_delivery(self, message: list) -> None:
@@ -210,8 +241,11 @@ class QueueClient:
     def on_delivery(self, owner: str, tag: str, seq: int, msg_id: int, payload: tuple,
                     redelivered: bool, count: int) -> None:
         consumer = self.local_consumers.get((owner, tag))
-        if consumer is None or seq <= consumer.last_seq:
-            return  # gone (its messages go back with its cancel or channel close), or seen
+        if consumer is None:
+            self._down_again(owner)   # gone: its messages go back with its cancel or channel close
+            return
+        if seq <= consumer.last_seq:
+            return  # seen
         if seq > consumer.last_seq + 1:
             if len(consumer.held) < HELD_DELIVERIES_MAX:
                 consumer.held[seq] = (msg_id, payload, redelivered, count)

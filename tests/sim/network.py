@@ -6,7 +6,10 @@ dropped, delayed, duplicated (a second copy later), and so reordered (a
 delay is drawn per frame, so a later frame may arrive first). A partition
 is a set of cut directed links: majority/minority, a bridge (one node sees
 both sides, the sides do not see each other), one-way. A cut link loses
-what is in flight on it.
+what is in flight on it. A command a node forwards to the leader for
+another (a CMD whose origin is not its sender) can be held back longer,
+`forward_delay_rate` of the frames that carry one by `forward_delay_seconds`:
+it then reaches the leader after what its origin sent straight there later.
 
 The failure detector is the transport's: a node counts a peer up while it
 heard from it within `DETECT_SECONDS` (nodes send heartbeats every
@@ -24,6 +27,8 @@ from typing import Any
 
 import msgpack
 
+from warren.broker.node.node_core import CMD
+
 HEARTBEAT_SECONDS = 0.25
 DETECT_SECONDS = 0.75
 
@@ -38,6 +43,8 @@ class Network:
         self.drop_rate = 0.0
         self.duplicate_rate = 0.0
         self.delay_max = 0.004
+        self.forward_delay_rate = 0.0
+        self.forward_delay_seconds = 0.0
         self.heard: dict[tuple[str, str], float] = {}   # (listener, peer) -> last heard
         self.up: set[tuple[str, str]] = set()           # (listener, peer): the listener counts peer up
         self.next_heartbeat = 0.0
@@ -61,10 +68,20 @@ class Network:
             self.dropped += 1
             return True
         now = self.world.clock.now
-        self._put(now + self.rng.uniform(0.0002, self.delay_max), sender, to, raw)
+        self._put(now + self.rng.uniform(0.0002, self.delay_max) + self._forward_delay(sender, frame), sender, to, raw)
         if self.rng.random() < self.duplicate_rate:
             self._put(now + self.rng.uniform(0.0002, 4 * self.delay_max), sender, to, raw)
         return True
+
+    def _forward_delay(self, sender: str, frame: Any) -> float:
+        # no draw unless the scenario asks: the other scenarios' seeds replay as before
+        if not self.forward_delay_rate or not isinstance(frame, dict):
+            return 0.0
+        forwards = any(message[0] == CMD and message[3] != sender for message in frame.get("a", ()))
+        if not forwards or self.rng.random() >= self.forward_delay_rate:
+            return 0.0
+        self.world.note("forward held back")
+        return self.forward_delay_seconds
 
     def _put(self, due: float, sender: str, to: str, raw: bytes) -> None:
         heapq.heappush(self.in_flight, (due, next(self.order), sender, to, raw))

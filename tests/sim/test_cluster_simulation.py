@@ -1,7 +1,7 @@
 """The whole-cluster simulation (tests/sim/world.py) over many seeds, one test per seed.
 
-WARREN_SIM_SEEDS seeds of the faults scenario, half as many with frequent snapshots
-(default 40: a minute and a half on a busy core);
+WARREN_SIM_SEEDS seeds of the faults scenario, half as many with frequent snapshots,
+an eighth as many with slow forwards (default 40: two minutes on a busy core);
 a longer soak is `python -m tests.sim --seeds 1000`. A failure names its seed and
 the command that replays it.
 """
@@ -16,6 +16,7 @@ from tests.sim.world import SCENARIOS, World
 SEEDS = int(os.environ.get("WARREN_SIM_SEEDS", "40"))
 CALM_SEEDS = max(1, SEEDS // 8)
 SNAPSHOT_SEEDS = max(1, SEEDS // 2)
+SLOW_FORWARD_SEEDS = max(5, SEEDS // 8)
 
 
 @pytest.mark.parametrize("seed", range(SEEDS))
@@ -29,6 +30,13 @@ def test_snapshots(seed):
     """Queues snapshot every few entries: compactions, and snapshots sent to followers behind."""
     world = World(SCENARIOS["snapshots"], 1000 + seed).run()
     assert world.stats.get("compact", 0) > 10, world.stats
+
+
+@pytest.mark.parametrize("seed", range(SLOW_FORWARD_SEEDS))
+def test_slow_forwards(seed):
+    """Consumers' CHECKOUTs forwarded by a third node reach the leader after their channel's
+    DOWN; the stale consumers' messages still reach live ones (seed 4 failed before)."""
+    World(SCENARIOS["slow-forwards"], seed).run()
 
 
 @pytest.mark.parametrize("seed", range(CALM_SEEDS))

@@ -6,6 +6,7 @@ from tests.sim.history import SimulationFailure
 from tests.sim.world import SCENARIOS, World, replay_command
 from warren.broker.queues import queue_snapshots
 from warren.broker.queues import quorum_machine as qm
+from warren.broker.queues.queue_client import QueueClient
 from warren.raft.log import RaftLog
 
 
@@ -58,3 +59,11 @@ def test_votes_for_a_candidate_missing_committed_entries(monkeypatch):
     monkeypatch.setattr(RaftLog, "is_up_to_date", lambda self, last_index, last_term: True)
     failure = first_failure("faults")
     assert failure is not None and ("leads" in failure or "applies" in failure), failure
+
+
+def test_a_consumer_checked_out_after_its_channels_down(monkeypatch):
+    """Without the client's second DOWN, a CHECKOUT forwarded past its channel's DOWN
+    leaves a consumer nobody closes, holding its prefetch for good (issue 11 item 5)."""
+    monkeypatch.setattr(QueueClient, "_down_again", lambda self, owner: None)
+    failure = first_failure("slow-forwards", seeds=6)
+    assert failure is not None and "confirmed messages never delivered" in failure, failure

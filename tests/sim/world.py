@@ -63,11 +63,17 @@ class Scenario:
     churn_rate: float = 0.002      # per step: declare or delete a scratch queue
     reconnect_rate: float = 0.0005
     snapshot_entries: int | None = None   # a queue snapshots (and compacts its log) this often
+    forward_delay_rate: float = 0.0   # of the commands a node forwards to the leader: held back longer
+    forward_delay_seconds: float = 0.0
 
 
 SCENARIOS = {
     "faults": Scenario("faults"),
     "snapshots": Scenario("snapshots", snapshot_entries=24),
+    # a consumer's CHECKOUT forwarded by a node with an old leader hint reaches the leader
+    # after its channel's DOWN (issue 11 item 5): channels close often, forwards lag
+    "slow-forwards": Scenario("slow-forwards", nodes=5, reconnect_rate=0.004, fault_rate=0.01, forward_delay_rate=1.0,
+                              forward_delay_seconds=1.0),
     "calm": Scenario("calm", fault_rate=0.0, drop_rate=0.0, duplicate_rate=0.0, reconnect_rate=0.0, fault_seconds=4.0),
 }
 
@@ -111,6 +117,8 @@ class World:
         self.network = Network(self, random.Random(self.rng.random()))
         self.network.drop_rate = scenario.drop_rate
         self.network.duplicate_rate = scenario.duplicate_rate
+        self.network.forward_delay_rate = scenario.forward_delay_rate
+        self.network.forward_delay_seconds = scenario.forward_delay_seconds
         self.history = History(self)
         self.connection_ids = itertools.count(1)
         self.nodes = {name: SimNode(name, self.names, self) for name in self.names}
@@ -336,6 +344,8 @@ class World:
     def heal(self) -> None:
         self.end_fault()
         self.paused_until.clear()
+        # a fault like the others: the final round allows 2 s for a CHECKOUT, not held-back resends
+        self.network.forward_delay_rate = 0.0
         self.restart_due(everyone=True)
         for node in self.nodes.values():
             node.files.eio_on_sync = False

@@ -3,7 +3,7 @@ queue, and what it sends again, over a fake route that records every send."""
 from __future__ import annotations
 
 from warren.broker.queues import queue_commands as qc
-from warren.broker.queues.queue_client import RESEND_SECONDS, QueueClient
+from warren.broker.queues.queue_client import DOWNED_OWNERS_SECONDS, RESEND_SECONDS, QueueClient
 
 OWNER = (7, 1)
 KEY = "n1/i1/7/1"
@@ -18,6 +18,7 @@ class FakeRoute:
         self.submitted: list[object] = []
         self.end_of_turn: list = []
         self.resends_asked: list[tuple] = []
+        self.downs: list[qc.Down] = []
 
     def at_end_of_turn(self, callback) -> None:
         self.end_of_turn.append(callback)
@@ -33,6 +34,9 @@ class FakeRoute:
 
     def submit(self, command, on_done) -> None:
         self.submitted.append(command)
+
+    def submit_down(self, down) -> None:
+        self.downs.append(down)
 
     def leader(self) -> str | None:
         return self.leader_now
@@ -175,3 +179,49 @@ def test_a_consumers_node_asks_a_new_leader_for_what_came_after_the_last_seq_see
     client.on_delivery(KEY, "t", 1, 11, ("", "q", b"", b"m"), False, 0)
     client.ask_for_checked_out("b")
     assert route.sent[-1] == ("b", [4, "g", KEY, "t", 1])
+
+
+def test_a_delivery_to_a_consumer_of_a_closed_channel_downs_the_channel_again():
+    """Its CHECKOUT, forwarded through a third node, reached the leader after the
+    DOWN: the queue delivers to a consumer nobody closes. The first delivery to it
+    re-sends the DOWN, so the queue takes back what it checked out (issue 11 item 5)."""
+    client, route, channel = make_client()
+    client.checkout((OWNER, "t"), channel, 10, 0, False, True)
+    client.owner_down(OWNER)
+    assert [d.owner for d in route.downs] == [KEY]
+    client.on_delivery(KEY, "t", 1, 11, ("", "q", b"", b"m"), False, 0)
+    client.on_delivery(KEY, "t", 2, 12, ("", "q", b"", b"n"), False, 0)
+    assert channel.handed == []
+    assert [d.owner for d in route.downs] == [KEY, KEY], "once, not per delivery"
+
+
+def test_a_closed_channels_down_is_sent_again_at_most_once_per_resend_period(monkeypatch):
+    client, route, channel = make_client()
+    clock = [100.0]
+    monkeypatch.setattr("warren.broker.queues.queue_client.time.monotonic", lambda: clock[0])
+    client.owner_down(OWNER)
+    client.on_delivery(KEY, "t", 1, 11, ("", "q", b"", b"m"), False, 0)
+    clock[0] += RESEND_SECONDS / 2
+    client.on_delivery(KEY, "t", 1, 11, ("", "q", b"", b"m"), False, 0)
+    assert len(route.downs) == 2
+    clock[0] += RESEND_SECONDS
+    client.on_delivery(KEY, "t", 1, 11, ("", "q", b"", b"m"), False, 0)
+    assert len(route.downs) == 3, "the DOWN sent again may have been lost too"
+
+
+def test_a_delivery_to_a_cancelled_consumer_of_a_live_channel_downs_nothing():
+    client, route, channel = make_client()
+    client.checkout((OWNER, "t"), channel, 10, 0, False, True)
+    client.cancel((OWNER, "t"))
+    client.on_delivery(KEY, "t", 1, 11, ("", "q", b"", b"m"), False, 0)
+    assert route.downs == [] and channel.handed == []
+
+
+def test_closed_channels_are_remembered_for_a_bounded_time(monkeypatch):
+    client, route, _ = make_client()
+    clock = [100.0]
+    monkeypatch.setattr("warren.broker.queues.queue_client.time.monotonic", lambda: clock[0])
+    client.owner_down(OWNER)
+    clock[0] += DOWNED_OWNERS_SECONDS + 1
+    client.owner_down((8, 1))
+    assert list(client.downed_owners) == ["n1/i1/8/1"]
