@@ -181,10 +181,6 @@ class FifoState:
     ready_bytes: int = 0
     # bytes of every message held, ready or checked out (the node's memory alarm reads it)
     message_bytes: int = 0
-    # A durable queue's shell drains this after each command: (msg_id, payload, size) of
-    # every message gone for good, so it can log their removal.
-    track_removals: bool = False
-    removed: list = field(default_factory=list)
     # msg_id -> time (ms) after which it expires; only messages with a TTL
     expiries: dict[int, int] = field(default_factory=dict)
     # msg_id -> priority, for messages above 0 in a priority queue
@@ -368,8 +364,6 @@ def _forget(state: FifoState, msg_id: int) -> Any:
         state.expiries.pop(msg_id, None)
     if state.message_priorities:
         state.message_priorities.pop(msg_id, None)
-    if state.track_removals:
-        state.removed.append((msg_id, payload, size))
     if state.delivery_counts:
         state.delivery_counts.pop(msg_id, None)
     return payload

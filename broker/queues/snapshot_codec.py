@@ -55,7 +55,6 @@ def _messages_from_wire(wire: list) -> dict[int, tuple[Any, int]]:
 
 # -- the whole fifo ---------------------------------------------------------------------------
 def fifo_to_wire(state: fifo.FifoState) -> list:
-    assert not state.track_removals, "a replicated queue keeps no removal log"
     limits = {f.name: getattr(state.limits, f.name) for f in dataclasses.fields(fifo.QueueLimits)}
     by_id: dict[Any, fifo.ConsumerState] = state.consumers   # ids are (owner, tag) tuples
     consumers = [[list(cid), c.prefetch, c.priority, c.no_ack, list(c.checked_out), c.cancelled, c.suspended,

@@ -23,7 +23,7 @@ LONG_FUNCTIONS = {
 # Modules longer than 600 lines: path -> lines.
 LONG_MODULES = {
     "broker/amqp/channel.py": 616,
-    "broker/queues/fifo.py": 613,
+    "broker/queues/fifo.py": 607,
     "raft/core.py": 650,
 }
 
