@@ -323,7 +323,6 @@ class Cluster:
         if queue.machine is None and queue.group in self.runtime.groups:
             # removed from the queue's members but not yet released when this node stopped
             queue.machine = qm.QuorumMachine(queue.state.limits)
-            queue.state = queue.machine.state
         snapshot = self.early_snapshots.pop(queue.group, None)
         if snapshot is not None:
             queue.install_snapshot(snapshot)

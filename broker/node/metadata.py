@@ -45,7 +45,6 @@ from warren.broker.node.metadata_log import MetadataLog
 from warren.broker.node.metadata_reconcile import Reconciler
 from warren.broker.node.metadata_state import MetaState
 from warren.broker.node.node_core import META
-from warren.broker.queues import fifo
 from warren.broker.queues import quorum_machine as qm
 from warren.broker.queues.queue_factory import Placement, make_queue
 from warren.broker.queues.quorum import QuorumQueue
@@ -261,9 +260,7 @@ class Metadata:
         voters = effect.voters_before
         if voters is None:
             voters = tuple(member for member in queue.members if member != me)
-        queue.machine = qm.QuorumMachine(queue.state.limits)
-        queue.state = queue.machine.state
-        queue.applied_since_snapshot = 0
+        queue.machine = qm.QuorumMachine(queue.state.limits)   # a new replica, counting from 0
         runtime.join_group(queue.group, list(voters))
 
     def _replica_released(self, effect: fx.ReplicaReleased) -> None:
@@ -276,7 +273,6 @@ class Metadata:
         leader = cluster.local_leader(effect.group)
         cluster.runtime.remove_group(effect.group)
         queue.machine = None
-        queue.state = fifo.FifoState(limits=queue.state.limits)
         queue.leader_hint = leader if leader not in (None, me) else queue.members[0]
         self.reconciler.forget(effect.group)
         log.info("quorum.replica_released", queue=effect.name, vhost=effect.vhost)

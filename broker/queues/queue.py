@@ -122,19 +122,6 @@ class Queue:
     def state(self) -> fifo.FifoState:
         return self.replica.machine.state if self.replica is not None else fifo.FifoState(limits=self.limits)
 
-    @state.setter
-    def state(self, state: fifo.FifoState) -> None:
-        """Kept for callers that set the state beside the machine: it follows the machine."""
-
-    @property
-    def applied_since_snapshot(self) -> int:
-        return self.replica.applied_since_snapshot if self.replica is not None else 0
-
-    @applied_since_snapshot.setter
-    def applied_since_snapshot(self, count: int) -> None:
-        if self.replica is not None:
-            self.replica.applied_since_snapshot = count
-
     @property
     def local_consumers(self) -> dict:
         return self.client.local_consumers
