@@ -7,8 +7,7 @@ Theory of operation. The connection shell hands each channel its methods
 works when a queue's machine lives behind Raft. Everything the channel sends
 is appended to the connection's output, which is written once per turn.
 
-Soft errors are raised as ``ChannelError`` (the connection closes only this
-channel); hard ones as ``AMQPConnectionError``.
+Soft errors raise ``ChannelError`` (only this channel closes), hard ones ``AMQPConnectionError``.
 """
 from __future__ import annotations
 
@@ -85,6 +84,7 @@ class Channel(TopologyMethods):
         self.enqueues_in_flight = 0
         self.commands_paused = False
         self._last_time_mark = 0.0
+        self.awaiting_replies = 0   # durable topology changes not yet applied (channel_topology.py)
         self.closed = False
         # the user's permissions on the vhost as this channel opened, and what they allowed
         self.permission = self.broker.access.permission(connection.user_name, self.vhost.name)

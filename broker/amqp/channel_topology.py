@@ -3,7 +3,10 @@
 Mixed into ``broker.channel.Channel``. A durable change goes through the
 metadata Raft group and is answered once applied (broker/node/metadata.py), as
 RabbitMQ answers only after its metadata store has committed; a transient or
-exclusive one is made here, in memory, and answered at once.
+exclusive one is made here, in memory, and answered at once. Until a durable
+change is applied the channel takes no further method (the connection holds
+them, as RabbitMQ's channel process blocks on its metadata store call): a
+publish sent right behind a declare or bind, nowait or not, is routed by it.
 """
 from __future__ import annotations
 
@@ -59,26 +62,39 @@ class TopologyMethods:
             self.send(reply)
 
     # -- through the metadata Raft group (broker/node/metadata.py) -----------------------------
+    def await_reply(self) -> None:
+        """A change later frames depend on was submitted: the connection holds them until it is applied."""
+        self.awaiting_replies += 1
+
+    def reply_arrived(self) -> None:
+        self.awaiting_replies -= 1
+        if not self.awaiting_replies and not self.closed:
+            self.connection.release_held(self.number)
+
     def _replicate(self, command: mc.Command, reply: Any | None,
                    on_applied: Callable[[Any], Any | None] | None = None) -> Callable[..., None]:
         """A hook for the vhost: submit `command` to the metadata group; reply
         (or close the channel with the error the apply met) once this node applied it."""
         def submit(*_: Any) -> None:
+            self.await_reply()
             self.broker.metadata.submit(command, partial(self._on_replicated, reply, on_applied))
         return submit
 
     def _on_replicated(self, reply: Any | None, on_applied: Callable[[Any], Any | None] | None, result: Any) -> None:
-        if self.closed:
-            return
         try:
-            raise_if_error(result)
-            if on_applied is not None:
-                reply = on_applied(result)
-        except ChannelError as error:
-            self.fail(error)
-            return
-        if reply is not None:
-            self.send(reply)
+            if self.closed:
+                return
+            try:
+                raise_if_error(result)
+                if on_applied is not None:
+                    reply = on_applied(result)
+            except ChannelError as error:
+                self.fail(error)
+                return
+            if reply is not None:
+                self.send(reply)
+        finally:
+            self.reply_arrived()
 
     def on_exchange_declare(self, method: spec.Exchange.Declare) -> None:
         if not method.passive and method.exchange:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
+from collections import deque
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -50,6 +51,8 @@ log = structlog.get_logger("warren.connection")
 _connection_ids = itertools.count(1)
 # How long we wait for connection.close-ok before dropping the socket.
 CLOSE_OK_TIMEOUT_SECONDS = 3.0
+# Frames held behind a channel's pending reply before the socket stops being read.
+HELD_EVENTS_MAX = 4096
 
 
 class AMQPConnection(asyncio.Protocol):
@@ -75,6 +78,10 @@ class AMQPConnection(asyncio.Protocol):
         self.blocked = False  # by a resource alarm (connection.blocked sent)
         # channels over commands_soft_limit: reading the socket waits for them
         self.paused_channels: set[Channel] = set()
+        # frames of channels waiting for a reply, by channel number (release_held)
+        self._held: dict[int, deque[tuple]] = {}
+        self._releasing: set[int] = set()
+        self._held_over_limit = False
         self.heartbeat_seconds = 0
         self._last_received = time.monotonic()
         self._held_unread = False  # reading was paused since the last resume
@@ -148,7 +155,7 @@ class AMQPConnection(asyncio.Protocol):
     @property
     def reading_paused(self) -> bool:
         """We hold the socket unread: backpressure, a resource alarm or a channel over commands_soft_limit."""
-        return bool(self.writes_paused or self.blocked or self.paused_channels)
+        return bool(self.writes_paused or self.blocked or self.paused_channels or self._held_over_limit)
 
     def _update_reading(self) -> None:
         if self.transport is None or self.transport.is_closing():
@@ -225,39 +232,88 @@ class AMQPConnection(asyncio.Protocol):
     # -- dispatch ---------------------------------------------------------
     def _dispatch(self, events: list) -> None:
         channels = self.channels
+        held = self._held
         for event in events:
-            kind = event[0]
             number = event[1]
-            channel = channels.get(number)
-            try:
-                if kind == EV_PUBLISH:
-                    self.has_published = True
-                    if channel is not None and not channel.closed:
-                        channel.on_publish(event[2], event[3], event[4], event[5], event[6], event[7])
-                elif kind == EV_ACK:
-                    if channel is not None and not channel.closed:
-                        channel.on_ack(event[2], event[3])
-                elif kind == EV_METHOD:
-                    self._on_method(number, channel, event[2])
-                elif kind == EV_NACK:
-                    if channel is not None and not channel.closed:
-                        channel.on_nack(event[2], event[3], event[4])
-                elif kind == EV_REJECT:
-                    if channel is not None and not channel.closed:
-                        channel.on_reject(event[2], event[3])
-                elif kind == EV_CHANNEL_ERROR:
-                    raise event[2]
-                elif kind == EV_HEARTBEAT:
-                    pass
-            except ChannelError as error:
-                self._channel_error(number, error)
-            except AMQPConnectionError as error:
-                self._hard_error(error)
+            if held:
+                waiting = held.get(number)
+                if waiting is not None:
+                    waiting.append(event)
+                    continue
+            if not self._dispatch_event(event, channels.get(number)):
                 return
-            if self._closing:
-                return
+            if event[0] == EV_METHOD:
+                channel = channels.get(number)
+                if channel is not None and channel.awaiting_replies:
+                    # later frames of this channel wait for its reply, in order (RabbitMQ's channel
+                    # process blocks on its metadata call; its mailbox keeps what follows)
+                    held[number] = deque()
+        if self._held:
+            self._hold_reading()
         if not self.blocked and self.has_published and self.broker.alarm is not None:
             self.update_blocked()
+
+    def _dispatch_event(self, event: tuple, channel: Channel | None) -> bool:
+        """One parsed event; False once the connection is closing."""
+        kind = event[0]
+        number = event[1]
+        try:
+            if kind == EV_PUBLISH:
+                self.has_published = True
+                if channel is not None and not channel.closed:
+                    channel.on_publish(event[2], event[3], event[4], event[5], event[6], event[7])
+            elif kind == EV_ACK:
+                if channel is not None and not channel.closed:
+                    channel.on_ack(event[2], event[3])
+            elif kind == EV_METHOD:
+                self._on_method(number, channel, event[2])
+            elif kind == EV_NACK:
+                if channel is not None and not channel.closed:
+                    channel.on_nack(event[2], event[3], event[4])
+            elif kind == EV_REJECT:
+                if channel is not None and not channel.closed:
+                    channel.on_reject(event[2], event[3])
+            elif kind == EV_CHANNEL_ERROR:
+                raise event[2]
+            elif kind == EV_HEARTBEAT:
+                pass
+        except ChannelError as error:
+            self._channel_error(number, error)
+        except AMQPConnectionError as error:
+            self._hard_error(error)
+            return False
+        return not self._closing
+
+    def release_held(self, number: int) -> None:
+        """Channel `number` got its reply (or is gone): dispatch what it held, in order,
+        until it waits again."""
+        waiting = self._held.get(number)
+        if waiting is None or number in self._releasing:
+            return
+        self._releasing.add(number)
+        try:
+            while waiting:
+                channel = self.channels.get(number)
+                if channel is not None and channel.awaiting_replies:
+                    return
+                event = waiting.popleft()
+                if self._closing or self.closed:
+                    waiting.clear()
+                elif not self._dispatch_event(event, channel):
+                    waiting.clear()
+            channel = self.channels.get(number)
+            if channel is None or not channel.awaiting_replies:
+                del self._held[number]
+        finally:
+            self._releasing.discard(number)
+            self._hold_reading()
+
+    def _hold_reading(self) -> None:
+        """Frames held behind replies are bounded: past HELD_EVENTS_MAX stop reading the socket."""
+        over = sum(len(waiting) for waiting in self._held.values()) > HELD_EVENTS_MAX
+        if over != self._held_over_limit:
+            self._held_over_limit = over
+            self._update_reading()
 
     def _on_method(self, number: int, channel: Channel | None, method: Any) -> None:
         if number == 0:
@@ -443,6 +499,8 @@ class AMQPConnection(asyncio.Protocol):
         if channel is not None:
             channel.close()
         self._confirm_channels.discard(channel)  # type: ignore[arg-type]
+        if number in self._held:
+            self.release_held(number)  # what it held meets a closed channel, as if parsed with the close
 
     def _close_all_channels(self) -> None:
         for number in list(self.channels):

@@ -43,16 +43,26 @@ class RawClient:
 
     # -- frames -----------------------------------------------------------
     def send(self, channel: int, *values) -> None:
-        self.sock.sendall(b"".join(pamqp_frame.marshal(value, channel) for value in values))
+        self.sock.sendall(self.marshal(channel, *values))
 
     def publish(self, channel: int, method: commands.Basic.Publish, body: bytes,
                 properties: commands.Basic.Properties | None = None, frame_max: int | None = None) -> bytes:
         """Send publish + header + body frames; returns the raw header frame sent."""
+        header, frames = self.publish_frames(channel, method, body, properties, frame_max)
+        self.sock.sendall(frames)
+        return header
+
+    def publish_frames(self, channel: int, method: commands.Basic.Publish, body: bytes,
+                       properties: commands.Basic.Properties | None = None,
+                       frame_max: int | None = None) -> tuple[bytes, bytes]:
+        """(header frame, all frames) of one publish, to send with others in one write."""
         header = pamqp_frame.marshal(ContentHeader(0, len(body), properties or commands.Basic.Properties()), channel)
         chunk = (frame_max or self.frame_max or DEFAULT_FRAME_MAX) - FRAME_HEADER_SIZE - FRAME_END_SIZE
         bodies = [pamqp_frame.marshal(ContentBody(body[i:i + chunk]), channel) for i in range(0, len(body), chunk)]
-        self.sock.sendall(pamqp_frame.marshal(method, channel) + header + b"".join(bodies))
-        return header
+        return header, pamqp_frame.marshal(method, channel) + header + b"".join(bodies)
+
+    def marshal(self, channel: int, *values) -> bytes:
+        return b"".join(pamqp_frame.marshal(value, channel) for value in values)
 
     def read_frame(self, timeout: float = WAIT_SECONDS):
         """(channel, pamqp value) of the next frame, or None if none came within ``timeout``."""
