@@ -303,7 +303,10 @@ class AMQPConnection(asyncio.Protocol):
                     waiting.clear()
             channel = self.channels.get(number)
             if channel is None or not channel.awaiting_replies:
-                del self._held[number]
+                self._held.pop(number, None)
+        except Exception:  # called from the metadata group's apply: a bug closes this connection only
+            log.exception("connection.internal_error", peer=self.peer)
+            self._hard_error(AMQPConnectionError(INTERNAL_ERROR, "internal error"))
         finally:
             self._releasing.discard(number)
             self._hold_reading()
@@ -503,6 +506,8 @@ class AMQPConnection(asyncio.Protocol):
             self.release_held(number)  # what it held meets a closed channel, as if parsed with the close
 
     def _close_all_channels(self) -> None:
+        self._held.clear()   # the connection is going: nothing held is for a channel any more
+        self._hold_reading()
         for number in list(self.channels):
             self._close_channel(number)
 

@@ -98,3 +98,17 @@ def test_other_frames_of_the_channel_keep_their_order_behind_the_declare(server,
             if isinstance(got[1], (spec.Basic.Ack, spec.Basic.GetOk, spec.Basic.GetEmpty)):
                 methods.add(type(got[1]))
         assert methods == {spec.Basic.Ack, spec.Basic.GetOk}, f"expected the publish's ack and a get-ok: {methods}"
+
+
+def test_a_connection_error_among_the_held_frames_closes_the_connection_as_it_would_unheld(server, name):
+    """The frames behind the declare meet the same errors as if never held: a reused
+    consumer tag is 530 NOT_ALLOWED on the connection, and the broker goes on."""
+    with _confirming_client(server) as client:
+        consume = spec.Basic.Consume(queue=name, consumer_tag="twice")
+        client.sock.sendall(client.marshal(1, spec.Queue.Declare(queue=name, durable=True), consume, consume))
+        client.expect(spec.Queue.DeclareOk)
+        client.expect(spec.Basic.ConsumeOk)
+        closed = client.expect(spec.Connection.Close)
+        assert (closed.reply_code, closed.reply_text) == (530, "NOT_ALLOWED - attempt to reuse consumer tag 'twice'")
+    with connect(server) as connection:
+        assert message_count(connection, name) == 0
