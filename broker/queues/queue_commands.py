@@ -221,8 +221,18 @@ class Applied:
 
 
 @dataclass(frozen=True, slots=True)
+class Dequeued:
+    """What basic.get took: the reply to a Dequeue (not an effect of its own; carried by Got)."""
+    msg_id: int
+    payload: Any
+    redelivered: bool
+    message_count: int
+    delivery_count: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class Got:
-    """The answer to a Dequeue (basic.get), for the requester; `dequeued` is a fifo.Dequeued or None."""
+    """The answer to a Dequeue (basic.get), for the requester; `dequeued` is a Dequeued or None."""
     TAG: ClassVar[int] = 66
     owner: str
     request_id: int
@@ -240,7 +250,7 @@ class Purged:
 @dataclass(frozen=True, slots=True)
 class DeadLettered:
     """Messages that leave for the dead-letter exchange (RabbitMQ's x-death reasons:
-    rejected, maxlen, expired, delivery_limit); the same shape as fifo.DeadLetter."""
+    rejected, maxlen, expired, delivery_limit)."""
     TAG: ClassVar[int] = 68
     reason: str
     payloads: tuple
