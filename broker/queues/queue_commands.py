@@ -1,8 +1,10 @@
 """The queue machine's one vocabulary: commands in, effects out, as typed records.
 
 Every queue, replicated or not, speaks it: a channel builds a command, the
-queue's replica applies it (broker/queues/quorum_machine.py) and returns effects that
-the replica's leader performs. A record's fields are, in order, the positions
+queue's replica applies it (broker/queues/quorum_machine.py, and below it the
+fifo of broker/queues/fifo.py, which applies the consumer-side records as they
+are and emits Delivery and DeadLettered) and returns effects that the
+replica's leader performs. A record's fields are, in order, the positions
 of its tagged wire form ``[TAG, field, ...]`` (broker/queues/queue_codec.py), which is
 also the form Raft logs have always held, so an old log decodes as it is.
 
