@@ -357,6 +357,22 @@ def test_cancel_stops_deliveries_but_keeps_what_is_held():
     assert q.apply(Cancel(A))[0] == REJECTED, "second cancel should be REJECTED"
 
 
+def test_each_consumer_numbers_its_deliveries_and_a_reused_tag_goes_on_counting():
+    q = Queue()
+    m1, m2, m3 = q.enqueue_many("m1", "m2", "m3")
+    _, effects = q.apply(Checkout(A, prefetch=2))
+    assert [(e.seq, e.msg_id) for e in effects if isinstance(e, Delivery)] == [(1, m1), (2, m2)]
+    _, effects = q.apply(Return(A, (m1,)))   # m1 comes back to A as its third delivery
+    assert [(e.seq, e.msg_id, e.redelivered) for e in effects if isinstance(e, Delivery)] == [(3, m1, True)]
+    assert q.state.consumers[A].checked_out == {m2: 2, m1: 3}, "held in seq order"
+    q.apply(Cancel(A))
+    _, effects = q.apply(Checkout(A, prefetch=3))   # the tag again, while m1 and m2 are still held
+    assert [(e.seq, e.msg_id) for e in effects if isinstance(e, Delivery)] == [(4, m3)]
+    q.enqueue("m4")
+    assert q.apply(Dequeue(GET1, False))[0].payload == "m4"
+    assert list(q.state.consumers[GET1].checked_out.values()) == [0], "basic.get's message has no delivery seq"
+
+
 def test_return_after_cancel_goes_to_another_consumer():
     q = Queue()
     m1, = q.enqueue_many("m1")
