@@ -66,9 +66,6 @@ class UserRecord:
     password_hash: str
     tags: tuple[str, ...] = ()
 
-    def row(self) -> list:
-        return [self.name, self.password_hash, list(self.tags)]
-
 
 class Permission:
     """One user's configure / write / read expressions on one vhost."""
@@ -141,17 +138,6 @@ class AccessControl:
 
     def permission(self, user: str, vhost: str) -> Permission | None:
         return self.permissions.get((user, vhost))
-
-    # -- definitions (the metadata log's snapshot) -----------------------------
-    def definitions(self, vhosts: list[str]) -> dict:
-        return {"users": [u.row() for u in self.users.values()], "vhosts": list(vhosts),
-                "permissions": [[user, vhost, *p.row()] for (user, vhost), p in self.permissions.items()]}
-
-    def load(self, definitions: dict) -> None:
-        self.users = {name: UserRecord(name, password_hash, tuple(tags))
-                      for name, password_hash, tags in definitions["users"]}
-        self.permissions = {(user, vhost): Permission(configure, write, read)
-                            for user, vhost, configure, write, read in definitions["permissions"]}
 
     # -- login -------------------------------------------------------------------
     def login(self, name: str, password: str, peer_host: str) -> UserRecord:

@@ -183,10 +183,7 @@ class TopologyMethods:
         machine on a Raft group of one on this node, on a single node too,
         reachable from every node. Nothing durable lives outside a Raft group."""
         cluster = self.broker.cluster
-        if arguments.get("x-queue-type") == "quorum":
-            members = cluster.place_members(arguments.get("x-quorum-initial-group-size"))
-        else:
-            members = [cluster.node]
+        members = cluster.place_members(arguments)
         self.last_queue_name = name
 
         def declared(_: Any) -> Any:

@@ -54,6 +54,7 @@ from warren.broker.node.node_core import (  # noqa: F401 -- the message kinds an
     unpack,
 )
 from warren.broker.queues import quorum_machine as qm
+from warren.broker.queues.queue_factory import place_members
 from warren.raft.messages import Entry, EntryKind, Role, Snapshot
 from warren.raft.runtime import RaftRuntime
 from warren.raft.transport import TransportLimits
@@ -359,9 +360,9 @@ class Cluster:
         return self.core.owner_key(owner)
 
     # -- placement ---------------------------------------------------------------------
-    def place_members(self, size: int | None) -> list[str]:
-        """The declaring node plus the next ones (sorted, wrapping), `size` in all."""
-        return self.core.place_members(size or self.settings.quorum_cluster_size)
+    def place_members(self, arguments: dict) -> list[str]:
+        """The members of a replicated queue declared here (queue_factory.place_members)."""
+        return place_members(arguments, self.node, self.nodes, self.settings.quorum_cluster_size)
 
     def status(self) -> dict:
         metrics = self.runtime.metrics() if self.runtime.system is not None else {}

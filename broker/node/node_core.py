@@ -417,9 +417,3 @@ class NodeCore:
     def owner_key(self, owner: Any) -> str:
         """A channel's name in queue state: node/incarnation/connection/channel."""
         return f"{self.node}/{self.incarnation}/{owner[0]}/{owner[1]}"
-
-    def place_members(self, size: int) -> list[str]:
-        """The declaring node plus the next ones (sorted, wrapping), `size` in all."""
-        wanted = min(size, len(self.nodes))
-        start = self.nodes.index(self.node)
-        return [self.nodes[(start + i) % len(self.nodes)] for i in range(wanted)]

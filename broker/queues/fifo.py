@@ -1,19 +1,25 @@
 """The queue as a pure, deterministic state machine (after RabbitMQ's rabbit_fifo).
 
-Theory of operation. ``apply(meta, command, state)`` mutates ``state`` and
-returns ``(reply, effects)``. It never does I/O and never reads a clock: the
-log index and the time arrive in ``meta``. Every replica that applies the same
-commands in the same order reaches the same state; only the leader (for now,
-the node that owns the queue) performs the effects.
+Theory of operation. ``apply(command, state)`` mutates ``state`` and returns
+``(reply, effects)``; the commands and effects are the typed records of
+broker/queues/queue_commands.py, the one vocabulary of every queue. It never
+does I/O and never reads a clock: the time is the command's ``now_ms``.
+Every replica that applies the same commands in the same order reaches the
+same state; only the leader performs the effects. broker/queues/quorum_machine.py
+wraps it with what replication needs (enqueuer sessions, message ids, node
+liveness) and hands it each released message through ``enqueue``.
 
-A message is known by its id, the log index of the command that enqueued it.
-The state keeps, per message, the opaque payload and its size; payloads are
-handed back in ``Deliver`` effects. Messages wait in ``ready`` (a FIFO) or, when
+A message is known by its id, given by the caller. The state keeps, per
+message, the opaque payload and its size; payloads are handed back in
+``Delivery`` effects. Messages wait in ``ready`` (a FIFO) or, when
 returned by a consumer, in ``returns`` (a heap by id, served first, so a
 requeued message goes back to its original place in line as far as that is
 possible). In a priority queue (x-max-priority) every waiting message is in
 ``returns``, keyed by priority first. A consumer is ``(owner, consumer_tag)``; the owner is the channel
 that made it, so ``Down(owner)`` can return everything a closed channel held.
+Each consumer numbers its deliveries 1, 2, 3... and keeps the seq of each
+message it holds, so a new leader can resend them and a stale
+``[msg_id, seq]`` settle cannot touch a later delivery.
 
 Consumers are served by priority (highest first), round-robin within a
 priority, each up to its prefetch (0: unlimited). A no-ack consumer's
@@ -23,119 +29,21 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from warren.broker.queues import queue_commands as qc
+from warren.broker.queues.queue_commands import DeadLettered, Delivery, Dequeued
 
 DROP_HEAD = "drop-head"
 REJECT_PUBLISH = "reject-publish"
 REJECT_PUBLISH_DLX = "reject-publish-dlx"
 
 
-# -- commands -------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class Meta:
-    index: int
-    time_ms: int
-
-
-@dataclass(frozen=True, slots=True)
-class Enqueue:
-    payload: Any
-    size: int
-    ttl_ms: int | None = None  # per-message TTL (the expiration property)
-    priority: int = 0  # the priority property (used by queues with x-max-priority)
-
-
-@dataclass(frozen=True, slots=True)
-class Checkout:
-    consumer: Hashable
-    prefetch: int
-    priority: int = 0
-    no_ack: bool = False
-    active: bool = True  # False: created suspended (its channel is at its global prefetch)
-
-
-@dataclass(frozen=True, slots=True)
-class Cancel:
-    consumer: Hashable
-
-
-@dataclass(frozen=True, slots=True)
-class Settle:
-    consumer: Hashable
-    msg_ids: tuple[int, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class Return:
-    consumer: Hashable
-    msg_ids: tuple[int, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class Discard:
-    consumer: Hashable
-    msg_ids: tuple[int, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class Dequeue:
-    consumer: Hashable
-    no_ack: bool
-
-
-@dataclass(frozen=True, slots=True)
-class Purge:
-    pass
-
-
-@dataclass(frozen=True, slots=True)
-class Down:
-    owner: Hashable
-
-
-@dataclass(frozen=True, slots=True)
-class Tick:
-    """Time passes: expire messages at the head whose TTL ran out."""
-
-
-@dataclass(frozen=True, slots=True)
-class Suspend:
-    """Stop (or, with active=True, resume) deliveries to one consumer."""
-
-    consumer: Hashable
-    active: bool
-
-
-# -- effects --------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class Deliver:
-    consumer: Hashable
-    msg_id: int
-    payload: Any
-    redelivered: bool
-    delivery_count: int = 0  # earlier deliveries (quorum queues show it as x-delivery-count)
-
-
-@dataclass(frozen=True, slots=True)
-class DeadLetter:
-    reason: str  # "rejected" | "maxlen" | "expired" | "delivery_limit" (RabbitMQ's x-death reasons)
-    payloads: tuple
-
-
 # -- replies --------------------------------------------------------------
 ACCEPTED = "accepted"
 REJECTED = "rejected"
-
-
-@dataclass(frozen=True, slots=True)
-class Dequeued:
-    msg_id: int
-    payload: Any
-    redelivered: bool
-    message_count: int
-    delivery_count: int = 0
 
 
 # -- state ----------------------------------------------------------------
@@ -144,7 +52,8 @@ class ConsumerState:
     prefetch: int
     priority: int
     no_ack: bool
-    checked_out: dict[int, None] = field(default_factory=dict)
+    # msg_id -> the seq it was delivered with (0: taken by basic.get); insertion order is seq order
+    checked_out: dict[int, int] = field(default_factory=dict)
     cancelled: bool = False
     suspended: bool = False
     in_service: bool = False
@@ -152,6 +61,7 @@ class ConsumerState:
     # one carrying the current ticket counts, so leaving and re-entering service
     # never gives a consumer two turns per round.
     ticket: int = 0
+    last_seq: int = 0  # the consumer's deliveries are numbered 1, 2, 3...
 
     def has_credit(self) -> bool:
         return self.prefetch == 0 or len(self.checked_out) < self.prefetch
@@ -186,7 +96,7 @@ class FifoState:
     # msg_id -> priority, for messages above 0 in a priority queue
     message_priorities: dict[int, int] = field(default_factory=dict)
     now_ms: int = 0  # the time of the command being applied
-    consumers: dict[Hashable, ConsumerState] = field(default_factory=dict)
+    consumers: dict[tuple, ConsumerState] = field(default_factory=dict)
     service: dict[int, deque] = field(default_factory=dict)
     priorities: list[int] = field(default_factory=list)
 
@@ -199,69 +109,54 @@ class FifoState:
         return len(self.messages) - self.ready_count
 
 
-def apply(meta: Meta, command: Any, state: FifoState) -> tuple[Any, list]:
+def apply(command: Any, state: FifoState) -> tuple[Any, list]:
+    """Apply a consumer-side record of broker/queues/queue_commands.py (Settle,
+    Return and Discard with bare msg ids). Time never goes back: a command
+    stamped earlier than the last one runs at the last one's time."""
+    handler = _APPLY.get(type(command))
+    if handler is None:
+        raise AssertionError(f"unknown fifo command {command!r}")
+    if command.now_ms > state.now_ms:
+        state.now_ms = command.now_ms
     effects: list = []
-    state.now_ms = meta.time_ms
-    match command:
-        case Enqueue():
-            reply = _on_enqueue(meta, command, state, effects)
-        case Settle():
-            reply = _on_settle(command, state, effects)
-        case Return():
-            reply = _on_return(command, state, effects)
-        case Checkout():
-            reply = _on_checkout(command, state, effects)
-        case Cancel():
-            reply = _on_cancel(command, state, effects)
-        case Discard():
-            reply = _on_discard(command, state, effects)
-        case Dequeue():
-            reply = _on_dequeue(command, state, effects)
-        case Purge():
-            reply = _on_purge(state)
-        case Down():
-            reply = _on_down(command, state, effects)
-        case Suspend():
-            reply = _on_suspend(command, state, effects)
-        case Tick():
-            _expire_heads(state, effects)
-            reply = ACCEPTED
-        case _:
-            raise AssertionError(f"unknown fifo command {command!r}")
-    return reply, effects
+    return handler(command, state, effects), effects
 
 
-def _on_enqueue(meta: Meta, command: Enqueue, state: FifoState, effects: list) -> str:
+def enqueue(state: FifoState, msg_id: int, now_ms: int, payload: Any, size: int, ttl_ms: int | None,
+            priority: int, effects: list) -> bool:
+    """One message, as its enqueuer's session releases it (a function, not a
+    record: the hot path makes no object per message). False: refused (overflow)."""
+    if now_ms > state.now_ms:
+        state.now_ms = now_ms
     limits = state.limits
-    if limits.overflow != DROP_HEAD and _would_overflow(state, command.size):
+    if limits.overflow != DROP_HEAD and _would_overflow(state, size):
         if limits.overflow == REJECT_PUBLISH_DLX:
-            effects.append(DeadLetter("maxlen", (command.payload,)))
-        return REJECTED
-    msg_id = meta.index
-    state.messages[msg_id] = (command.payload, command.size)
-    ttl = effective_ttl(limits.message_ttl_ms, command.ttl_ms)
+            effects.append(DeadLettered("maxlen", (payload,)))
+        return False
+    state.messages[msg_id] = (payload, size)
+    ttl = effective_ttl(limits.message_ttl_ms, ttl_ms)
     if ttl is not None:
-        state.expiries[msg_id] = meta.time_ms + ttl
+        state.expiries[msg_id] = state.now_ms + ttl
     if limits.max_priority is None:
         state.ready.append(msg_id)
     else:
-        priority = min(command.priority, limits.max_priority)
+        priority = min(priority, limits.max_priority)
         if priority:
             state.message_priorities[msg_id] = priority
         heapq.heappush(state.returns, _heap_key(state, msg_id))
-    state.ready_bytes += command.size
-    state.message_bytes += command.size
+    state.ready_bytes += size
+    state.message_bytes += size
     if limits.max_length is not None or limits.max_length_bytes is not None:
         _drop_head_over_limit(state, effects)
     if state.priorities:
         _service(state, effects)
-    return ACCEPTED
+    return True
 
 
 def restore(state: FifoState, messages: list[tuple[int, Any, int]], priorities: dict[int, int] | None = None) -> None:
     """Recovery: put (msg_id, payload, size) back as ready, in id order, in bulk.
 
-    The same state as applying ``Enqueue`` at each id with no consumers and no
+    The same state as `enqueue` at each id with no consumers and no
     length limit (callers with limits replay through ``apply`` instead).
     """
     assert state.limits.max_length is None and state.limits.max_length_bytes is None
@@ -315,7 +210,7 @@ def _drop_head_over_limit(state: FifoState, effects: list) -> None:
     ):
         dropped.append(_forget(state, _take_next(state)))
     if dropped:
-        effects.append(DeadLetter("maxlen", tuple(dropped)))
+        effects.append(DeadLettered("maxlen", tuple(dropped)))
 
 
 # Keys of the ``returns`` heap: the message id in the low bits; in a priority queue
@@ -353,7 +248,7 @@ def _expire_heads(state: FifoState, effects: list) -> None:
             break
         expired.append(_forget(state, _take_next(state)))
     if expired:
-        effects.append(DeadLetter("expired", tuple(expired)))
+        effects.append(DeadLettered("expired", tuple(expired)))
 
 
 def _forget(state: FifoState, msg_id: int) -> Any:
@@ -391,18 +286,19 @@ def _service(state: FifoState, effects: list) -> None:
         msg_id = _take_next(state)
         payload = messages[msg_id][0]
         delivery_count = counts.get(msg_id, 0)
+        seq = consumer.last_seq = consumer.last_seq + 1
         if consumer.no_ack:
             _forget(state, msg_id)
         else:
-            consumer.checked_out[msg_id] = None
-        effects.append(Deliver(consumer_id, msg_id, payload, delivery_count > 0, delivery_count))
+            consumer.checked_out[msg_id] = seq
+        effects.append(Delivery(consumer_id, seq, msg_id, payload, delivery_count > 0, delivery_count))
         if consumer.has_credit():
             state.service[consumer.priority].append((consumer_id, consumer, consumer.ticket))
         else:
             consumer.in_service = False
 
 
-def _next_in_service(state: FifoState) -> Hashable | None:
+def _next_in_service(state: FifoState) -> tuple | None:
     for priority in state.priorities:
         waiting = state.service[priority]
         while waiting:
@@ -412,7 +308,7 @@ def _next_in_service(state: FifoState) -> Hashable | None:
     return None
 
 
-def _enter_service(state: FifoState, consumer_id: Hashable, consumer: ConsumerState) -> None:
+def _enter_service(state: FifoState, consumer_id: tuple, consumer: ConsumerState) -> None:
     if consumer.in_service or consumer.cancelled or consumer.suspended or not consumer.has_credit():
         return
     if state.limits.single_active_consumer and consumer_id != _active_consumer(state):
@@ -426,7 +322,7 @@ def _enter_service(state: FifoState, consumer_id: Hashable, consumer: ConsumerSt
     waiting.append((consumer_id, consumer, consumer.ticket))
 
 
-def _active_consumer(state: FifoState) -> Hashable | None:
+def _active_consumer(state: FifoState) -> tuple | None:
     """Single active consumer: the oldest consumer not cancelled."""
     for consumer_id, consumer in state.consumers.items():
         if not consumer.cancelled:
@@ -449,33 +345,36 @@ def _leave_service(state: FifoState, consumer: ConsumerState) -> None:
     consumer.in_service = False
 
 
-def _on_checkout(command: Checkout, state: FifoState, effects: list) -> str:
+def _on_checkout(command: qc.Checkout, state: FifoState, effects: list) -> str:
+    consumer_id = (command.owner, command.tag)
     consumer = ConsumerState(command.prefetch, command.priority, command.no_ack, suspended=not command.active)
-    previous = state.consumers.get(command.consumer)
+    previous = state.consumers.get(consumer_id)
     if previous is not None:
         # A tag reused after basic.cancel: what the old consumer still holds stays
-        # checked out (the channel's delivery tags for it remain valid).
+        # checked out (the channel's delivery tags for it remain valid), and its
+        # deliveries go on being numbered after the old ones.
         previous.in_service = False
-        consumer.checked_out = previous.checked_out
-    state.consumers[command.consumer] = consumer
-    _enter_service(state, command.consumer, consumer)
+        consumer.checked_out, consumer.last_seq = previous.checked_out, previous.last_seq
+    state.consumers[consumer_id] = consumer
+    _enter_service(state, consumer_id, consumer)
     _service(state, effects)
     return ACCEPTED
 
 
-def _on_cancel(command: Cancel, state: FifoState, effects: list) -> str:
-    consumer = state.consumers.get(command.consumer)
+def _on_cancel(command: qc.Cancel, state: FifoState, effects: list) -> str:
+    consumer_id = (command.owner, command.tag)
+    consumer = state.consumers.get(consumer_id)
     if consumer is None:
         return REJECTED
     consumer.cancelled = True
     _leave_service(state, consumer)
     if not consumer.checked_out:
-        _remove_consumer(state, command.consumer)
+        _remove_consumer(state, consumer_id)
     _activate_next(state, effects)
     return ACCEPTED
 
 
-def _remove_consumer(state: FifoState, consumer_id: Hashable) -> None:
+def _remove_consumer(state: FifoState, consumer_id: tuple) -> None:
     consumer = state.consumers.pop(consumer_id)
     consumer.in_service = False
     if not any(c.priority == consumer.priority for c in state.consumers.values()):
@@ -483,7 +382,7 @@ def _remove_consumer(state: FifoState, consumer_id: Hashable) -> None:
         state.priorities = sorted(state.service, reverse=True)
 
 
-def _checked_out_by(state: FifoState, consumer_id: Hashable, msg_ids: tuple[int, ...]):
+def _checked_out_by(state: FifoState, consumer_id: tuple, msg_ids: Sequence[int]):
     consumer = state.consumers.get(consumer_id)
     if consumer is None:
         return None, ()
@@ -491,7 +390,7 @@ def _checked_out_by(state: FifoState, consumer_id: Hashable, msg_ids: tuple[int,
     return consumer, list(dict.fromkeys(m for m in msg_ids if m in held))  # each id once
 
 
-def _after_release(state: FifoState, consumer_id: Hashable, consumer: ConsumerState, effects: list) -> None:
+def _after_release(state: FifoState, consumer_id: tuple, consumer: ConsumerState, effects: list) -> None:
     if consumer.cancelled and not consumer.checked_out:
         _remove_consumer(state, consumer_id)
     else:
@@ -499,24 +398,26 @@ def _after_release(state: FifoState, consumer_id: Hashable, consumer: ConsumerSt
     _service(state, effects)
 
 
-def _on_settle(command: Settle, state: FifoState, effects: list) -> int:
-    consumer, msg_ids = _checked_out_by(state, command.consumer, command.msg_ids)
+def _on_settle(command: qc.Settle, state: FifoState, effects: list) -> int:
+    consumer_id = (command.owner, command.tag)
+    consumer, msg_ids = _checked_out_by(state, consumer_id, command.msg_ids)
     if consumer is None:
         return 0
     held = consumer.checked_out
     for msg_id in msg_ids:
         del held[msg_id]
         _forget(state, msg_id)
-    _after_release(state, command.consumer, consumer, effects)
+    _after_release(state, consumer_id, consumer, effects)
     return len(msg_ids)
 
 
-def _on_return(command: Return, state: FifoState, effects: list) -> int:
-    consumer, msg_ids = _checked_out_by(state, command.consumer, command.msg_ids)
+def _on_return(command: qc.Return, state: FifoState, effects: list) -> int:
+    consumer_id = (command.owner, command.tag)
+    consumer, msg_ids = _checked_out_by(state, consumer_id, command.msg_ids)
     if consumer is None:
         return 0
     _requeue(state, consumer, msg_ids, effects)
-    _after_release(state, command.consumer, consumer, effects)
+    _after_release(state, consumer_id, consumer, effects)
     return len(msg_ids)
 
 
@@ -532,11 +433,12 @@ def _requeue(state: FifoState, consumer: ConsumerState, msg_ids, effects: list) 
         heapq.heappush(state.returns, _heap_key(state, msg_id))
         state.ready_bytes += state.messages[msg_id][1]
     if over_limit:
-        effects.append(DeadLetter("delivery_limit", tuple(over_limit)))
+        effects.append(DeadLettered("delivery_limit", tuple(over_limit)))
 
 
-def _on_discard(command: Discard, state: FifoState, effects: list) -> int:
-    consumer, msg_ids = _checked_out_by(state, command.consumer, command.msg_ids)
+def _on_discard(command: qc.Discard, state: FifoState, effects: list) -> int:
+    consumer_id = (command.owner, command.tag)
+    consumer, msg_ids = _checked_out_by(state, consumer_id, command.msg_ids)
     if consumer is None:
         return 0
     payloads = []
@@ -544,12 +446,13 @@ def _on_discard(command: Discard, state: FifoState, effects: list) -> int:
         del consumer.checked_out[msg_id]
         payloads.append(_forget(state, msg_id))
     if payloads:
-        effects.append(DeadLetter("rejected", tuple(payloads)))
-    _after_release(state, command.consumer, consumer, effects)
+        effects.append(DeadLettered("rejected", tuple(payloads)))
+    _after_release(state, consumer_id, consumer, effects)
     return len(msg_ids)
 
 
-def _on_dequeue(command: Dequeue, state: FifoState, effects: list) -> Dequeued | None:
+def _on_dequeue(command: qc.Dequeue, state: FifoState, effects: list) -> Dequeued | None:
+    """basic.get; its pseudo-consumer is (owner, None)."""
     _expire_heads(state, effects)
     if not state.ready_count:
         return None
@@ -559,16 +462,17 @@ def _on_dequeue(command: Dequeue, state: FifoState, effects: list) -> Dequeued |
     if command.no_ack:
         _forget(state, msg_id)
     else:
-        consumer = state.consumers.get(command.consumer)
+        consumer_id = (command.owner, None)
+        consumer = state.consumers.get(consumer_id)
         if consumer is None:
             # basic.get with manual ack: a consumer that is never served.
             consumer = ConsumerState(prefetch=0, priority=0, no_ack=False, cancelled=True)
-            state.consumers[command.consumer] = consumer
-        consumer.checked_out[msg_id] = None
+            state.consumers[consumer_id] = consumer
+        consumer.checked_out[msg_id] = 0   # no delivery seq: answered by the Got
     return Dequeued(msg_id, payload, delivery_count > 0, state.ready_count, delivery_count)
 
 
-def _on_purge(state: FifoState) -> int:
+def _on_purge(command: qc.Purge, state: FifoState, effects: list) -> int:
     count = state.ready_count
     for msg_id in state.ready:
         _forget(state, msg_id)
@@ -580,7 +484,7 @@ def _on_purge(state: FifoState) -> int:
     return count
 
 
-def _on_down(command: Down, state: FifoState, effects: list) -> int:
+def _on_down(command: qc.Down, state: FifoState, effects: list) -> int:
     """The owner (a channel) is gone: return what its consumers held."""
     returned = 0
     for consumer_id in [c for c in state.consumers if c[0] == command.owner]:
@@ -594,14 +498,28 @@ def _on_down(command: Down, state: FifoState, effects: list) -> int:
     return returned
 
 
-def _on_suspend(command: Suspend, state: FifoState, effects: list) -> str:
-    consumer = state.consumers.get(command.consumer)
+def _on_suspend(command: qc.Suspend, state: FifoState, effects: list) -> str:
+    consumer_id = (command.owner, command.tag)
+    consumer = state.consumers.get(consumer_id)
     if consumer is None:
         return REJECTED
     consumer.suspended = not command.active
     if command.active:
-        _enter_service(state, command.consumer, consumer)
+        _enter_service(state, consumer_id, consumer)
         _service(state, effects)
     else:
         _leave_service(state, consumer)
     return ACCEPTED
+
+
+def _on_tick(command: qc.Tick, state: FifoState, effects: list) -> str:
+    """Time passes: expire messages at the head whose TTL ran out."""
+    _expire_heads(state, effects)
+    return ACCEPTED
+
+
+_APPLY: dict[type, Callable[[Any, FifoState, list], Any]] = {
+    qc.Checkout: _on_checkout, qc.Cancel: _on_cancel, qc.Settle: _on_settle, qc.Return: _on_return,
+    qc.Discard: _on_discard, qc.Dequeue: _on_dequeue, qc.Purge: _on_purge, qc.Down: _on_down,
+    qc.Suspend: _on_suspend, qc.Tick: _on_tick,
+}

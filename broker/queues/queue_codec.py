@@ -16,7 +16,6 @@ from typing import Any
 
 import msgpack
 
-from warren.broker.queues import fifo
 from warren.broker.queues import queue_commands as qc
 
 _RECORDS: tuple[Any, ...] = qc.COMMANDS + qc.EFFECTS   # record classes (TAG, __slots__)
@@ -56,7 +55,7 @@ def _dequeued_from_wire(values: list) -> list:
     owner, request_id, dequeued = values
     if dequeued is not None:
         msg_id, payload, redelivered, count, delivery_count = dequeued
-        dequeued = fifo.Dequeued(msg_id, _tuples(payload), redelivered, count, delivery_count)
+        dequeued = qc.Dequeued(msg_id, _tuples(payload), redelivered, count, delivery_count)
     return [owner, request_id, dequeued]
 
 

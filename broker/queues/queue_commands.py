@@ -1,8 +1,10 @@
 """The queue machine's one vocabulary: commands in, effects out, as typed records.
 
 Every queue, replicated or not, speaks it: a channel builds a command, the
-queue's replica applies it (broker/queues/quorum_machine.py) and returns effects that
-the replica's leader performs. A record's fields are, in order, the positions
+queue's replica applies it (broker/queues/quorum_machine.py, and below it the
+fifo of broker/queues/fifo.py, which applies the consumer-side records as they
+are and emits Delivery and DeadLettered) and returns effects that the
+replica's leader performs. A record's fields are, in order, the positions
 of its tagged wire form ``[TAG, field, ...]`` (broker/queues/queue_codec.py), which is
 also the form Raft logs have always held, so an old log decodes as it is.
 
@@ -221,8 +223,18 @@ class Applied:
 
 
 @dataclass(frozen=True, slots=True)
+class Dequeued:
+    """What basic.get took: the reply to a Dequeue (not an effect of its own; carried by Got)."""
+    msg_id: int
+    payload: Any
+    redelivered: bool
+    message_count: int
+    delivery_count: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class Got:
-    """The answer to a Dequeue (basic.get), for the requester; `dequeued` is a fifo.Dequeued or None."""
+    """The answer to a Dequeue (basic.get), for the requester; `dequeued` is a Dequeued or None."""
     TAG: ClassVar[int] = 66
     owner: str
     request_id: int
@@ -240,7 +252,7 @@ class Purged:
 @dataclass(frozen=True, slots=True)
 class DeadLettered:
     """Messages that leave for the dead-letter exchange (RabbitMQ's x-death reasons:
-    rejected, maxlen, expired, delivery_limit); the same shape as fifo.DeadLetter."""
+    rejected, maxlen, expired, delivery_limit)."""
     TAG: ClassVar[int] = 68
     reason: str
     payloads: tuple

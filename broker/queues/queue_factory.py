@@ -1,13 +1,15 @@
-"""Where queue objects are made, so a queue's kind is decided in one place.
+"""Where queue objects are made, so a queue's kind and its members are decided in one place.
 
 A queue is replicated (a `QuorumQueue` on a Raft group, broker/queues/quorum.py)
 when it is a quorum queue or durable and not exclusive: nothing durable lives
 outside a Raft group. Every other queue (exclusive, transient) is a local
-`Queue` (broker/queues/queue.py) of the node that declared it.
+`Queue` (broker/queues/queue.py) of the node that declared it. The declaring
+node chooses a replicated queue's members (`place_members`) and the metadata
+group records them with the queue.
 """
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -29,6 +31,18 @@ class Placement:
 
 def is_replicated(durable: bool, exclusive: bool, arguments: dict) -> bool:
     return arguments.get("x-queue-type") == "quorum" or (durable and not exclusive)
+
+
+def place_members(arguments: dict, node: str, nodes: Sequence[str], default_size: int) -> list[str]:
+    """The Raft group of a new replicated queue declared on `node`: for a quorum
+    queue `node` plus the next of the cluster's sorted `nodes` (wrapping),
+    x-quorum-initial-group-size or `default_size` of them, at most the cluster;
+    any other durable queue is a group of one on `node`, reachable from every node."""
+    if arguments.get("x-queue-type") != "quorum":
+        return [node]
+    wanted = min(arguments.get("x-quorum-initial-group-size") or default_size, len(nodes))
+    start = nodes.index(node)
+    return [nodes[(start + i) % len(nodes)] for i in range(wanted)]
 
 
 def make_queue(vhost: "VirtualHost", name: str, arguments: dict, *, durable: bool,

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import structlog
 
 from warren.broker.node.node_core import APPLIED, DELIVER
-from warren.broker.queues import fifo, queue_codec, queue_snapshots
+from warren.broker.queues import queue_codec, queue_snapshots
 from warren.broker.queues import queue_commands as qc
 from warren.broker.queues import quorum_machine as qm
 
@@ -85,7 +85,7 @@ class QueueReplica:
         reply, effects = self.machine.apply(command)
         if effects:
             self.perform(effects)
-        return reply if type(reply) is fifo.Dequeued else self.wire_reply(reply)   # nothing crosses a wire
+        return reply if type(reply) is qc.Dequeued else self.wire_reply(reply)   # nothing crosses a wire
 
     def _maybe_snapshot(self, index: int) -> None:
         state = self.machine.state
@@ -180,7 +180,7 @@ class QueueReplica:
 
     def wire_reply(self, reply: Any) -> Any:
         """A reply the leader can send back in a DONE message (msgpack)."""
-        if isinstance(reply, fifo.Dequeued):
+        if isinstance(reply, qc.Dequeued):
             payload = self.payload_of(reply.payload)
             if payload is None:
                 return None

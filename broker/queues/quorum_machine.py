@@ -11,7 +11,9 @@ is the same machine applied on its node alone, with index None. Time in
 the machine never goes back: a command stamped earlier than the last one (a
 proposer with a slower clock) runs at the last one's time.
 
-It wraps the queue machine of broker/queues/fifo.py and adds what replication needs:
+It wraps the queue machine of broker/queues/fifo.py, which applies the same
+records (the consumer side) and takes each released message through
+``fifo.enqueue``, and adds what replication needs:
 
 * Enqueuer sessions. A publisher (enqueuer) numbers its enqueues 1, 2, 3...
   and resends the unconfirmed ones after a leader change, so the log holds
@@ -23,13 +25,14 @@ It wraps the queue machine of broker/queues/fifo.py and adds what replication ne
 * Message ids. The machine counts its own ids (``next_msg_id``) rather than
   using the log index, so that held enqueues released by one command get
   distinct ids; ids are never reused.
-* Delivery seqs. Each consumer's deliveries are numbered 1, 2, 3... and the
-  seq of every message still checked out is remembered, so that a new leader
+* Delivery seqs. The fifo numbers each consumer's deliveries 1, 2, 3... and
+  keeps the seq of every message still checked out, so that a new leader
   can resend them all (``checked_out_deliveries``) and a consumer that saw a
   gap can ask for the rest (``deliveries_since``); the consuming node drops
   seqs it already saw. Settle/Return/Discard may name a delivery as
-  ``[msg_id, seq]`` instead of a bare msg_id: a stale resend of a Return then
-  cannot return a later delivery of the same message.
+  ``[msg_id, seq]`` instead of a bare msg_id (``_select`` resolves them for the
+  fifo): a stale resend of a Return then cannot return a later delivery of
+  the same message.
 * Node failures. Owners (channels) are named ``node/incarnation/rest``.
   NodeDown suspects a node: its consumers keep what they hold but get
   nothing new. NodeUp with the node's incarnation resumes them; owners of an
@@ -118,19 +121,11 @@ class EnqueuerSession:
     held: dict[int, list] = field(default_factory=dict)   # seq -> [now_ms, payload, size, ttl_ms, priority]
 
 
-@dataclass(slots=True)
-class ConsumerSeqs:
-    last_seq: int = 0
-    # msg_id -> the seq it was delivered with; insertion order is seq order
-    checked_out: dict[int, int] = field(default_factory=dict)
-
-
 class QuorumMachine:
     def __init__(self, limits: fifo.QueueLimits | None = None) -> None:
         self._fifo = fifo.FifoState(limits=limits if limits is not None else fifo.QueueLimits())
         self.next_msg_id = 1
         self._sessions: dict[str, EnqueuerSession] = {}
-        self._seqs: dict[tuple, ConsumerSeqs] = {}
         # suspected consumer -> whether its owner wants it active (resumed so on NODE_UP)
         self._suspected: dict[tuple, bool] = {}
         # suspected node -> the incarnations it had when suspected (what NODE_GONE declares dead)
@@ -139,7 +134,7 @@ class QuorumMachine:
         self._retired: dict[str, list[str]] = {}
         self._index: int | None = None   # the log index of the command being applied
         # owner -> (its latest basic.get request id, the answer), so a resent one is answered again
-        self._gets: dict[str, tuple[int, fifo.Dequeued | None]] = {}
+        self._gets: dict[str, tuple[int, qc.Dequeued | None]] = {}
         # For `oldest_ref_index`, not state (no snapshot holds them): messages enter the
         # fifo in log order except those released from `held`; their ids are `_late`
         # (None: not known, found by a scan), `_max_ref_index` the highest index enqueued.
@@ -219,20 +214,21 @@ class QuorumMachine:
     def checked_out_deliveries(self) -> list[Delivery]:
         """Every delivery not settled or returned yet, with its original seq:
         what a new leader resends (consumers drop the seqs they saw)."""
-        return [delivery for consumer in self._seqs for delivery in self.deliveries_since(consumer, 0)]
+        return [delivery for consumer in self._fifo.consumers for delivery in self.deliveries_since(consumer, 0)]
 
     def checked_out_deliveries_on(self, node: str) -> list[Delivery]:
         """`checked_out_deliveries` of the consumers on `node` only."""
-        return [delivery for consumer in self._seqs if owner_node(consumer[0]) == node
+        return [delivery for consumer in self._fifo.consumers if owner_node(consumer[0]) == node
                 for delivery in self.deliveries_since(consumer, 0)]
 
     def deliveries_since(self, consumer, seq: int) -> list[Delivery]:
         """The consumer's deliveries still checked out with a seq above `seq`, in seq order."""
         consumer = tuple(consumer)
-        record = self._seqs.get(consumer)
-        if record is None:
+        state = self._fifo.consumers.get(consumer)
+        if state is None:
             return []
-        return [self._delivery(consumer, msg_id, s) for msg_id, s in record.checked_out.items() if s > seq]
+        # seq 0: taken by basic.get, answered by its Got, never resent
+        return [self._delivery(consumer, msg_id, s) for msg_id, s in state.checked_out.items() if s > seq]
 
     def _delivery(self, consumer: tuple, msg_id: int, seq: int) -> Delivery:
         payload = self._fifo.messages[msg_id][0]
@@ -269,11 +265,10 @@ class QuorumMachine:
         return reply
 
     def _on_cancel(self, command: qc.Cancel, effects: list) -> Any:
-        consumer = (command.owner, command.tag)
-        return self._fifo_apply(command.now_ms, fifo.Cancel(consumer), effects, [consumer])
+        return self._fifo_apply(command, effects, [(command.owner, command.tag)])
 
     def _on_purge(self, command: qc.Purge, effects: list) -> int:
-        count = self._fifo_apply(command.now_ms, fifo.Purge(), effects)
+        count = self._fifo_apply(command, effects)
         effects.append(Purged(command.owner, command.request_id, count))
         return count
 
@@ -284,7 +279,7 @@ class QuorumMachine:
         return returned
 
     def _on_tick(self, command: qc.Tick, effects: list) -> Any:
-        return self._fifo_apply(command.now_ms, fifo.Tick(), effects)
+        return self._fifo_apply(command, effects)
 
     def _on_drop_transient(self, command: qc.DropTransient, effects: list) -> int:
         return fifo.drop_ready(self._fifo, is_transient)
@@ -293,47 +288,15 @@ class QuorumMachine:
         before = command.before_index
         return fifo.drop_ready(self._fifo, lambda payload: is_transient(payload) and enqueued_before(payload, before))
 
-    def _fifo_apply(self, command_ms: int, fifo_command: Any, effects: list, touched=()) -> Any:
-        """Apply to the fifo at the command's time, translate its effects, then
-        forget the seqs of what the touched consumers no longer hold."""
-        now_ms = max(command_ms, self._fifo.now_ms)
-        reply, fifo_effects = fifo.apply(fifo.Meta(self.next_msg_id, now_ms), fifo_command, self._fifo)
-        for effect in fifo_effects:
-            if type(effect) is fifo.Deliver:
-                effects.append(self._number(effect))
-            else:
-                effects.append(qc.DeadLettered(effect.reason, effect.payloads))
+    def _fifo_apply(self, command: Any, effects: list, touched=()) -> Any:
+        """Apply a consumer-side record to the fifo, then forget the suspicion
+        of each touched consumer the fifo removed."""
+        reply, fifo_effects = fifo.apply(command, self._fifo)
+        effects += fifo_effects
         for consumer in touched:
-            self._forget_released(consumer)
+            if consumer not in self._fifo.consumers:
+                self._suspected.pop(consumer, None)
         return reply
-
-    def _number(self, deliver: fifo.Deliver) -> Delivery:
-        consumer = deliver.consumer
-        record = self._seqs.get(consumer)
-        if record is None:
-            record = self._seqs[consumer] = ConsumerSeqs()
-        record.last_seq += 1
-        # Re-inserted, not updated, so that the dict stays in seq order (a returned
-        # message can come back to the same consumer in the same command).
-        record.checked_out.pop(deliver.msg_id, None)
-        state = self._fifo.consumers.get(consumer)
-        if state is not None and deliver.msg_id in state.checked_out:   # not no-ack
-            record.checked_out[deliver.msg_id] = record.last_seq
-        return Delivery(consumer, record.last_seq, deliver.msg_id, deliver.payload, deliver.redelivered,
-                        deliver.delivery_count)
-
-    def _forget_released(self, consumer: tuple) -> None:
-        """Bounded memory: drop the seqs of messages the consumer no longer holds,
-        and everything about a consumer the fifo removed."""
-        state = self._fifo.consumers.get(consumer)
-        if state is None:
-            self._seqs.pop(consumer, None)
-            self._suspected.pop(consumer, None)
-            return
-        record = self._seqs.get(consumer)
-        if record is not None and len(record.checked_out) != len(state.checked_out):
-            held = state.checked_out
-            record.checked_out = {m: s for m, s in record.checked_out.items() if m in held}
 
     # --- enqueue and its sessions ---------------------------------------------------------
     def _held_form(self, now_ms: int, fields: list, slot: int) -> list:
@@ -376,10 +339,10 @@ class QuorumMachine:
 
     def _enqueue_one(self, enqueuer: str, seq: int, message: list, effects: list) -> Applied:
         now_ms, payload, size, ttl_ms, priority = message
-        reply = self._fifo_apply(now_ms, fifo.Enqueue(payload, size, ttl_ms, priority), effects)
+        accepted = fifo.enqueue(self._fifo, self.next_msg_id, now_ms, payload, size, ttl_ms, priority, effects)
         self._note_enqueued(self.next_msg_id, payload)
         self.next_msg_id += 1
-        applied = Applied(enqueuer, seq, accepted=reply == fifo.ACCEPTED)
+        applied = Applied(enqueuer, seq, accepted)
         effects.append(applied)
         return applied
 
@@ -389,8 +352,7 @@ class QuorumMachine:
         # A new checkout is a live channel speaking: it starts unsuspected (the
         # failure detector suspects it again if its node is still unreachable).
         self._suspected.pop(consumer, None)
-        checkout = fifo.Checkout(consumer, command.prefetch, command.priority, command.no_ack, command.active)
-        return self._fifo_apply(command.now_ms, checkout, effects, [consumer])
+        return self._fifo_apply(command, effects, [consumer])
 
     def _on_suspend(self, command: qc.Suspend, effects: list) -> str:
         consumer, active = (command.owner, command.tag), command.active
@@ -398,26 +360,26 @@ class QuorumMachine:
             # Stays suspended until its node is back; then it takes this state.
             self._suspected[consumer] = active
             return fifo.ACCEPTED
-        return self._fifo_apply(command.now_ms, fifo.Suspend(consumer, active), effects, [consumer])
+        return self._fifo_apply(command, effects, [consumer])
 
     def _on_release(self, command: qc.Settle | qc.Return | qc.Discard, effects: list) -> int:
         consumer = (command.owner, command.tag)
         msg_ids = self._select(consumer, list(command.msg_ids))
-        release = _FIFO_RELEASE[type(command)]
-        return self._fifo_apply(command.now_ms, release(consumer, msg_ids), effects, [consumer])
+        bare = type(command)(command.owner, command.tag, command.now_ms, msg_ids)
+        return self._fifo_apply(bare, effects, [consumer])
 
     def _select(self, consumer: tuple, items: list) -> tuple[int, ...]:
         """Bare msg ids pass; [msg_id, seq] only while that delivery is checked out."""
-        record = self._seqs.get(consumer)
+        state = self._fifo.consumers.get(consumer)
         selected = []
         for item in items:
             if isinstance(item, int):
                 selected.append(item)
-            elif record is not None and record.checked_out.get(item[0]) == item[1]:
+            elif state is not None and item[1] and state.checked_out.get(item[0]) == item[1]:
                 selected.append(item[0])
         return tuple(dict.fromkeys(selected))   # an id named twice is released once
 
-    def _on_dequeue(self, command: qc.Dequeue, effects: list) -> fifo.Dequeued | None:
+    def _on_dequeue(self, command: qc.Dequeue, effects: list) -> qc.Dequeued | None:
         owner, request_id = command.owner, command.request_id
         last = self._gets.get(owner)
         if last is not None and request_id <= last[0]:
@@ -425,8 +387,7 @@ class QuorumMachine:
             # not a second message. A node numbers its requests upwards.
             effects.append(Got(owner, request_id, last[1]))
             return last[1]
-        # basic.get's pseudo-consumer (owner, None), as broker/queues/queue.py has it
-        dequeued = self._fifo_apply(command.now_ms, fifo.Dequeue((owner, None), command.no_ack), effects)
+        dequeued = self._fifo_apply(command, effects)
         self._gets[owner] = (request_id, dequeued)
         effects.append(Got(owner, request_id, dequeued))
         return dequeued
@@ -436,7 +397,7 @@ class QuorumMachine:
         for owner in owners:
             self._gets.pop(owner, None)
             touched = [c for c in self._fifo.consumers if c[0] == owner]
-            returned += self._fifo_apply(now_ms, fifo.Down(owner), effects, touched)
+            returned += self._fifo_apply(qc.Down(owner, now_ms), effects, touched)
         return returned
 
     # --- nodes -----------------------------------------------------------------------------
@@ -455,7 +416,7 @@ class QuorumMachine:
             if consumer in self._suspected:
                 continue
             self._suspected[consumer] = not self._fifo.consumers[consumer].suspended
-            self._fifo_apply(command.now_ms, fifo.Suspend(consumer, active=False), effects)
+            self._fifo_apply(qc.Suspend(consumer[0], consumer[1], command.now_ms, False), effects)
             suspected.append(consumer)
         incarnations = set(self._suspected_nodes.get(node, ()))
         incarnations.update(owner_incarnation(c[0]) for c in self._consumers_on(node))
@@ -476,7 +437,7 @@ class QuorumMachine:
             del self._sessions[enqueuer]
         for consumer in [c for c in self._suspected if owner_node(c[0]) == node]:
             active = self._suspected.pop(consumer)
-            self._fifo_apply(command.now_ms, fifo.Suspend(consumer, active), effects, [consumer])
+            self._fifo_apply(qc.Suspend(consumer[0], consumer[1], command.now_ms, active), effects, [consumer])
         return dead
 
     def _forget_gets(self, node: str, dead) -> None:
@@ -521,7 +482,8 @@ class QuorumMachine:
     # --- snapshots -----------------------------------------------------------------------
     def snapshot(self) -> bytes:
         sessions = [[e, s.next_seq, list(s.held.items())] for e, s in self._sessions.items()]
-        seqs = [[list(c), r.last_seq, snapshot_codec.int_map(r.checked_out)] for c, r in self._seqs.items()]
+        seqs = [[list(c), state.last_seq, snapshot_codec.int_map(state.checked_out)]
+                for c, state in self._fifo.consumers.items() if state.last_seq]
         suspected = [[list(c), active] for c, active in self._suspected.items()]
         nodes = list(self._suspected_nodes.items())
         retired = list(self._retired.items())
@@ -545,14 +507,17 @@ class QuorumMachine:
                                                                      for seq, message in held})
         for consumer, last_seq, checked_out in seqs:
             by_id = dict(checked_out) if version == 2 else snapshot_codec.int_map_from(checked_out)
-            machine._seqs[tuple(consumer)] = ConsumerSeqs(last_seq, by_id)
+            state = machine._fifo.consumers.get(tuple(consumer))
+            if state is not None:
+                state.last_seq = last_seq
+                state.checked_out.update(by_id)   # the same ids, in the same order
         machine._suspected = {tuple(consumer): active for consumer, active in suspected}
         machine._suspected_nodes = {node: incarnations for node, incarnations in nodes}
         machine._retired = {node: incarnations for node, incarnations in retired}
         for owner, request_id, got in gets:
             if got is not None:
                 msg_id, payload, redelivered, count, delivery_count = got
-                got = fifo.Dequeued(msg_id, payload if type(payload) is int else tuple(payload), redelivered,
+                got = qc.Dequeued(msg_id, payload if type(payload) is int else tuple(payload), redelivered,
                                     count, delivery_count)
             machine._gets[owner] = (request_id, got)
         return machine
@@ -560,7 +525,6 @@ class QuorumMachine:
 
 # The reply to a command from a dead incarnation (nobody is listening for it).
 _REFUSED: dict[type, Any] = {qc.Enqueue: [], qc.EnqueueBatch: [], qc.Checkout: fifo.REJECTED, qc.Dequeue: None}
-_FIFO_RELEASE = {qc.Settle: fifo.Settle, qc.Return: fifo.Return, qc.Discard: fifo.Discard}
 _APPLY = {
     qc.Enqueue: QuorumMachine._on_enqueue_command, qc.EnqueueBatch: QuorumMachine._on_enqueue_batch,
     qc.Checkout: QuorumMachine._on_checkout, qc.Cancel: QuorumMachine._on_cancel,

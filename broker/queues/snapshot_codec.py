@@ -95,7 +95,7 @@ def fifo_from_wire(wire: list, version: int) -> fifo.FifoState:
     state.ready_bytes, state.message_bytes, state.now_ms = ready_bytes, message_bytes, now_ms
     for cid, prefetch, priority, no_ack, checked_out, cancelled, suspended, in_service, ticket in consumers:
         state.consumers[tuple(cid)] = fifo.ConsumerState(
-            prefetch, priority, no_ack, dict.fromkeys(checked_out), cancelled, suspended, in_service, ticket)
+            prefetch, priority, no_ack, dict.fromkeys(checked_out, 0), cancelled, suspended, in_service, ticket)
     for priority, live in service:
         entries = [(tuple(cid), state.consumers[tuple(cid)]) for cid in live]
         state.service[priority] = deque((cid, consumer, consumer.ticket) for cid, consumer in entries)

@@ -157,7 +157,7 @@ class Admin(Client):
             return
         node = self.node
         cluster = node.cluster
-        members = tuple(cluster.place_members(None))
+        members = tuple(cluster.place_members({"x-queue-type": "quorum"}))
         incarnation = self.incarnation
 
         def declared(_: Any) -> None:

@@ -1,4 +1,4 @@
-"""broker/queues/fifo.py: the queue as a pure machine, apply(meta, command, state) -> (reply, effects).
+"""broker/queues/fifo.py: the queue as a pure machine, apply(command, state) -> (reply, effects).
 
 Unit tests for each command and effect, then a property test that folds
 random command logs through apply() and checks the invariants after every
@@ -6,36 +6,100 @@ step (after rabbit_fifo_prop_SUITE).
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from warren.broker.queues import fifo
+from warren.broker.queues import queue_commands as qc
 from warren.broker.queues.fifo import (
     ACCEPTED,
     DROP_HEAD,
     REJECT_PUBLISH,
     REJECT_PUBLISH_DLX,
     REJECTED,
-    Cancel,
-    Checkout,
-    DeadLetter,
-    Deliver,
-    Dequeue,
-    Dequeued,
-    Discard,
-    Down,
-    Enqueue,
     FifoState,
-    Meta,
-    Purge,
     QueueLimits,
-    Return,
-    Settle,
-    Suspend,
-    apply,
+    restore,
 )
+from warren.broker.queues.queue_commands import DeadLettered, Delivery, Dequeued
+
+
+# -- the tests' short forms of the queue vocabulary (broker/queues/queue_commands.py) --------
+# A consumer is (owner, tag); the time comes from the Meta the test applies at.
+@dataclass(frozen=True)
+class Meta:
+    index: int      # an enqueue's message id
+    time_ms: int
+
+
+@dataclass(frozen=True)
+class Enqueue:
+    """One message as the quorum machine releases it to the fifo (`fifo.enqueue`)."""
+    payload: object
+    size: int
+    ttl_ms: int | None = None
+    priority: int = 0
+
+
+def Checkout(consumer, prefetch, priority=0, no_ack=False, active=True):  # noqa: N802
+    return qc.Checkout(consumer[0], consumer[1], 0, prefetch, priority, no_ack, active)
+
+
+def Cancel(consumer):  # noqa: N802
+    return qc.Cancel(consumer[0], consumer[1], 0)
+
+
+def Settle(consumer, msg_ids):  # noqa: N802
+    return qc.Settle(consumer[0], consumer[1], 0, tuple(msg_ids))
+
+
+def Return(consumer, msg_ids):  # noqa: N802
+    return qc.Return(consumer[0], consumer[1], 0, tuple(msg_ids))
+
+
+def Discard(consumer, msg_ids):  # noqa: N802
+    return qc.Discard(consumer[0], consumer[1], 0, tuple(msg_ids))
+
+
+def Dequeue(consumer, no_ack):  # noqa: N802
+    assert consumer[1] is None, "basic.get's pseudo-consumer is (owner, None)"
+    return qc.Dequeue(consumer[0], 0, 0, no_ack)
+
+
+def Purge():  # noqa: N802
+    return qc.Purge("owner", 0, 0)
+
+
+def Down(owner):  # noqa: N802
+    return qc.Down(owner, 0)
+
+
+def Tick():  # noqa: N802
+    return qc.Tick(0)
+
+
+def Suspend(consumer, active):  # noqa: N802
+    return qc.Suspend(consumer[0], consumer[1], 0, active)
+
+
+def consumer_of(command) -> tuple:
+    return (command.owner, command.tag)
+
+
+def apply(meta: Meta, command, state: FifoState):
+    """An Enqueue through `fifo.enqueue` with the index as its id, any other
+    record through `fifo.apply`, at the meta's time."""
+    if isinstance(command, Enqueue):
+        effects: list = []
+        accepted = fifo.enqueue(state, meta.index, meta.time_ms, command.payload, command.size, command.ttl_ms,
+                                command.priority, effects)
+        return (ACCEPTED if accepted else REJECTED), effects
+    return fifo.apply(dataclasses.replace(command, now_ms=meta.time_ms), state)
+
 
 A = ("ch1", "a")
 B = ("ch1", "b")
@@ -73,12 +137,12 @@ class Queue:
 
 
 def delivered(effects) -> list[tuple]:
-    """(consumer, payload, redelivered) of each Deliver effect."""
-    return [(e.consumer, e.payload, e.redelivered) for e in effects if isinstance(e, Deliver)]
+    """(consumer, payload, redelivered) of each Delivery effect."""
+    return [(e.consumer, e.payload, e.redelivered) for e in effects if isinstance(e, Delivery)]
 
 
 def dead_letters(effects) -> list[tuple]:
-    return [(e.reason, e.payloads) for e in effects if isinstance(e, DeadLetter)]
+    return [(e.reason, e.payloads) for e in effects if isinstance(e, DeadLettered)]
 
 
 # -- enqueue, checkout, settle ------------------------------------------------
@@ -162,7 +226,7 @@ def test_return_of_messages_not_held_is_ignored():
     m1, = q.enqueue_many("m1")
     q.apply(Checkout(A, prefetch=1))
     assert q.apply(Return(B, (m1,)))[0] == 0, "a consumer that never existed returned a message"
-    assert q.state.consumers[A].checked_out == {m1: None}, "A lost its message"
+    assert q.state.consumers[A].checked_out == {m1: 1}, "A lost its message (its delivery 1)"
 
 
 def test_discard_dead_letters_as_rejected():
@@ -287,10 +351,26 @@ def test_cancel_stops_deliveries_but_keeps_what_is_held():
     assert q.apply(Cancel(A))[0] == ACCEPTED
     _, _, effects = q.enqueue("m2")
     assert effects == [], f"cancelled consumer received {effects}"
-    assert q.state.consumers[A].checked_out == {m1: None}, "cancel dropped the unacked message"
+    assert q.state.consumers[A].checked_out == {m1: 1}, "cancel dropped the unacked message"
     assert q.apply(Settle(A, (m1,)))[0] == 1, "settle after cancel ignored"
     assert A not in q.state.consumers, "cancelled consumer with nothing held should be gone"
     assert q.apply(Cancel(A))[0] == REJECTED, "second cancel should be REJECTED"
+
+
+def test_each_consumer_numbers_its_deliveries_and_a_reused_tag_goes_on_counting():
+    q = Queue()
+    m1, m2, m3 = q.enqueue_many("m1", "m2", "m3")
+    _, effects = q.apply(Checkout(A, prefetch=2))
+    assert [(e.seq, e.msg_id) for e in effects if isinstance(e, Delivery)] == [(1, m1), (2, m2)]
+    _, effects = q.apply(Return(A, (m1,)))   # m1 comes back to A as its third delivery
+    assert [(e.seq, e.msg_id, e.redelivered) for e in effects if isinstance(e, Delivery)] == [(3, m1, True)]
+    assert q.state.consumers[A].checked_out == {m2: 2, m1: 3}, "held in seq order"
+    q.apply(Cancel(A))
+    _, effects = q.apply(Checkout(A, prefetch=3))   # the tag again, while m1 and m2 are still held
+    assert [(e.seq, e.msg_id) for e in effects if isinstance(e, Delivery)] == [(4, m3)]
+    q.enqueue("m4")
+    assert q.apply(Dequeue(GET1, False))[0].payload == "m4"
+    assert list(q.state.consumers[GET1].checked_out.values()) == [0], "basic.get's message has no delivery seq"
 
 
 def test_return_after_cancel_goes_to_another_consumer():
@@ -437,7 +517,7 @@ def test_reject_publish_dlx_refuses_and_dead_letters_the_new_message():
 
 def test_unknown_command_is_an_assertion_not_a_client_error():
     with pytest.raises(AssertionError):
-        apply(Meta(1, 0), object(), FifoState())
+        fifo.apply(qc.Purged("owner", 0, 0), FifoState())   # an effect, not a command
 
 
 # -- property: random command logs --------------------------------------------------
@@ -537,22 +617,22 @@ def fold(state: FifoState, ledger: Ledger, index: int, command) -> None:
         assert reply in (ACCEPTED, REJECTED), f"{step}: reply {reply}"
         if reply == ACCEPTED:
             ledger.accepted[index] = command.size
-    if isinstance(command, Purge):
+    if isinstance(command, qc.Purge):
         assert reply == len(before_ready), f"{step}: purge replied {reply}, {len(before_ready)} were ready"
         for msg_id in before_ready:
             ledger.gone[msg_id] = "purged"
-    if isinstance(command, Settle):
+    if isinstance(command, qc.Settle):
         for msg_id in command.msg_ids:
-            if msg_id in snapshot.get(command.consumer, {}):
+            if msg_id in snapshot.get(consumer_of(command), {}):
                 ledger.gone[msg_id] = "settled"
-    if isinstance(command, (Return, Down)):
-        owner_of = ((lambda c: c == command.consumer) if isinstance(command, Return)
+    if isinstance(command, (qc.Return, qc.Down)):
+        owner_of = ((lambda c: c == consumer_of(command)) if isinstance(command, qc.Return)
                     else (lambda c: c[0] == command.owner))
         for consumer, held in snapshot.items():
             if owner_of(consumer):
-                ids = command.msg_ids if isinstance(command, Return) else tuple(held)
+                ids = command.msg_ids if isinstance(command, qc.Return) else tuple(held)
                 ledger.returned.update(m for m in ids if m in held)
-    if isinstance(command, Dequeue) and reply is not None:
+    if isinstance(command, qc.Dequeue) and reply is not None:
         assert isinstance(reply, Dequeued), f"{step}: reply {reply!r}"
         assert reply.msg_id in before_ready, f"{step}: dequeued {reply.msg_id}, which was not ready"
         assert reply.redelivered == (reply.msg_id in ledger.returned), f"{step}: wrong redelivered flag"
@@ -561,7 +641,7 @@ def fold(state: FifoState, ledger: Ledger, index: int, command) -> None:
             ledger.gone[reply.msg_id] = "no-ack"
 
     for effect in effects:
-        if isinstance(effect, Deliver):
+        if isinstance(effect, Delivery):
             assert effect.msg_id not in ledger.gone, (
                 f"{step}: delivered message {effect.msg_id}, already {ledger.gone.get(effect.msg_id)}")
             assert effect.payload == ("p", effect.msg_id), f"{step}: payload mix-up in {effect}"
@@ -574,7 +654,7 @@ def fold(state: FifoState, ledger: Ledger, index: int, command) -> None:
                 assert consumer is not None and effect.msg_id in consumer.checked_out, (
                     f"{step}: {effect} but the consumer does not hold it")
                 assert not consumer.cancelled and not consumer.suspended, f"{step}: delivered to an inactive consumer"
-        elif isinstance(effect, DeadLetter):
+        elif isinstance(effect, DeadLettered):
             assert effect.reason in ("maxlen", "rejected"), f"{step}: dead-letter reason {effect.reason}"
             for payload in effect.payloads:
                 msg_id = payload[1]
@@ -611,7 +691,6 @@ def test_random_command_logs_keep_the_invariants(data, limits):
 
 
 def test_bulk_restore_equals_replaying_enqueues():
-    from warren.broker.queues.fifo import Enqueue, FifoState, Meta, apply, restore
     items = [(3, ("e", "k", b"\x00\x00", b"a"), 1), (7, ("e", "k", b"\x00\x00", b"bb"), 2), (9, "stored", 5)]
     replayed = FifoState()
     for msg_id, payload, size in items:
@@ -624,7 +703,6 @@ def test_bulk_restore_equals_replaying_enqueues():
 
 
 def test_message_ttl_expires_heads_on_tick_and_dead_letters_them():
-    from warren.broker.queues.fifo import ACCEPTED, DeadLetter, Enqueue, FifoState, Meta, QueueLimits, Tick, apply
     state = FifoState(limits=QueueLimits(message_ttl_ms=100))
     apply(Meta(1, 1_000), Enqueue("a", 1), state)
     apply(Meta(2, 1_050), Enqueue("b", 1, ttl_ms=500), state)   # queue TTL (100) is shorter
@@ -632,34 +710,21 @@ def test_message_ttl_expires_heads_on_tick_and_dead_letters_them():
     reply, effects = apply(Meta(4, 1_100), Tick(), state)
     assert reply is ACCEPTED and effects == [], "nothing has expired strictly before 1100 yet"
     _, effects = apply(Meta(5, 1_101), Tick(), state)
-    assert effects == [DeadLetter("expired", ("a",))], f"only the head expires: {effects}"
+    assert effects == [DeadLettered("expired", ("a",))], f"only the head expires: {effects}"
     _, effects = apply(Meta(6, 1_200), Tick(), state)
-    assert effects == [DeadLetter("expired", ("b", "c"))], effects
+    assert effects == [DeadLettered("expired", ("b", "c"))], effects
     assert state.ready_count == 0 and state.message_bytes == 0 and not state.expiries
 
 
 def test_dequeue_skips_expired_heads():
-    from warren.broker.queues.fifo import DeadLetter, Dequeue, Enqueue, FifoState, Meta, apply
     state = FifoState()
     apply(Meta(1, 0), Enqueue("old", 1, ttl_ms=5), state)
     apply(Meta(2, 0), Enqueue("fresh", 1), state)
     reply, effects = apply(Meta(3, 10), Dequeue(("owner", None), True), state)
-    assert reply.payload == "fresh" and effects == [DeadLetter("expired", ("old",))], (reply, effects)
+    assert reply.payload == "fresh" and effects == [DeadLettered("expired", ("old",))], (reply, effects)
 
 
 def test_single_active_consumer_hands_over_in_registration_order():
-    from warren.broker.queues.fifo import (
-        Cancel,
-        Checkout,
-        Deliver,
-        Down,
-        Enqueue,
-        FifoState,
-        Meta,
-        QueueLimits,
-        Settle,
-        apply,
-    )
     state = FifoState(limits=QueueLimits(single_active_consumer=True))
     first, second, third = ("ch1", "a"), ("ch2", "b"), ("ch3", "c")
     for index, consumer in enumerate((first, second, third), start=1):
@@ -667,34 +732,32 @@ def test_single_active_consumer_hands_over_in_registration_order():
     delivered = []
     for index in range(4, 7):
         _, effects = apply(Meta(index, 0), Enqueue(f"m{index}", 1), state)
-        delivered += [e.consumer for e in effects if isinstance(e, Deliver)]
+        delivered += [e.consumer for e in effects if isinstance(e, Delivery)]
     assert delivered == [first] * 3, f"only the oldest consumer is active: {delivered}"
     _, effects = apply(Meta(7, 0), Cancel(first), state)  # still holds three unacked
-    assert [e for e in effects if isinstance(e, Deliver)] == []
+    assert [e for e in effects if isinstance(e, Delivery)] == []
     _, effects = apply(Meta(8, 0), Enqueue("m8", 1), state)
-    assert [e.consumer for e in effects if isinstance(e, Deliver)] == [second]
+    assert [e.consumer for e in effects if isinstance(e, Delivery)] == [second]
     _, effects = apply(Meta(9, 0), Down("ch2"), state)  # its message goes back, to the next in line
-    assert [e.consumer for e in effects if isinstance(e, Deliver)] == [third], effects
+    assert [e.consumer for e in effects if isinstance(e, Delivery)] == [third], effects
     apply(Meta(10, 0), Settle(first, (4, 5, 6)), state)
     assert state.consumers[third].checked_out and first not in state.consumers
 
 
 def test_priority_queue_serves_highest_priority_first_and_requeues_in_place():
-    from warren.broker.queues.fifo import Checkout, Deliver, Enqueue, FifoState, Meta, QueueLimits, Return, apply
     state = FifoState(limits=QueueLimits(max_priority=5))
     for index, priority in enumerate([0, 3, 9, 3, 1], start=1):  # 9 is capped at 5
         apply(Meta(index, 0), Enqueue(f"p{priority}-{index}", 1, priority=priority), state)
     _, effects = apply(Meta(10, 0), Checkout(("ch", "c"), prefetch=2), state)
-    delivered = [e.payload for e in effects if isinstance(e, Deliver)]
+    delivered = [e.payload for e in effects if isinstance(e, Delivery)]
     assert delivered == ["p9-3", "p3-2"], delivered
     _, effects = apply(Meta(11, 0), Return(("ch", "c"), (2,)), state)  # back into its place
-    delivered = [(e.payload, e.redelivered) for e in effects if isinstance(e, Deliver)]
+    delivered = [(e.payload, e.redelivered) for e in effects if isinstance(e, Delivery)]
     assert delivered == [("p3-2", True)], delivered
     assert state.ready_count == 3
 
 
 def test_restore_into_a_priority_queue_keeps_priorities():
-    from warren.broker.queues.fifo import Dequeue, FifoState, Meta, QueueLimits, apply, restore
     state = FifoState(limits=QueueLimits(max_priority=10))
     restore(state, [(1, "low", 1), (2, "high", 1), (3, "mid", 1)], {2: 7, 3: 2})
     order = [apply(Meta(10 + i, 0), Dequeue(("o", None), True), state)[0].payload for i in range(3)]
@@ -702,26 +765,15 @@ def test_restore_into_a_priority_queue_keeps_priorities():
 
 
 def test_delivery_limit_dead_letters_after_too_many_returns():
-    from warren.broker.queues.fifo import (
-        Checkout,
-        DeadLetter,
-        Deliver,
-        Enqueue,
-        FifoState,
-        Meta,
-        QueueLimits,
-        Return,
-        apply,
-    )
     state = FifoState(limits=QueueLimits(delivery_limit=2))
     consumer = ("ch", "c")
     apply(Meta(1, 0), Enqueue("m", 1), state)
     _, effects = apply(Meta(2, 0), Checkout(consumer, prefetch=1), state)
-    counts = [e.delivery_count for e in effects if isinstance(e, Deliver)]
+    counts = [e.delivery_count for e in effects if isinstance(e, Delivery)]
     for index in (3, 4):
         _, effects = apply(Meta(index, 0), Return(consumer, (1,)), state)
-        counts += [e.delivery_count for e in effects if isinstance(e, Deliver)]
+        counts += [e.delivery_count for e in effects if isinstance(e, Delivery)]
     assert counts == [0, 1, 2], f"delivery counts {counts}"
     _, effects = apply(Meta(5, 0), Return(consumer, (1,)), state)
-    assert effects == [DeadLetter("delivery_limit", ("m",))], effects
+    assert effects == [DeadLettered("delivery_limit", ("m",))], effects
     assert not state.messages and state.ready_count == 0

@@ -6,7 +6,6 @@ import msgpack
 import pytest
 
 from warren.broker.node.cluster import forwardable_op
-from warren.broker.queues import fifo
 from warren.broker.queues import queue_codec as qcodec
 from warren.broker.queues import queue_commands as qc
 from warren.broker.queues.quorum_machine import QuorumMachine
@@ -37,7 +36,7 @@ EFFECTS = [
     qc.Delivery(("o", "t"), 3, 12, 7 << 16, True, 2),
     qc.Delivery(("o", "t"), 1, 1, ("ex", "rk", b"p", b"b"), False, 0),
     qc.Applied(P1, 4, False, True),
-    qc.Got("o", 2, fifo.Dequeued(5, ("ex", "rk", b"p", b"b"), True, 3, 1)),
+    qc.Got("o", 2, qc.Dequeued(5, ("ex", "rk", b"p", b"b"), True, 3, 1)),
     qc.Got("o", 3, None),
     qc.Purged("o", 4, 10),
     qc.DeadLettered("maxlen", (("ex", "rk", b"p", b"b"), 9 << 16)),

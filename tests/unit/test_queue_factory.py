@@ -2,7 +2,7 @@
 import pytest
 
 from warren.broker.queues.queue import Queue
-from warren.broker.queues.queue_factory import Placement, is_replicated, make_queue
+from warren.broker.queues.queue_factory import Placement, is_replicated, make_queue, place_members
 from warren.broker.queues.quorum import QuorumQueue
 from warren.broker.routing.vhost import VirtualHost
 
@@ -49,3 +49,15 @@ def test_an_exclusive_queue_cannot_be_placed_on_a_group():
     with pytest.raises(ValueError):
         make_queue(VirtualHost("/"), "q", {}, durable=True, exclusive_owner="conn", auto_delete=False,
                    placement=Placement(_Cluster(), "g1", ("n1",)))
+
+
+@pytest.mark.parametrize("arguments, node, members", [
+    ({"x-queue-type": "quorum"}, "n1", ["n1", "n2", "n3"]),                  # quorum_cluster_size (3)
+    ({"x-queue-type": "quorum"}, "n4", ["n4", "n5", "n1"]),                  # the declaring node first, wrapping
+    ({"x-queue-type": "quorum", "x-quorum-initial-group-size": 9}, "n2", ["n2", "n3", "n4", "n5", "n1"]),
+    ({"x-queue-type": "quorum", "x-quorum-initial-group-size": 1}, "n3", ["n3"]),
+    ({}, "n3", ["n3"]),                                                      # a durable classic: a group of one
+    ({"x-queue-type": "classic", "x-quorum-initial-group-size": 3}, "n5", ["n5"]),
+])
+def test_place_members_starts_at_the_declaring_node(arguments, node, members):
+    assert place_members(arguments, node, ["n1", "n2", "n3", "n4", "n5"], 3) == members

@@ -96,7 +96,7 @@ def test_a_malformed_command_is_a_bug_not_a_silent_no_op():
     with pytest.raises(AssertionError, match="malformed"):
         QuorumMachine().apply([qc.Tick.TAG, 5])
     with pytest.raises(AssertionError, match="malformed"):
-        QuorumMachine().apply(fifo.Tick())
+        QuorumMachine().apply(qc.Purged("o", 1, 0))   # an effect, not a command
 
 
 def test_owner_names_carry_node_and_incarnation():

@@ -10,6 +10,7 @@ from warren.broker.admin.auth import (
     AccessControl,
     AuthenticationError,
     Permission,
+    UserRecord,
     authenticate,
     check_password,
     hash_password,
@@ -75,7 +76,7 @@ def test_config_users_are_hashed_and_get_all_permissions_on_their_declared_vhost
         {"name": "bob", "password_hash": hash_password("builder"), "vhosts": []},
     ])
     access = AccessControl.from_settings(settings)
-    assert "wönderland" not in repr(access.definitions(["/", "v"])), "a clear password in the definitions"
+    assert "wönderland" not in repr(access.users), "a clear password kept"
     assert check_password(access.users["alice"].password_hash, "wönderland")
     assert set(access.permissions) == {("alice", "/"), ("alice", "v")}
     assert access.permission("alice", "v").row() == [".*", ".*", ".*"]
@@ -94,11 +95,11 @@ def test_bad_password_hash_in_config_names_the_field():
     assert "users.0.password" in str(info.value), info.value
 
 
-def test_definitions_round_trip_and_deletions():
+def test_deleting_a_vhost_or_a_user_drops_their_permissions():
     access = AccessControl(["guest"])
-    access.load({"users": [["u", hash_password("p"), ["administrator"]]], "vhosts": ["/", "v"],
-                 "permissions": [["u", "/", ".*", "", "^r"], ["u", "v", "a", "b", "c"]]})
-    assert access.definitions(["/", "v"])["permissions"] == [["u", "/", ".*", "", "^r"], ["u", "v", "a", "b", "c"]]
+    access.put_user(UserRecord("u", hash_password("p"), ("administrator",)))
+    access.set_permission("u", "/", Permission(".*", "", "^r"))
+    access.set_permission("u", "v", Permission("a", "b", "c"))
     access.delete_vhost("v")
     assert list(access.permissions) == [("u", "/")]
     access.delete_user("u")
