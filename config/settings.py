@@ -87,6 +87,8 @@ class Settings(BaseSettings):
     # not offered yet). None: 1 for a new data directory, else the count it was created with.
     # Not the cores by default until exclusive/transient queues and direct reply-to span shards.
     node_processes: int | None = Field(None, ge=1, le=256)
+    # Set by the supervisor for its shard k (broker/node/shards.py), never by hand.
+    node_shard: int | None = Field(None, ge=0)
 
     # The users, vhosts and permissions a fresh node starts with (RabbitMQ's default user
     # and load_definitions); after the first start they live in the metadata log and

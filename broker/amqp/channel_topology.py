@@ -153,8 +153,13 @@ class TopologyMethods:
         if queue is None:
             return  # a new quorum queue: declare-ok once the metadata group made it
         self.last_queue_name = queue.name
-        self._reply(None if method.nowait else spec.Queue.DeclareOk(
-            queue.name, queue.message_count, queue.consumer_count))
+        reply = None if method.nowait else spec.Queue.DeclareOk(queue.name, queue.message_count, queue.consumer_count)
+        link = self.broker.shard_link
+        if link is not None and link.unannounced(queue):   # a new queue of this shard's: once every shard has it
+            self.await_reply()
+            link.announce(queue, partial(self._on_replicated, reply, None, None))
+            return
+        self._reply(reply)
 
     def _declare_reply_to_queue(self, method: spec.Queue.Declare) -> None:
         """rabbit_channel: every declare of the direct reply-to pseudo-queue is
@@ -172,7 +177,10 @@ class TopologyMethods:
         if not name.startswith(REPLY_TO_QUEUE + "."):
             return False
         # a channel's reply address: it exists while that channel waits for replies
-        replying = self.broker._reply_channels.get(name[len(REPLY_TO_QUEUE) + 1:])
+        token = name[len(REPLY_TO_QUEUE) + 1:]
+        if self.broker.shard_link is not None and self.broker.shard_link.reply_peer(token) is not None:
+            return True   # another shard's channel's: it answers for it when a reply comes
+        replying = self.broker._reply_channels.get(token)
         return replying is not None and not replying.closed
 
     def _declare_quorum_queue(self, method: spec.Queue.Declare, name: str, arguments: dict) -> bool:
@@ -217,9 +225,20 @@ class TopologyMethods:
         self.check_access("configure", "queue", name, 50, 40)
         replicate = self._replicate(mc.DeleteQueue(self.vhost.name, name), None,
                                     lambda count: None if method.nowait else spec.Queue.DeleteOk(count or 0))
-        count = self.vhost.delete_queue(name, self.connection.id, method.if_unused, method.if_empty, replicate)
+        count = self.vhost.delete_queue(name, self.connection.id, method.if_unused, method.if_empty, replicate,
+                                        partial(self._delete_at_home, method))
         if count is not None:
             self._reply(None if method.nowait else spec.Queue.DeleteOk(count))
+
+    def _delete_at_home(self, method: spec.Queue.Delete, queue: Queue) -> None:
+        """Another shard's queue: its home shard checks and deletes it (broker/node/shard_queues.py)."""
+        self.await_reply()
+
+        def deleted(count: Any) -> Any:
+            if isinstance(count, ChannelError):
+                raise count
+            return None if method.nowait else spec.Queue.DeleteOk(count)
+        queue.delete_at_home(method.if_unused, method.if_empty, partial(self._on_replicated, None, deleted))
 
     def _queue_name(self, name: str, class_id: int, method_id: int) -> str:
         if name:

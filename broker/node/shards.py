@@ -124,6 +124,7 @@ class ShardPlan:
             "node_name": names[self.shard],
             "data_dir": shard_dir(settings.data_dir, self.shard),
             "node_processes": 1,
+            "node_shard": self.shard,
             "cluster_nodes": [ClusterNode(name=name, host=LOOPBACK, port=port)
                               for name, port in zip(names, self.cluster_ports)],
             "cluster_host": LOOPBACK,

@@ -265,3 +265,99 @@ def test_processes_with_a_cluster_are_refused(tmp_path):
     assert result.stderr.strip().splitlines() == [
         "warren-server: invalid configuration: node_processes: 2 processes with cluster_nodes is not supported "
         "yet (a clustered node runs one process): set node_processes = 1"]
+
+
+# -- every AMQP feature whatever shard a connection lands on (stage 2) ------------------------
+@pytest.fixture
+def two_shards(node):
+    """A connection on each shard (more are opened until both have one)."""
+    by_shard = connections_on_each_shard(node, 2)
+    assert all(by_shard.values()), f"connections all landed on one shard: {by_shard}"
+    yield by_shard[0][0], by_shard[1][0]
+    close_all(by_shard)
+
+
+def test_direct_reply_to_rpc_between_two_shards(two_shards):
+    requester, replier = two_shards
+    server = replier.channel()
+    server.queue_declare("rpc-requests", durable=True, arguments=QUORUM)
+    client = requester.channel()
+    replies = []
+    client.basic_consume("amq.rabbitmq.reply-to", lambda _ch, _m, props, body: replies.append((props, body)),
+                         auto_ack=True)
+    for i in range(3):
+        client.basic_publish("", "rpc-requests", b"ask-%d" % i,
+                             pika.BasicProperties(reply_to="amq.rabbitmq.reply-to", correlation_id=str(i)))
+        method, props, body = next(server.consume("rpc-requests", inactivity_timeout=10))
+        assert method is not None, "the request did not reach the replier's shard"
+        assert props.reply_to.startswith("amq.rabbitmq.reply-to.")
+        server.basic_publish("", props.reply_to, b"answer-" + body,
+                             pika.BasicProperties(correlation_id=props.correlation_id))
+        server.basic_ack(method.delivery_tag)
+        wait_for(lambda i=i: requester.process_data_events(time_limit=0.05) or len(replies) > i,
+                 "the reply to reach the requester's shard", seconds=10)
+    assert [(props.correlation_id, body) for props, body in replies] == [
+        (str(i), b"answer-ask-%d" % i) for i in range(3)]
+
+
+def test_an_exclusive_queue_is_locked_from_another_shard(two_shards):
+    owner, other = two_shards
+    owner.channel().queue_declare("mine", exclusive=True)
+    for use in (lambda ch: ch.basic_consume("mine", lambda *_: None),
+                lambda ch: ch.queue_declare("mine", passive=True),
+                lambda ch: ch.queue_delete("mine"),
+                lambda ch: ch.basic_get("mine")):
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
+            use(other.channel())
+        assert closed.value.reply_code == 405
+        assert closed.value.reply_text == (
+            "RESOURCE_LOCKED - cannot obtain exclusive access to locked queue 'mine' in vhost '/'. It could be "
+            "originally declared on another connection or the exclusive property value does not match that of "
+            "the original declaration.")
+    channel = other.channel()   # but routed to from there
+    channel.confirm_delivery()
+    channel.basic_publish("", "mine", b"to the owner", mandatory=True)
+    assert drain(owner.channel(), "mine", 1) == [b"to the owner"]
+
+
+def test_an_exclusive_queue_goes_with_its_owner_on_every_shard(two_shards):
+    owner, other = two_shards
+    owner.channel().queue_declare("short-lived", exclusive=True)
+    assert not _declare_passive_fails(other, "short-lived")   # there, though locked (405)
+    owner.close()
+    wait_for(lambda: _declare_passive_fails(other, "short-lived"), "the owner's queue to go on the other shard")
+
+
+def _declare_passive_fails(connection, name: str) -> bool:
+    try:
+        connection.channel().queue_declare(name, passive=True)
+    except pika.exceptions.ChannelClosedByBroker as closed:
+        assert closed.reply_code in (404, 405)
+        return closed.reply_code == 404
+    return False
+
+
+def test_a_transient_queue_of_one_shard_is_used_from_another(two_shards):
+    home, other = two_shards
+    home.channel().queue_declare("transient", durable=False)
+    channel = other.channel()
+    assert channel.queue_declare("transient", passive=True).method.queue == "transient"
+    channel.confirm_delivery()
+    bodies = [b"t%d" % i for i in range(50)]
+    for body in bodies:
+        channel.basic_publish("", "transient", body, mandatory=True)
+    assert drain(other.channel(), "transient", len(bodies)) == bodies
+    home.channel().basic_publish("", "transient", b"from home")
+    assert drain(other.channel(), "transient", 1) == [b"from home"]
+    other.channel().queue_delete("transient")
+    wait_for(lambda: _declare_passive_fails(home, "transient"), "the deletion to reach the home shard")
+
+
+def test_an_auto_delete_queue_goes_when_its_last_consumer_on_another_shard_leaves(two_shards):
+    home, other = two_shards
+    home.channel().queue_declare("auto", durable=False, auto_delete=True)
+    consumer = other.channel()
+    tag = consumer.basic_consume("auto", lambda *_: None)
+    consumer.basic_cancel(tag)
+    wait_for(lambda: _declare_passive_fails(home, "auto"), "the auto-delete queue to go")
+    assert _declare_passive_fails(other, "auto")

@@ -1,0 +1,225 @@
+"""What the shards of one node tell each other beside the cluster's own messages
+(docs/multi-process.md section 10): the objects that live on one shard but that
+a connection on any shard uses. Nothing here goes through a Raft group or the WAL.
+
+* direct reply-to: a channel's reply address names its shard
+  (`amq.rabbitmq.reply-to.<random>_<shard>`); a reply published on another shard
+  is forwarded there (REPLY) and handed to the channel as if published there;
+* transient, exclusive and auto-delete (non-durable) queues, "a replica without a
+  log" on their home shard (broker/node/shard_queues.py): the home announces them
+  to every shard (DECLARE, answered ACK; the declare-ok waits for every running
+  shard's), and again to a shard whose link comes up; the others route to a proxy
+  whose commands come here (CMD, answered DONE); the home's deliveries and
+  confirms go back as the cluster's DELIVER and APPLIED messages; a deletion is
+  announced (DELETE) or asked of the home (DELETE_ASK, answered DONE).
+
+Messages go as one frame {"s": [message, ...]} per peer per loop turn.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import secrets
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from warren.broker.node import shard_queues
+from warren.broker.queues import queue_codec
+from warren.protocol.errors import ChannelError
+
+if TYPE_CHECKING:
+    from warren.broker.node.broker import Broker
+
+log = structlog.get_logger("warren.shards")
+
+FRAME_KEY = "s"
+REPLY = 0        # [REPLY, routing_key, properties, body]
+DECLARE = 1      # [DECLARE, record, token]: record as shard_queues.record_of; token 0: no ACK wanted
+ACK = 2          # [ACK, token]
+DELETE = 3       # [DELETE, vhost, name, group]
+CMD = 4          # [CMD, group, data, token]: a queue command for the home; token 0: no DONE wanted
+DONE = 5         # [DONE, token, reply]
+RESEND = 6       # [RESEND, group, owner, tag, after_seq]
+DELETE_ASK = 7   # [DELETE_ASK, group, if_unused, if_empty, token]: answered DONE count or [code, text]
+TOKEN_SEPARATOR = "_"
+
+
+def shard_of_name(node_name: str) -> int:
+    return int(node_name.rsplit("#", 1)[1])
+
+
+class ShardLink:
+    def __init__(self, broker: "Broker", shard: int) -> None:
+        self.broker = broker
+        self.shard = shard
+        self.node = broker.settings.node_name
+        self.peers = [n.name for n in broker.settings.cluster_nodes if n.name != self.node]
+        self.outbox: dict[str, list] = {}
+        self.tokens = itertools.count(1)
+        self.waiting: dict[int, Callable[[Any], None]] = {}
+        self.acks: dict[int, tuple[set[str], Callable[[], None]]] = {}   # token -> (peers yet to ack, then)
+        self.home: dict[str, shard_queues.HomeQueue] = {}     # group -> a queue homed here
+        self.proxies: dict[str, shard_queues.ProxyQueue] = {}   # group -> another shard's queue
+        self.groups = itertools.count(1)
+
+    # -- sending ------------------------------------------------------------------------
+    def send(self, peer: str, message: list) -> None:
+        if not self.outbox:
+            asyncio.get_running_loop().call_soon(self.flush)
+        self.outbox.setdefault(peer, []).append(message)
+
+    def flush(self) -> None:
+        outbox, self.outbox = self.outbox, {}
+        transport = self.broker.cluster.runtime.transport
+        for peer, messages in outbox.items():
+            if transport is None or not transport.send(peer, {FRAME_KEY: messages}):
+                log.warning("shards.frame_dropped", peer=peer, messages=len(messages))
+
+    def running_peers(self) -> list[str]:
+        return self.broker.cluster.running_peers()
+
+    def ask(self, peer: str, message: list, on_done: Callable[[Any], None] | None) -> None:
+        """`message` with a fresh token as its last field; `on_done(reply)` on its DONE."""
+        token = 0
+        if on_done is not None:
+            token = next(self.tokens)
+            self.waiting[token] = on_done
+        self.send(peer, [*message, token])
+
+    def command(self, home: str, group: str, data: bytes, on_done: Callable[[Any], None] | None) -> None:
+        self.ask(home, [CMD, group, data], on_done)
+
+    def ask_resend(self, home: str, group: str, owner: str, tag: str, after_seq: int) -> None:
+        self.send(home, [RESEND, group, owner, tag, after_seq])
+
+    def delete_at_home(self, home: str, group: str, if_unused: bool, if_empty: bool,
+                       on_done: Callable[[Any], None]) -> None:
+        self.ask(home, [DELETE_ASK, group, if_unused, if_empty], on_done)
+
+    # -- direct reply-to ------------------------------------------------------------------
+    def reply_token(self) -> str:
+        return f"{secrets.token_urlsafe(18)}{TOKEN_SEPARATOR}{self.shard}"
+
+    def reply_peer(self, token: str) -> str | None:
+        """The shard a reply address is of, when not this one."""
+        _, separator, shard = token.rpartition(TOKEN_SEPARATOR)
+        if not separator or not shard.isdigit() or int(shard) == self.shard:
+            return None
+        return self.node.rsplit("#", 1)[0] + f"#{int(shard)}"
+
+    # -- transient queues ---------------------------------------------------------------------
+    def new_group(self) -> str:
+        return f"t:{self.node}:{self.broker.cluster.incarnation}:{next(self.groups)}"
+
+    def unannounced(self, queue: Any) -> bool:
+        """A queue homed here that the other shards were not told of yet."""
+        return isinstance(queue, shard_queues.HomeQueue) and queue.group not in self.home
+
+    def announce(self, queue: "shard_queues.HomeQueue", then: Callable[[], None]) -> None:
+        """A new queue homed here: to every shard; `then()` once every running one has it."""
+        self.home[queue.group] = queue
+        peers = set(self.running_peers())
+        if not peers:
+            then()
+            return
+        token = next(self.tokens)
+        self.acks[token] = (peers, then)
+        for peer in peers:
+            self.send(peer, [DECLARE, shard_queues.record_of(queue), token])
+
+    def deleted_here(self, queue: "shard_queues.HomeQueue") -> None:
+        if self.home.pop(queue.group, None) is not None:
+            for peer in self.running_peers():
+                self.send(peer, [DELETE, queue.vhost.name, queue.name, queue.group])
+
+    def _drop_proxy(self, group: str) -> None:
+        proxy = self.proxies.pop(group, None)
+        if proxy is not None:
+            self.broker.cluster.queues.pop(group, None)
+            proxy.vhost.delete_queue_now(proxy)
+
+    # -- links -----------------------------------------------------------------------------
+    def peer_up(self, peer: str) -> None:
+        for queue in self.home.values():
+            self.send(peer, [DECLARE, shard_queues.record_of(queue), 0])
+
+    def peer_down(self, peer: str) -> None:
+        """As RabbitMQ when a node goes: its transient queues go; its consumers of ours
+        give back what they held."""
+        for group, proxy in list(self.proxies.items()):
+            if proxy.home == peer:
+                self._drop_proxy(group)
+        for queue in list(self.home.values()):
+            queue.peer_gone(peer)
+        for token in list(self.acks):
+            self._acked(token, peer)
+
+    def _acked(self, token: int, peer: str) -> None:
+        waiting = self.acks.get(token)
+        if waiting is None:
+            return
+        waiting[0].discard(peer)
+        if not waiting[0]:
+            del self.acks[token]
+            waiting[1]()
+
+    # -- receiving ------------------------------------------------------------------------
+    def on_messages(self, peer: str, messages: list) -> None:
+        for message in messages:
+            try:
+                self._on_message(peer, message)
+            except (TypeError, ValueError, IndexError, KeyError):
+                log.warning("shards.bad_message", peer=peer, kind=message[0] if message else None)
+
+    def _on_message(self, peer: str, message: list) -> None:
+        kind = message[0]
+        if kind == REPLY:
+            self.broker.deliver_reply(message[1], message[2], message[3])
+        elif kind == DECLARE:
+            self._on_declare(peer, message[1])
+            if message[2]:
+                self.send(peer, [ACK, message[2]])
+        elif kind == ACK:
+            self._acked(message[1], peer)
+        elif kind == DELETE:
+            self._drop_proxy(message[3])
+        elif kind == CMD:
+            self._on_command(peer, message[1], message[2], message[3])
+        elif kind == DONE:
+            on_done = self.waiting.pop(message[1], None)
+            if on_done is not None:
+                on_done(message[2])
+        elif kind == RESEND:
+            queue = self.home.get(message[1])
+            if queue is not None:
+                queue.replica.resend_deliveries(message[2], message[3], message[4])
+        elif kind == DELETE_ASK:
+            self._on_delete_ask(peer, *message[1:])
+
+    def _on_declare(self, peer: str, record: list) -> None:
+        group = record[2]
+        if group in self.proxies:
+            return
+        proxy = shard_queues.proxy_of(self.broker, self, peer, record)
+        if proxy is None:
+            return
+        self.proxies[group] = proxy
+        self.broker.cluster.queues[group] = proxy   # the cluster's DELIVER and APPLIED find it
+
+    def _on_command(self, peer: str, group: str, data: bytes, token: int) -> None:
+        queue = self.home.get(group)
+        reply = None
+        if queue is not None:
+            reply = queue.apply_remote(queue_codec.decode(data))
+        if token:
+            self.send(peer, [DONE, token, reply])
+
+    def _on_delete_ask(self, peer: str, group: str, if_unused: bool, if_empty: bool, token: int) -> None:
+        queue = self.home.get(group)
+        try:
+            count = 0 if queue is None else queue.vhost.delete_queue(queue.name, None, if_unused, if_empty)
+        except ChannelError as error:
+            count = [error.reply_code, error.text]
+        self.send(peer, [DONE, token, count])
