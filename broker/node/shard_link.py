@@ -5,6 +5,11 @@ a connection on any shard uses. Nothing here goes through a Raft group or the WA
 * direct reply-to: a channel's reply address names its shard
   (`amq.rabbitmq.reply-to.<random>_<shard>`); a reply published on another shard
   is forwarded there (REPLY) and handed to the channel as if published there;
+* transient exchanges and the bindings the metadata group does not hold (one
+  end transient) are made on every shard: EXCHANGE, EXCHANGE_DELETE and BIND,
+  answered ACK (the declare-ok or bind-ok waits for every running shard's); each
+  has a home, the shard that made it (a binding's: its transient destination's
+  home, else its source's), which tells it again to a shard whose link comes up;
 * transient, exclusive and auto-delete (non-durable) queues, "a replica without a
   log" on their home shard (broker/node/shard_queues.py): the home announces them
   to every shard (DECLARE, answered ACK; the declare-ok waits for every running
@@ -27,10 +32,12 @@ import structlog
 
 from warren.broker.node import shard_queues
 from warren.broker.queues import queue_codec
+from warren.broker.routing.exchanges import Binding, Exchange, make_exchange
 from warren.protocol.errors import ChannelError
 
 if TYPE_CHECKING:
     from warren.broker.node.broker import Broker
+    from warren.broker.routing.vhost import VirtualHost
 
 log = structlog.get_logger("warren.shards")
 
@@ -43,6 +50,10 @@ CMD = 4          # [CMD, group, data, token]: a queue command for the home; toke
 DONE = 5         # [DONE, token, reply]
 RESEND = 6       # [RESEND, group, owner, tag, after_seq]
 DELETE_ASK = 7   # [DELETE_ASK, group, if_unused, if_empty, token]: answered DONE count or [code, text]
+EXCHANGE = 8     # [EXCHANGE, vhost, name, type, auto_delete, internal, arguments, token]: a transient exchange
+EXCHANGE_DELETE = 9   # [EXCHANGE_DELETE, vhost, name]
+BIND = 10        # [BIND, vhost, source, kind, destination, routing_key, arguments, bound, token]
+COUNTS = 11      # [COUNTS, group, token]: answered DONE [message_count, consumer_count]
 TOKEN_SEPARATOR = "_"
 
 
@@ -63,6 +74,7 @@ class ShardLink:
         self.home: dict[str, shard_queues.HomeQueue] = {}     # group -> a queue homed here
         self.proxies: dict[str, shard_queues.ProxyQueue] = {}   # group -> another shard's queue
         self.groups = itertools.count(1)
+        self.exchange_homes: dict[tuple[str, str], str] = {}   # (vhost, name) -> home of a transient exchange
 
     # -- sending ------------------------------------------------------------------------
     def send(self, peer: str, message: list) -> None:
@@ -94,6 +106,9 @@ class ShardLink:
     def ask_resend(self, home: str, group: str, owner: str, tag: str, after_seq: int) -> None:
         self.send(home, [RESEND, group, owner, tag, after_seq])
 
+    def counts_at_home(self, home: str, group: str, on_done: Callable[[Any], None]) -> None:
+        self.ask(home, [COUNTS, group], on_done)
+
     def delete_at_home(self, home: str, group: str, if_unused: bool, if_empty: bool,
                        on_done: Callable[[Any], None]) -> None:
         self.ask(home, [DELETE_ASK, group, if_unused, if_empty], on_done)
@@ -120,6 +135,10 @@ class ShardLink:
     def announce(self, queue: "shard_queues.HomeQueue", then: Callable[[], None]) -> None:
         """A new queue homed here: to every shard; `then()` once every running one has it."""
         self.home[queue.group] = queue
+        self.broadcast([DECLARE, shard_queues.record_of(queue)], then)
+
+    def broadcast(self, message: list, then: Callable[[], None]) -> None:
+        """`message` (its token appended) to every running shard; `then()` once each ACKed it."""
         peers = set(self.running_peers())
         if not peers:
             then()
@@ -127,7 +146,47 @@ class ShardLink:
         token = next(self.tokens)
         self.acks[token] = (peers, then)
         for peer in peers:
-            self.send(peer, [DECLARE, shard_queues.record_of(queue), token])
+            self.send(peer, [*message, token])
+
+    # -- transient exchanges and bindings --------------------------------------------------
+    def exchange_declared(self, vhost: str, exchange: Exchange, then: Callable[[], None]) -> None:
+        self.exchange_homes[(vhost, exchange.name)] = self.node
+        self.broadcast(_exchange_message(vhost, exchange), then)
+
+    def exchange_deleted(self, vhost: str, name: str) -> None:
+        if self.exchange_homes.pop((vhost, name), None) is not None:
+            for peer in self.running_peers():
+                self.send(peer, [EXCHANGE_DELETE, vhost, name])
+
+    def binding_changed(self, vhost: str, binding: Binding, bound: bool, then: Callable[[], None]) -> None:
+        self.broadcast(_bind_message(vhost, binding, bound), then)
+
+    def _home_of_binding(self, vhost: "VirtualHost", binding: Binding) -> str | None:
+        kind, name = binding.destination
+        if kind == "queue":
+            queue = vhost.queues.get(name)
+            if queue is not None and not queue.replicated:
+                return queue.home if queue.forwarded else self.node
+        else:
+            home = self.exchange_homes.get((vhost.name, name))
+            if home is not None:
+                return home
+        return self.exchange_homes.get((vhost.name, binding.source))
+
+    def _tell_what_is_homed_here(self, peer: str) -> None:
+        """A shard whose link came up (restarted, say) learns this one's transient objects."""
+        vhosts = self.broker.vhosts
+        for (vhost, name), home in self.exchange_homes.items():
+            exchange = vhosts[vhost].exchanges.get(name) if vhost in vhosts else None
+            if home == self.node and exchange is not None:
+                self.send(peer, [*_exchange_message(vhost, exchange), 0])
+        for queue in self.home.values():
+            self.send(peer, [DECLARE, shard_queues.record_of(queue), 0])
+        for vhost in vhosts.values():
+            for exchange in vhost.exchanges.values():
+                for binding in exchange.bindings:
+                    if self._home_of_binding(vhost, binding) == self.node:
+                        self.send(peer, [*_bind_message(vhost.name, binding, True), 0])
 
     def deleted_here(self, queue: "shard_queues.HomeQueue") -> None:
         if self.home.pop(queue.group, None) is not None:
@@ -142,8 +201,7 @@ class ShardLink:
 
     # -- links -----------------------------------------------------------------------------
     def peer_up(self, peer: str) -> None:
-        for queue in self.home.values():
-            self.send(peer, [DECLARE, shard_queues.record_of(queue), 0])
+        self._tell_what_is_homed_here(peer)
 
     def peer_down(self, peer: str) -> None:
         """As RabbitMQ when a node goes: its transient queues go; its consumers of ours
@@ -151,6 +209,12 @@ class ShardLink:
         for group, proxy in list(self.proxies.items()):
             if proxy.home == peer:
                 self._drop_proxy(group)
+        for (vhost, name), home in list(self.exchange_homes.items()):
+            exchange = self.broker.vhosts[vhost].exchanges.get(name) if vhost in self.broker.vhosts else None
+            if home == peer:
+                del self.exchange_homes[(vhost, name)]
+                if exchange is not None:
+                    self.broker.vhosts[vhost].remove_exchange(exchange)
         for queue in list(self.home.values()):
             queue.peer_gone(peer)
         for token in list(self.acks):
@@ -179,8 +243,7 @@ class ShardLink:
             self.broker.deliver_reply(message[1], message[2], message[3])
         elif kind == DECLARE:
             self._on_declare(peer, message[1])
-            if message[2]:
-                self.send(peer, [ACK, message[2]])
+            self._ack(peer, message[2])
         elif kind == ACK:
             self._acked(message[1], peer)
         elif kind == DELETE:
@@ -197,6 +260,46 @@ class ShardLink:
                 queue.replica.resend_deliveries(message[2], message[3], message[4])
         elif kind == DELETE_ASK:
             self._on_delete_ask(peer, *message[1:])
+        elif kind == COUNTS:
+            queue = self.home.get(message[1])
+            self.send(peer, [DONE, message[2], None if queue is None else [queue.message_count, queue.consumer_count]])
+        elif kind == EXCHANGE:
+            self._on_exchange(peer, *message[1:7])
+            self._ack(peer, message[7])
+        elif kind == EXCHANGE_DELETE:
+            self._on_exchange_delete(message[1], message[2])
+        elif kind == BIND:
+            self._on_bind(*message[1:8])
+            self._ack(peer, message[8])
+
+    def _ack(self, peer: str, token: int) -> None:
+        if token:
+            self.send(peer, [ACK, token])
+
+    def _on_exchange(self, peer: str, vhost_name: str, name: str, type_: str, auto_delete: bool, internal: bool,
+                     arguments: dict) -> None:
+        vhost = self.broker.vhosts.get(vhost_name)
+        if vhost is not None and name not in vhost.exchanges:
+            self.exchange_homes[(vhost_name, name)] = peer
+            vhost.add_exchange(make_exchange(name, type_, False, auto_delete, internal, arguments))
+
+    def _on_exchange_delete(self, vhost_name: str, name: str) -> None:
+        vhost = self.broker.vhosts.get(vhost_name)
+        exchange = vhost.exchanges.get(name) if vhost is not None else None
+        if self.exchange_homes.pop((vhost_name, name), None) is not None and exchange is not None:
+            vhost.remove_exchange(exchange)
+
+    def _on_bind(self, vhost_name: str, source: str, kind: str, destination: str, routing_key: str,
+                 arguments: dict, bound: bool) -> None:
+        vhost = self.broker.vhosts.get(vhost_name)
+        exchange = vhost.exchanges.get(source) if vhost is not None else None
+        if exchange is None:
+            return
+        binding = Binding.make(source, (kind, destination), routing_key, arguments)
+        if bound:
+            vhost.add_binding(exchange, binding)
+        else:
+            vhost.unbind_now(exchange, binding)
 
     def _on_declare(self, peer: str, record: list) -> None:
         group = record[2]
@@ -223,3 +326,13 @@ class ShardLink:
         except ChannelError as error:
             count = [error.reply_code, error.text]
         self.send(peer, [DONE, token, count])
+
+
+def _exchange_message(vhost: str, exchange: Exchange) -> list:
+    return [EXCHANGE, vhost, exchange.name, exchange.type, exchange.auto_delete, exchange.internal,
+            exchange.arguments]
+
+
+def _bind_message(vhost: str, binding: Binding, bound: bool) -> list:
+    kind, destination = binding.destination
+    return [BIND, vhost, binding.source, kind, destination, binding.routing_key, binding.table, bound]

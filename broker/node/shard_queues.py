@@ -157,6 +157,10 @@ class ProxyQueue(QuorumQueue):
     def on_leader_change(self, leader_id: str | None, leading: bool) -> None:
         pass
 
+    def counts_at_home(self, on_done: Callable[[int, int], None]) -> None:
+        """`on_done(messages, consumers)` as the home counts them (0, 0 if it has gone)."""
+        self.link.counts_at_home(self.home, self.group, lambda counts: on_done(*(counts or (0, 0))))
+
     def delete_at_home(self, if_unused: bool, if_empty: bool, on_done: Callable[[Any], None]) -> None:
         """queue.delete from this shard: the home checks and deletes; `on_done(count)`,
         or a ChannelError for its refusal."""

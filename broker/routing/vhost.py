@@ -274,7 +274,11 @@ class VirtualHost:
         if replicate is not None:
             replicate()
             return
-        if self.remove_binding(exchange, Binding.make(source, destination, routing_key, arguments)):
+        self.unbind_now(exchange, Binding.make(source, destination, routing_key, arguments))
+
+    def unbind_now(self, exchange: Exchange, binding: Binding) -> None:
+        """Remove the binding; its source goes if it is auto-delete and that was its last."""
+        if self.remove_binding(exchange, binding):
             self._maybe_auto_delete_exchange(exchange)
 
     def _binding_source(self, source: str, class_id: int, method_id: int) -> Exchange:

@@ -268,13 +268,25 @@ def test_processes_with_a_cluster_are_refused(tmp_path):
 
 
 # -- every AMQP feature whatever shard a connection lands on (stage 2) ------------------------
+CONNECTIONS_TO_REACH_EVERY_SHARD_MAX = 100
+
+
 @pytest.fixture
 def two_shards(node):
-    """A connection on each shard (more are opened until both have one)."""
-    by_shard = connections_on_each_shard(node, 2)
-    assert all(by_shard.values()), f"connections all landed on one shard: {by_shard}"
-    yield by_shard[0][0], by_shard[1][0]
-    close_all(by_shard)
+    """A connection on shard 0 and one on shard 1: connections are opened (and the extra ones
+    closed) until both shards took one, which idle loop accepts first being the kernel's choice."""
+    found: dict[int, pika.BlockingConnection] = {}
+    for _ in range(CONNECTIONS_TO_REACH_EVERY_SHARD_MAX):
+        connection = pika.BlockingConnection(pika.URLParameters(node.url))
+        if shard_of(connection) in found:
+            connection.close()
+        else:
+            found[shard_of(connection)] = connection
+        if len(found) == SHARDS:
+            break
+    assert len(found) == SHARDS, f"{CONNECTIONS_TO_REACH_EVERY_SHARD_MAX} connections all landed on one shard"
+    yield found[0], found[1]
+    close_all({k: [connection] for k, connection in found.items()})
 
 
 def test_direct_reply_to_rpc_between_two_shards(two_shards):
@@ -346,9 +358,16 @@ def test_a_transient_queue_of_one_shard_is_used_from_another(two_shards):
     bodies = [b"t%d" % i for i in range(50)]
     for body in bodies:
         channel.basic_publish("", "transient", body, mandatory=True)
+    assert channel.queue_declare("transient", passive=True).method.message_count == len(bodies)   # the home's count
     assert drain(other.channel(), "transient", len(bodies)) == bodies
+    channel.basic_publish("", "transient", b"to get", mandatory=True)
+    method, _, body = other.channel().basic_get("transient", auto_ack=True)
+    assert (body, method.message_count) == (b"to get", 0)
     home.channel().basic_publish("", "transient", b"from home")
     assert drain(other.channel(), "transient", 1) == [b"from home"]
+    for body in bodies:
+        channel.basic_publish("", "transient", body, mandatory=True)
+    assert other.channel().queue_purge("transient").method.message_count == len(bodies)
     other.channel().queue_delete("transient")
     wait_for(lambda: _declare_passive_fails(home, "transient"), "the deletion to reach the home shard")
 
@@ -361,3 +380,25 @@ def test_an_auto_delete_queue_goes_when_its_last_consumer_on_another_shard_leave
     consumer.basic_cancel(tag)
     wait_for(lambda: _declare_passive_fails(home, "auto"), "the auto-delete queue to go")
     assert _declare_passive_fails(other, "auto")
+
+
+def test_a_transient_exchange_and_its_bindings_route_on_every_shard(two_shards):
+    home, other = two_shards
+    declaring = home.channel()
+    declaring.exchange_declare("rpc-x", "direct", durable=False)
+    declaring.queue_declare("rpc-q", durable=False)
+    other.channel().queue_bind("rpc-q", "rpc-x", "k")   # a binding made on the other shard
+    for connection in (home, other):
+        channel = connection.channel()
+        channel.confirm_delivery()
+        channel.basic_publish("rpc-x", "k", b"via " + str(shard_of(connection)).encode(), mandatory=True)
+    assert sorted(drain(other.channel(), "rpc-q", 2)) == [b"via 0", b"via 1"]
+    other.channel().queue_unbind("rpc-q", "rpc-x", "k")
+    channel = home.channel()
+    channel.confirm_delivery()
+    with pytest.raises(pika.exceptions.UnroutableError):
+        channel.basic_publish("rpc-x", "k", b"unbound", mandatory=True)
+    home.channel().exchange_delete("rpc-x")
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
+        other.channel().exchange_declare("rpc-x", passive=True)
+    assert closed.value.reply_code == 404
