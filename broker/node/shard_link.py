@@ -57,10 +57,6 @@ COUNTS = 11      # [COUNTS, group, token]: answered DONE [message_count, consume
 TOKEN_SEPARATOR = "_"
 
 
-def shard_of_name(node_name: str) -> int:
-    return int(node_name.rsplit("#", 1)[1])
-
-
 class ShardLink:
     def __init__(self, broker: "Broker", shard: int) -> None:
         self.broker = broker
@@ -122,7 +118,8 @@ class ShardLink:
         _, separator, shard = token.rpartition(TOKEN_SEPARATOR)
         if not separator or not shard.isdigit() or int(shard) == self.shard:
             return None
-        return self.node.rsplit("#", 1)[0] + f"#{int(shard)}"
+        peer = self.node.rsplit("#", 1)[0] + f"#{int(shard)}"
+        return peer if peer in self.peers else None   # no such shard: nobody waits for it
 
     # -- transient queues ---------------------------------------------------------------------
     def new_group(self) -> str:

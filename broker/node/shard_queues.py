@@ -80,8 +80,7 @@ class HomeQueue(Queue):
     def peer_gone(self, peer: str) -> None:
         """A shard went (its link dropped: it restarts with a new incarnation): what
         its channels held goes back, its consumers go."""
-        for command in (qc.NodeDown(peer, now_ms()), qc.NodeGone(peer, now_ms())):
-            self.replica.apply_now(command)
+        self.replica.apply_now(qc.NodeGone(peer, now_ms()))
         self._maybe_auto_delete()
 
     def notify_deleted(self) -> None:

@@ -349,7 +349,7 @@ def _declare_passive_fails(connection, name: str) -> bool:
     return False
 
 
-def test_a_transient_queue_of_one_shard_is_used_from_another(two_shards):
+def test_a_transient_queue_of_one_shard_is_used_from_another(node, two_shards):
     home, other = two_shards
     home.channel().queue_declare("transient", durable=False)
     channel = other.channel()
@@ -359,6 +359,8 @@ def test_a_transient_queue_of_one_shard_is_used_from_another(two_shards):
     for body in bodies:
         channel.basic_publish("", "transient", body, mandatory=True)
     assert channel.queue_declare("transient", passive=True).method.message_count == len(bodies)   # the home's count
+    rows = [row for row in shard_api(node.metrics_port, "/api/queues") if row["name"] == "transient"]
+    assert [(row["members"], row["messages_ready"]) for row in rows] == [(["warren@localhost#0"], len(bodies))]
     assert drain(other.channel(), "transient", len(bodies)) == bodies
     channel.basic_publish("", "transient", b"to get", mandatory=True)
     method, _, body = other.channel().basic_get("transient", auto_ack=True)
