@@ -271,20 +271,25 @@ def test_processes_with_a_cluster_are_refused(tmp_path):
 CONNECTIONS_TO_REACH_EVERY_SHARD_MAX = 100
 
 
-@pytest.fixture
-def two_shards(node):
-    """A connection on shard 0 and one on shard 1: connections are opened (and the extra ones
-    closed) until both shards took one, which idle loop accepts first being the kernel's choice."""
+def one_connection_per_shard(server: ShardedServer) -> dict[int, pika.BlockingConnection]:
+    """A connection on each shard: connections are opened (and the extra ones closed) until
+    every shard took one, which idle loop accepts first being the kernel's choice."""
     found: dict[int, pika.BlockingConnection] = {}
     for _ in range(CONNECTIONS_TO_REACH_EVERY_SHARD_MAX):
-        connection = pika.BlockingConnection(pika.URLParameters(node.url))
+        connection = pika.BlockingConnection(pika.URLParameters(server.url))
         if shard_of(connection) in found:
             connection.close()
         else:
             found[shard_of(connection)] = connection
         if len(found) == SHARDS:
-            break
-    assert len(found) == SHARDS, f"{CONNECTIONS_TO_REACH_EVERY_SHARD_MAX} connections all landed on one shard"
+            return found
+    raise AssertionError(f"{CONNECTIONS_TO_REACH_EVERY_SHARD_MAX} connections all landed on one shard")
+
+
+@pytest.fixture
+def two_shards(node):
+    """A connection on shard 0 and one on shard 1."""
+    found = one_connection_per_shard(node)
     yield found[0], found[1]
     close_all({k: [connection] for k, connection in found.items()})
 
@@ -404,3 +409,35 @@ def test_a_transient_exchange_and_its_bindings_route_on_every_shard(two_shards):
     with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
         other.channel().exchange_declare("rpc-x", passive=True)
     assert closed.value.reply_code == 404
+
+
+def test_a_restarted_shard_learns_the_transient_queues_and_its_consumers_give_back(node):
+    found = one_connection_per_shard(node)
+    home, doomed = found[0], found[1]
+    try:
+        home.channel().queue_declare("survivor", durable=False)
+        home.channel().basic_publish("", "survivor", b"held by shard 1")
+        holder = doomed.channel()
+        held = []
+        holder.basic_consume("survivor", lambda _ch, method, _props, body: held.append(body))   # never acked
+        wait_for(lambda: doomed.process_data_events(time_limit=0.05) or held, "shard 1's consumer to get it")
+        killed = node.shard_rows()[1]["pid"]
+        os.kill(killed, signal.SIGKILL)
+        returned = home.channel()
+        method, _, body = next(returned.consume("survivor", inactivity_timeout=10))
+        assert (body, method.redelivered) == (b"held by shard 1", True), "what shard 1 held did not come back"
+        returned.cancel()
+        wait_for(lambda: node.shard_rows()[1]["pid"] != killed, "the supervisor to start shard 1 again")
+        node.wait_listening()
+        back = one_connection_per_shard(node)
+        try:
+            channel = back[1].channel()
+            assert channel.queue_declare("survivor", passive=True).method.queue == "survivor"
+            channel.confirm_delivery()
+            channel.basic_publish("", "survivor", b"from the new shard 1", mandatory=True)
+            assert drain(home.channel(), "survivor", 1) == [b"from the new shard 1"]
+        finally:
+            close_all({k: [connection] for k, connection in back.items()})
+    finally:
+        if home.is_open:
+            home.close()
