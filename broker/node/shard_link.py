@@ -65,7 +65,7 @@ class ShardLink:
         self.peers = [n.name for n in broker.settings.cluster_nodes if n.name != self.node]
         self.outbox: dict[str, list] = {}
         self.tokens = itertools.count(1)
-        self.waiting: dict[int, Callable[[Any], None]] = {}
+        self.waiting: dict[int, tuple[str, Callable[[Any], None]]] = {}   # token -> (asked peer, on_done)
         self.acks: dict[int, tuple[set[str], Callable[[], None]]] = {}   # token -> (peers yet to ack, then)
         self.home: dict[str, shard_queues.HomeQueue] = {}     # group -> a queue homed here
         self.proxies: dict[str, shard_queues.ProxyQueue] = {}   # group -> another shard's queue
@@ -93,7 +93,7 @@ class ShardLink:
         token = 0
         if on_done is not None:
             token = next(self.tokens)
-            self.waiting[token] = on_done
+            self.waiting[token] = (peer, on_done)
         self.send(peer, [*message, token])
 
     def command(self, home: str, group: str, data: bytes, on_done: Callable[[Any], None] | None) -> None:
@@ -216,6 +216,10 @@ class ShardLink:
             queue.peer_gone(peer)
         for token in list(self.acks):
             self._acked(token, peer)
+        for token, (asked, on_done) in list(self.waiting.items()):
+            if asked == peer:   # it will not answer: as if the queue were gone
+                del self.waiting[token]
+                on_done(None)
 
     def _acked(self, token: int, peer: str) -> None:
         waiting = self.acks.get(token)
@@ -248,9 +252,9 @@ class ShardLink:
         elif kind == CMD:
             self._on_command(peer, message[1], message[2], message[3])
         elif kind == DONE:
-            on_done = self.waiting.pop(message[1], None)
-            if on_done is not None:
-                on_done(message[2])
+            asked = self.waiting.pop(message[1], None)
+            if asked is not None:
+                asked[1](message[2])
         elif kind == RESEND:
             queue = self.home.get(message[1])
             if queue is not None:
