@@ -354,15 +354,22 @@ def _declare_passive_fails(connection, name: str) -> bool:
     return False
 
 
+def bytes_on_disk(server: ShardedServer) -> int:
+    return sum(path.stat().st_size for path in server.data_dir.rglob("*") if path.is_file())
+
+
 def test_a_transient_queue_of_one_shard_is_used_from_another(node, two_shards):
     home, other = two_shards
+    on_disk = bytes_on_disk(node)
     home.channel().queue_declare("transient", durable=False)
     channel = other.channel()
     assert channel.queue_declare("transient", passive=True).method.queue == "transient"
     channel.confirm_delivery()
-    bodies = [b"t%d" % i for i in range(50)]
+    bodies = [b"t%d-" % i + bytes(20_000) for i in range(50)]
     for body in bodies:
         channel.basic_publish("", "transient", body, mandatory=True)
+    written = bytes_on_disk(node) - on_disk
+    assert written < 10_000, f"{written} bytes written for a transient queue's 1 MB"   # nothing of it on disk
     assert channel.queue_declare("transient", passive=True).method.message_count == len(bodies)   # the home's count
     rows = [row for row in shard_api(node.metrics_port, "/api/queues") if row["name"] == "transient"]
     assert [(row["members"], row["messages_ready"]) for row in rows] == [(["warren@localhost#0"], len(bodies))]
