@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from warren.broker.node import shard_queues
+from warren.broker.node.node_core import APP_FRAME_MESSAGES_MAX
 from warren.broker.queues import queue_codec
 from warren.broker.routing.exchanges import Binding, Exchange, make_exchange
 from warren.protocol.errors import ChannelError
@@ -82,8 +83,10 @@ class ShardLink:
         outbox, self.outbox = self.outbox, {}
         transport = self.broker.cluster.runtime.transport
         for peer, messages in outbox.items():
-            if transport is None or not transport.send(peer, {FRAME_KEY: messages}):
-                log.warning("shards.frame_dropped", peer=peer, messages=len(messages))
+            for start in range(0, len(messages), APP_FRAME_MESSAGES_MAX):   # as the cluster's own frames
+                frame = messages[start:start + APP_FRAME_MESSAGES_MAX]
+                if transport is None or not transport.send(peer, {FRAME_KEY: frame}):
+                    log.warning("shards.frame_dropped", peer=peer, messages=len(frame))
 
     def running_peers(self) -> list[str]:
         return self.broker.cluster.running_peers()
