@@ -83,10 +83,11 @@ class Settings(BaseSettings):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["json", "console"] = "json"
     # Processes the node runs on (docs/multi-process.md): more than one makes warren-server a
-    # supervisor of that many queue shards over one listening port (`node_processes = "cores"` is
-    # not offered yet). None: 1 for a new data directory, else the count it was created with.
-    # Not the cores by default until exclusive/transient queues and direct reply-to span shards.
+    # supervisor of that many queue shards over one listening port. None: the machine's cores
+    # for a new data directory (1 for a node of a cluster), else the count it was created with.
     node_processes: int | None = Field(None, ge=1, le=256)
+    # Set by the supervisor for its shard k (broker/node/shards.py), never by hand.
+    node_shard: int | None = Field(None, ge=0)
 
     # The users, vhosts and permissions a fresh node starts with (RabbitMQ's default user
     # and load_definitions); after the first start they live in the metadata log and

@@ -189,6 +189,7 @@ def _start_container(image: str, name: str, amqp_port: int, metrics_port: int) -
             "--env", "WARREN_AMQP_HOST=0.0.0.0",
             "--env", f"WARREN_NODE_NAME=warren@{name}",
             "--env", "WARREN_LOG_LEVEL=info",
+            "--env", "WARREN_NODE_PROCESSES=1",   # the default is the machine's cores; tests run one
             "--env", f"WARREN_USERS={json.dumps(users)}",
             image,
         ],

@@ -58,6 +58,8 @@ def overview(broker: "Broker") -> dict[str, Any]:
 def _placement(broker: "Broker", queue: Any) -> tuple[str | None, list[str]]:
     """(leader, members): a quorum queue's Raft group; a classic queue lives on this node."""
     node = broker.settings.node_name
+    if queue.forwarded:   # another shard's queue without a log (broker/node/shard_queues.py)
+        return queue.home, [queue.home]
     if not queue.replicated:
         return node, [node]
     return broker.cluster.leader_hint(queue.group), list(queue.members)

@@ -20,6 +20,7 @@ from warren.broker.admin.auth import refused_text
 from warren.broker.node import metadata_commands as mc
 from warren.broker.node.metadata import raise_if_error
 from warren.broker.queues.queue import Queue
+from warren.broker.routing.exchanges import Binding
 from warren.protocol.constants import ACCESS_REFUSED, NOT_FOUND
 from warren.protocol.errors import ChannelError
 
@@ -105,8 +106,16 @@ class TopologyMethods:
             replicate = self._replicate(mc.DeclareExchange(self.vhost.name, method.exchange, method.exchange_type,
                                                            method.auto_delete, method.internal,
                                                            method.arguments or {}), reply)
-        if self.vhost.declare_exchange(method, replicate) is not None:
-            self._reply(reply)
+        new = method.exchange not in self.vhost.exchanges
+        exchange = self.vhost.declare_exchange(method, replicate)
+        if exchange is None:
+            return
+        link = self.broker.shard_link
+        if link is not None and new and not exchange.durable:   # a transient exchange: once every shard has it
+            self.await_reply()
+            link.exchange_declared(self.vhost.name, exchange, partial(self._on_replicated, reply, None, None))
+            return
+        self._reply(reply)
 
     def on_exchange_delete(self, method: spec.Exchange.Delete) -> None:
         if method.exchange:
@@ -117,6 +126,8 @@ class TopologyMethods:
             replicate = self._replicate(mc.DeleteExchange(self.vhost.name, method.exchange, method.if_unused), reply)
         deleted = self.vhost.exchanges.get(method.exchange)
         self.vhost.delete_exchange(method.exchange, method.if_unused, replicate)
+        if self.broker.shard_link is not None and deleted is not None and not deleted.durable:
+            self.broker.shard_link.exchange_deleted(self.vhost.name, method.exchange)
         if replicate is None or deleted is None or not deleted.durable:
             self._reply(reply)
 
@@ -133,7 +144,12 @@ class TopologyMethods:
         change = self.vhost.bind if bound else self.vhost.unbind
         change(source, (kind, destination), routing_key, arguments, self.connection.id, class_id, method_id,
                replicate)
-        if replicate is None:
+        link = self.broker.shard_link
+        if replicate is None and link is not None:   # every shard routes by it: answered once each has it
+            self.await_reply()
+            link.binding_changed(self.vhost.name, Binding.make(source, (kind, destination), routing_key, arguments),
+                                 bound, partial(self._on_replicated, reply, None, None))
+        elif replicate is None:
             self._reply(reply)
 
     def on_exchange_bind(self, method: spec.Exchange.Bind) -> None:
@@ -153,8 +169,18 @@ class TopologyMethods:
         if queue is None:
             return  # a new quorum queue: declare-ok once the metadata group made it
         self.last_queue_name = queue.name
-        self._reply(None if method.nowait else spec.Queue.DeclareOk(
-            queue.name, queue.message_count, queue.consumer_count))
+        if queue.forwarded and not method.nowait:   # another shard's queue: counted there
+            self.await_reply()
+            queue.counts_at_home(lambda messages, consumers: self._on_replicated(
+                spec.Queue.DeclareOk(queue.name, messages, consumers), None, None))
+            return
+        reply = None if method.nowait else spec.Queue.DeclareOk(queue.name, queue.message_count, queue.consumer_count)
+        link = self.broker.shard_link
+        if link is not None and link.unannounced(queue):   # a new queue of this shard's: once every shard has it
+            self.await_reply()
+            link.announce(queue, partial(self._on_replicated, reply, None, None))
+            return
+        self._reply(reply)
 
     def _declare_reply_to_queue(self, method: spec.Queue.Declare) -> None:
         """rabbit_channel: every declare of the direct reply-to pseudo-queue is
@@ -172,7 +198,10 @@ class TopologyMethods:
         if not name.startswith(REPLY_TO_QUEUE + "."):
             return False
         # a channel's reply address: it exists while that channel waits for replies
-        replying = self.broker._reply_channels.get(name[len(REPLY_TO_QUEUE) + 1:])
+        token = name[len(REPLY_TO_QUEUE) + 1:]
+        if self.broker.shard_link is not None and self.broker.shard_link.reply_peer(token) is not None:
+            return True   # another shard's channel's: it answers for it when a reply comes
+        replying = self.broker._reply_channels.get(token)
         return replying is not None and not replying.closed
 
     def _declare_quorum_queue(self, method: spec.Queue.Declare, name: str, arguments: dict) -> bool:
@@ -214,9 +243,20 @@ class TopologyMethods:
         self.check_access("configure", "queue", name, 50, 40)
         replicate = self._replicate(mc.DeleteQueue(self.vhost.name, name), None,
                                     lambda count: None if method.nowait else spec.Queue.DeleteOk(count or 0))
-        count = self.vhost.delete_queue(name, self.connection.id, method.if_unused, method.if_empty, replicate)
+        count = self.vhost.delete_queue(name, self.connection.id, method.if_unused, method.if_empty, replicate,
+                                        partial(self._delete_at_home, method))
         if count is not None:
             self._reply(None if method.nowait else spec.Queue.DeleteOk(count))
+
+    def _delete_at_home(self, method: spec.Queue.Delete, queue: Queue) -> None:
+        """Another shard's queue: its home shard checks and deletes it (broker/node/shard_queues.py)."""
+        self.await_reply()
+
+        def deleted(count: Any) -> Any:
+            if isinstance(count, ChannelError):
+                raise count
+            return None if method.nowait else spec.Queue.DeleteOk(count)
+        queue.delete_at_home(method.if_unused, method.if_empty, partial(self._on_replicated, None, deleted))
 
     def _queue_name(self, name: str, class_id: int, method_id: int) -> str:
         if name:

@@ -14,6 +14,8 @@ from warren.broker.admin.definitions import Definitions
 from warren.broker.admin.wal_stats import WalStats
 from warren.broker.node.cluster import Cluster
 from warren.broker.node.metadata import Metadata
+from warren.broker.node.shard_link import REPLY, ShardLink
+from warren.broker.node.shard_queues import local_queue_factory
 from warren.broker.routing.vhost import VirtualHost
 from warren.config import Settings
 from warren.protocol.constants import CONNECTION_FORCED
@@ -55,7 +57,9 @@ class Broker:
         # seeded (that entry, or the group's snapshot) the log's replace them
         # (broker/node/metadata_log.py). Until then a node that cannot reach the group
         # still lets its administrator in.
-        self.vhosts = {name: VirtualHost(name) for name in settings.vhosts}
+        # a shard of a node over several processes: what its connections share with the other shards
+        self.shard_link = ShardLink(self, settings.node_shard) if settings.node_shard is not None else None
+        self.vhosts = {name: self._new_vhost(name) for name in settings.vhosts}
         self.access = AccessControl.from_settings(settings)
         self.cluster = Cluster(self)
         self.node_log.rollover_source = self.cluster.runtime.prepare_rollover
@@ -95,7 +99,13 @@ class Broker:
     def add_vhost(self, name: str) -> VirtualHost:
         """A new vhost with the default exchanges (amq.direct, ...), as the config's."""
         assert name not in self.vhosts, f"vhost {name} exists"
-        vhost = self.vhosts[name] = VirtualHost(name)
+        vhost = self.vhosts[name] = self._new_vhost(name)
+        return vhost
+
+    def _new_vhost(self, name: str) -> VirtualHost:
+        vhost = VirtualHost(name)
+        if self.shard_link is not None:
+            vhost.make_local_queue = local_queue_factory(self.shard_link)
         return vhost
 
     def remove_vhost(self, name: str) -> None:
@@ -117,7 +127,7 @@ class Broker:
 
     # -- direct reply-to ---------------------------------------------------
     def register_reply_channel(self, channel: "Channel") -> str:
-        token = secrets.token_urlsafe(18)
+        token = secrets.token_urlsafe(18) if self.shard_link is None else self.shard_link.reply_token()
         self._reply_channels[token] = channel
         return token
 
@@ -127,6 +137,10 @@ class Broker:
     def deliver_reply(self, routing_key: str, properties: bytes, body: bytes) -> bool:
         """Route a publish to amq.rabbitmq.reply-to.<token>; False if no one waits."""
         token = routing_key.rsplit(".", 1)[-1]
+        peer = self.shard_link.reply_peer(token) if self.shard_link is not None else None
+        if peer is not None:   # another shard's channel's address: forwarded there
+            self.shard_link.send(peer, [REPLY, routing_key, properties, body])
+            return True
         channel = self._reply_channels.get(token)
         if channel is None or channel.closed:
             return False
@@ -177,10 +191,14 @@ class Broker:
 
     def peer_up(self, name: str) -> None:
         self.peers_up.add(name)
+        if self.shard_link is not None:
+            self.shard_link.peer_up(name)
         log.info("cluster.peer_up", peer=name, running=sorted(self.peers_up | {self.settings.node_name}))
 
     def peer_down(self, name: str) -> None:
         self.peers_up.discard(name)
+        if self.shard_link is not None:
+            self.shard_link.peer_down(name)
         log.warning("cluster.peer_down", peer=name, running=sorted(self.peers_up | {self.settings.node_name}))
 
     def shutdown_connections(self) -> None:

@@ -336,6 +336,10 @@ class Cluster:
 
     # -- application messages and nodes coming and going -----------------------------------
     def on_app_frame(self, peer: str, frame: dict) -> None:
+        shard_messages = frame.get("s")   # between the shards of one node (broker/node/shard_link.py)
+        if shard_messages is not None and self.broker.shard_link is not None:
+            self.broker.shard_link.on_messages(peer, shard_messages)
+            return
         for message in self._input().on_frame(peer, frame):
             log.warning("cluster.bad_message", peer=peer, kind=message[0] if message else None)
         self.after_input()

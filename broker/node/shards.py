@@ -53,11 +53,10 @@ def recorded_processes(data_dir: Path) -> int | None:
     return 1 if used else None
 
 
-def node_processes(settings: Settings, recorded: int | None) -> int:
+def node_processes(settings: Settings, recorded: int | None, cores: int | None = None) -> int:
     """How many processes the node runs on: the setting, else the data directory's
-    count, else 1. Not the machine's cores by default while exclusive, transient and
-    auto-delete queues and direct reply-to live on one shard only: RPC whose two ends
-    land on different shards would fail (docs/multi-process.md section 9)."""
+    count, else the machine's cores (`cores`, default `os.cpu_count()`); 1 for a node
+    of a cluster (a clustered node runs one process)."""
     wanted = settings.node_processes
     if wanted is not None and wanted > 1 and settings.cluster_nodes:
         raise ConfigError(f"invalid configuration: node_processes: {wanted} processes with cluster_nodes is not "
@@ -70,7 +69,9 @@ def node_processes(settings: Settings, recorded: int | None) -> int:
         return wanted
     if recorded is not None:
         return recorded
-    return 1
+    if settings.cluster_nodes:
+        return 1
+    return max(1, cores if cores is not None else os.cpu_count() or 1)
 
 
 def record_processes(data_dir: Path, count: int) -> None:
@@ -124,6 +125,7 @@ class ShardPlan:
             "node_name": names[self.shard],
             "data_dir": shard_dir(settings.data_dir, self.shard),
             "node_processes": 1,
+            "node_shard": self.shard,
             "cluster_nodes": [ClusterNode(name=name, host=LOOPBACK, port=port)
                               for name, port in zip(names, self.cluster_ports)],
             "cluster_host": LOOPBACK,

@@ -67,6 +67,7 @@ def limits_of(arguments: dict) -> fifo.QueueLimits:
 
 class Queue:
     replicated = False  # a replicated queue (broker/queues/quorum.py): changed through Raft
+    forwarded = False   # another shard's queue without a log (broker/node/shard_queues.py)
     group: str | None = None
 
     def __init__(

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from warren.broker.queues.queue_client import QueueClient
 
 log = structlog.get_logger("warren.quorum")
+LOCAL_NODE = "local"   # the node of a queue without a log that no other node reaches (queue_routes.LocalRoute)
 
 
 class ReplicaLog(Protocol):
@@ -126,8 +127,8 @@ class QueueReplica:
         return qm.message_payload(command, slot)
 
     def _is_here(self, owner: Any) -> bool:
-        if self.log is None:
-            return True
+        if self.log is None and self.node == LOCAL_NODE:
+            return True   # a single node's queue without a log: every owner is of this node
         node = qc.owner_node(owner)
         return node == self.node or node is None
 

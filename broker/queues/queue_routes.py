@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from warren.broker.node import metadata_commands as mc
 from warren.broker.node.node_core import RESEND
 from warren.broker.queues import queue_codec
+from warren.broker.queues.queue_replica import LOCAL_NODE
 
 if TYPE_CHECKING:
     from warren.broker.node.cluster import Cluster
@@ -108,7 +109,7 @@ class ReplicatedRoute:
 class LocalRoute:
     """Into the replica without a log on this node, at once."""
 
-    def __init__(self, queue: "Queue", node: str = "local") -> None:
+    def __init__(self, queue: "Queue", node: str = LOCAL_NODE) -> None:
         self.queue = queue
         self.node = node
 

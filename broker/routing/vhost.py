@@ -45,6 +45,8 @@ class VirtualHost:
         for exchange_name, exchange_type in DEFAULT_EXCHANGES:
             self.exchanges[exchange_name] = make_exchange(exchange_name, exchange_type)
         self.queues: dict[str, Queue] = {}
+        # makes a queue without a log (a shard's: broker/node/shard_queues.py); else a local one
+        self.make_local_queue: Callable[..., Queue] = make_queue
 
     # -- exchanges --------------------------------------------------------
     def exchange(self, name: str, class_id: int = 40, method_id: int = 10) -> Exchange:
@@ -166,8 +168,9 @@ class VirtualHost:
         if replicate is not None and is_replicated(method.durable, method.exclusive, arguments):
             if replicate(name, arguments):
                 return None
-        queue = make_queue(self, name, arguments, durable=method.durable,
-                           exclusive_owner=owner if method.exclusive else None, auto_delete=method.auto_delete)
+        queue = self.make_local_queue(self, name, arguments, durable=method.durable,
+                                      exclusive_owner=owner if method.exclusive else None,
+                                      auto_delete=method.auto_delete)
         self.add_queue(queue)
         return queue
 
@@ -202,12 +205,17 @@ class VirtualHost:
                     50, 10)
 
     def delete_queue(self, name: str, owner: Hashable, if_unused: bool, if_empty: bool,
-                     replicate: Callable[[str], None] | None = None) -> int | None:
-        """The message count; None when a replicated queue was handed to `replicate(name)`."""
+                     replicate: Callable[[str], None] | None = None,
+                     forward: Callable[[Queue], None] | None = None) -> int | None:
+        """The message count; None when a replicated queue was handed to `replicate(name)`,
+        or another shard's queue to `forward(queue)` (its home checks and deletes it)."""
         queue = self.queues.get(name)
         if queue is None:
             return 0  # as RabbitMQ 3.x: deleting a missing queue succeeds
         self._check_exclusive(queue, owner, 50, 40)
+        if forward is not None and queue.forwarded:
+            forward(queue)
+            return None
         if if_unused and queue.consumer_count:
             raise ChannelError(PRECONDITION_FAILED, f"queue '{name}' in vhost '{self.name}' in use", 50, 40)
         if if_empty and queue.message_count:
@@ -266,7 +274,11 @@ class VirtualHost:
         if replicate is not None:
             replicate()
             return
-        if self.remove_binding(exchange, Binding.make(source, destination, routing_key, arguments)):
+        self.unbind_now(exchange, Binding.make(source, destination, routing_key, arguments))
+
+    def unbind_now(self, exchange: Exchange, binding: Binding) -> None:
+        """Remove the binding; its source goes if it is auto-delete and that was its last."""
+        if self.remove_binding(exchange, binding):
             self._maybe_auto_delete_exchange(exchange)
 
     def _binding_source(self, source: str, class_id: int, method_id: int) -> Exchange:

@@ -265,3 +265,189 @@ def test_processes_with_a_cluster_are_refused(tmp_path):
     assert result.stderr.strip().splitlines() == [
         "warren-server: invalid configuration: node_processes: 2 processes with cluster_nodes is not supported "
         "yet (a clustered node runs one process): set node_processes = 1"]
+
+
+# -- every AMQP feature whatever shard a connection lands on (stage 2) ------------------------
+CONNECTIONS_TO_REACH_EVERY_SHARD_MAX = 100
+
+
+def one_connection_per_shard(server: ShardedServer) -> dict[int, pika.BlockingConnection]:
+    """A connection on each shard: connections are opened (and the extra ones closed) until
+    every shard took one, which idle loop accepts first being the kernel's choice."""
+    found: dict[int, pika.BlockingConnection] = {}
+    for _ in range(CONNECTIONS_TO_REACH_EVERY_SHARD_MAX):
+        connection = pika.BlockingConnection(pika.URLParameters(server.url))
+        if shard_of(connection) in found:
+            connection.close()
+        else:
+            found[shard_of(connection)] = connection
+        if len(found) == SHARDS:
+            return found
+    raise AssertionError(f"{CONNECTIONS_TO_REACH_EVERY_SHARD_MAX} connections all landed on one shard")
+
+
+@pytest.fixture
+def two_shards(node):
+    """A connection on shard 0 and one on shard 1."""
+    found = one_connection_per_shard(node)
+    yield found[0], found[1]
+    close_all({k: [connection] for k, connection in found.items()})
+
+
+def test_direct_reply_to_rpc_between_two_shards(two_shards):
+    requester, replier = two_shards
+    server = replier.channel()
+    server.queue_declare("rpc-requests", durable=True, arguments=QUORUM)
+    client = requester.channel()
+    replies = []
+    client.basic_consume("amq.rabbitmq.reply-to", lambda _ch, _m, props, body: replies.append((props, body)),
+                         auto_ack=True)
+    for i in range(3):
+        client.basic_publish("", "rpc-requests", b"ask-%d" % i,
+                             pika.BasicProperties(reply_to="amq.rabbitmq.reply-to", correlation_id=str(i)))
+        method, props, body = next(server.consume("rpc-requests", inactivity_timeout=10))
+        assert method is not None, "the request did not reach the replier's shard"
+        assert props.reply_to.startswith("amq.rabbitmq.reply-to.")
+        server.basic_publish("", props.reply_to, b"answer-" + body,
+                             pika.BasicProperties(correlation_id=props.correlation_id))
+        server.basic_ack(method.delivery_tag)
+        wait_for(lambda i=i: requester.process_data_events(time_limit=0.05) or len(replies) > i,
+                 "the reply to reach the requester's shard", seconds=10)
+    assert [(props.correlation_id, body) for props, body in replies] == [
+        (str(i), b"answer-ask-%d" % i) for i in range(3)]
+
+
+def test_an_exclusive_queue_is_locked_from_another_shard(two_shards):
+    owner, other = two_shards
+    owner.channel().queue_declare("mine", exclusive=True)
+    for use in (lambda ch: ch.basic_consume("mine", lambda *_: None),
+                lambda ch: ch.queue_declare("mine", passive=True),
+                lambda ch: ch.queue_delete("mine"),
+                lambda ch: ch.basic_get("mine")):
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
+            use(other.channel())
+        assert closed.value.reply_code == 405
+        assert closed.value.reply_text == (
+            "RESOURCE_LOCKED - cannot obtain exclusive access to locked queue 'mine' in vhost '/'. It could be "
+            "originally declared on another connection or the exclusive property value does not match that of "
+            "the original declaration.")
+    channel = other.channel()   # but routed to from there
+    channel.confirm_delivery()
+    channel.basic_publish("", "mine", b"to the owner", mandatory=True)
+    assert drain(owner.channel(), "mine", 1) == [b"to the owner"]
+
+
+def test_an_exclusive_queue_goes_with_its_owner_on_every_shard(two_shards):
+    owner, other = two_shards
+    owner.channel().queue_declare("short-lived", exclusive=True)
+    assert not _declare_passive_fails(other, "short-lived")   # there, though locked (405)
+    owner.close()
+    wait_for(lambda: _declare_passive_fails(other, "short-lived"), "the owner's queue to go on the other shard")
+
+
+def _declare_passive_fails(connection, name: str) -> bool:
+    try:
+        connection.channel().queue_declare(name, passive=True)
+    except pika.exceptions.ChannelClosedByBroker as closed:
+        assert closed.reply_code in (404, 405)
+        return closed.reply_code == 404
+    return False
+
+
+def bytes_on_disk(server: ShardedServer) -> int:
+    return sum(path.stat().st_size for path in server.data_dir.rglob("*") if path.is_file())
+
+
+def test_a_transient_queue_of_one_shard_is_used_from_another(node, two_shards):
+    home, other = two_shards
+    on_disk = bytes_on_disk(node)
+    home.channel().queue_declare("transient", durable=False)
+    channel = other.channel()
+    assert channel.queue_declare("transient", passive=True).method.queue == "transient"
+    channel.confirm_delivery()
+    bodies = [b"t%d-" % i + bytes(20_000) for i in range(50)]
+    for body in bodies:
+        channel.basic_publish("", "transient", body, mandatory=True)
+    written = bytes_on_disk(node) - on_disk
+    assert written < 10_000, f"{written} bytes written for a transient queue's 1 MB"   # nothing of it on disk
+    assert channel.queue_declare("transient", passive=True).method.message_count == len(bodies)   # the home's count
+    rows = [row for row in shard_api(node.metrics_port, "/api/queues") if row["name"] == "transient"]
+    assert [(row["members"], row["messages_ready"]) for row in rows] == [(["warren@localhost#0"], len(bodies))]
+    assert drain(other.channel(), "transient", len(bodies)) == bodies
+    channel.basic_publish("", "transient", b"to get", mandatory=True)
+    method, _, body = other.channel().basic_get("transient", auto_ack=True)
+    assert (body, method.message_count) == (b"to get", 0)
+    home.channel().basic_publish("", "transient", b"from home")
+    assert drain(other.channel(), "transient", 1) == [b"from home"]
+    burst = other.channel()   # no confirms: many publishes to one turn's frame
+    for i in range(5000):
+        burst.basic_publish("", "transient", b"b%d" % i)
+    wait_for(lambda: burst.queue_declare("transient", passive=True).method.message_count == 5000,
+             "a burst of publishes to reach the home shard")
+    assert other.channel().queue_purge("transient").method.message_count == 5000
+    other.channel().queue_delete("transient")
+    wait_for(lambda: _declare_passive_fails(home, "transient"), "the deletion to reach the home shard")
+
+
+def test_an_auto_delete_queue_goes_when_its_last_consumer_on_another_shard_leaves(two_shards):
+    home, other = two_shards
+    home.channel().queue_declare("auto", durable=False, auto_delete=True)
+    consumer = other.channel()
+    tag = consumer.basic_consume("auto", lambda *_: None)
+    consumer.basic_cancel(tag)
+    wait_for(lambda: _declare_passive_fails(home, "auto"), "the auto-delete queue to go")
+    assert _declare_passive_fails(other, "auto")
+
+
+def test_a_transient_exchange_and_its_bindings_route_on_every_shard(two_shards):
+    home, other = two_shards
+    declaring = home.channel()
+    declaring.exchange_declare("rpc-x", "direct", durable=False)
+    declaring.queue_declare("rpc-q", durable=False)
+    other.channel().queue_bind("rpc-q", "rpc-x", "k")   # a binding made on the other shard
+    for connection in (home, other):
+        channel = connection.channel()
+        channel.confirm_delivery()
+        channel.basic_publish("rpc-x", "k", b"via " + str(shard_of(connection)).encode(), mandatory=True)
+    assert sorted(drain(other.channel(), "rpc-q", 2)) == [b"via 0", b"via 1"]
+    other.channel().queue_unbind("rpc-q", "rpc-x", "k")
+    channel = home.channel()
+    channel.confirm_delivery()
+    with pytest.raises(pika.exceptions.UnroutableError):
+        channel.basic_publish("rpc-x", "k", b"unbound", mandatory=True)
+    home.channel().exchange_delete("rpc-x")
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
+        other.channel().exchange_declare("rpc-x", passive=True)
+    assert closed.value.reply_code == 404
+
+
+def test_a_restarted_shard_learns_the_transient_queues_and_its_consumers_give_back(node):
+    found = one_connection_per_shard(node)
+    home, doomed = found[0], found[1]
+    try:
+        home.channel().queue_declare("survivor", durable=False)
+        home.channel().basic_publish("", "survivor", b"held by shard 1")
+        holder = doomed.channel()
+        held = []
+        holder.basic_consume("survivor", lambda _ch, method, _props, body: held.append(body))   # never acked
+        wait_for(lambda: doomed.process_data_events(time_limit=0.05) or held, "shard 1's consumer to get it")
+        killed = node.shard_rows()[1]["pid"]
+        os.kill(killed, signal.SIGKILL)
+        returned = home.channel()
+        method, _, body = next(returned.consume("survivor", inactivity_timeout=10))
+        assert (body, method.redelivered) == (b"held by shard 1", True), "what shard 1 held did not come back"
+        returned.cancel()
+        wait_for(lambda: node.shard_rows()[1]["pid"] != killed, "the supervisor to start shard 1 again")
+        node.wait_listening()
+        back = one_connection_per_shard(node)
+        try:
+            channel = back[1].channel()
+            assert channel.queue_declare("survivor", passive=True).method.queue == "survivor"
+            channel.confirm_delivery()
+            channel.basic_publish("", "survivor", b"from the new shard 1", mandatory=True)
+            assert drain(home.channel(), "survivor", 1) == [b"from the new shard 1"]
+        finally:
+            close_all({k: [connection] for k, connection in back.items()})
+    finally:
+        if home.is_open:
+            home.close()
