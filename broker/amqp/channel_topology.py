@@ -174,8 +174,16 @@ class TopologyMethods:
             queue.counts_at_home(lambda messages, consumers: self._on_replicated(
                 spec.Queue.DeclareOk(queue.name, messages, consumers), None, None))
             return
-        reply = None if method.nowait else spec.Queue.DeclareOk(queue.name, queue.message_count, queue.consumer_count)
         link = self.broker.shard_link
+        if link is not None and queue.replicated and queue.replica is None and not method.nowait:
+            # a queue group hosted on another shard only: its counts are there (a zero here
+            # would tell a client checking its queue's depth that confirmed messages are gone)
+            self.await_reply()
+            link.counts_at_home(self.broker.cluster.leader_hint(queue.group) or queue.members[0], queue.group,
+                                lambda counts: self._on_replicated(
+                                    spec.Queue.DeclareOk(queue.name, *(counts or (0, 0))), None, None))
+            return
+        reply = None if method.nowait else spec.Queue.DeclareOk(queue.name, queue.message_count, queue.consumer_count)
         if link is not None and link.unannounced(queue):   # a new queue of this shard's: once every shard has it
             self.await_reply()
             link.announce(queue, partial(self._on_replicated, reply, None, None))

@@ -451,3 +451,16 @@ def test_a_restarted_shard_learns_the_transient_queues_and_its_consumers_give_ba
     finally:
         if home.is_open:
             home.close()
+
+
+def test_a_passive_declare_on_another_shard_counts_a_quorum_queue_where_it_is_hosted(two_shards):
+    """A quorum queue's group lives on its declaring shard: a passive declare from the
+    other shard answers that shard's counts, not the zero of a shard without a replica
+    (the yardstick checks its queue's depth against what was confirmed that way)."""
+    home, other = two_shards
+    channel = home.channel()
+    channel.queue_declare("counted", durable=True, arguments=QUORUM)
+    publish_confirmed(channel, "counted", [b"m%d" % i for i in range(7)])
+    declared = other.channel().queue_declare("counted", passive=True)
+    assert (declared.method.message_count, declared.method.consumer_count) == (7, 0), \
+        "a passive declare on the shard without the queue's group miscounted it"
