@@ -35,6 +35,10 @@ log = structlog.get_logger("warren.quorum")
 LOCAL_NODE = "local"   # the node of a queue without a log that no other node reaches (queue_routes.LocalRoute)
 
 
+# Owners whose node _is_here remembers (channels come and go: forgotten all at once past this).
+_OWNERS_REMEMBERED = 1024
+
+
 class ReplicaLog(Protocol):
     """A replicated queue's view of its group's Raft log."""
 
@@ -57,7 +61,9 @@ class QueueReplica:
         self.applied_since_snapshot = 0
         self.bytes_since_snapshot = 0
         self.truncation = queue_snapshots.ReleaseCursor()
-        self._recent_enqueue: tuple[int, Any] | None = None   # (index, command): payload_of's cache
+        # payload_of's cache: (index, the messages of the Enqueue or EnqueueBatch there)
+        self._recent_enqueue: tuple[int, list] | None = None
+        self._here_by_owner: dict[Any, bool] = {}   # _is_here's answers, per owner seen lately
 
     # -- applying ---------------------------------------------------------------------
     def apply_entry(self, index: int, data: bytes, leading: bool) -> tuple[Any, Any]:
@@ -70,7 +76,7 @@ class QueueReplica:
             log.exception("quorum.bad_command", group=self.group, index=index)
             return None, None
         if type(command) in (qc.EnqueueBatch, qc.Enqueue):
-            self._recent_enqueue = (index, command)   # the next delivery is likely from it
+            self._recent_enqueue = (index, qm.entry_messages(command))   # the next delivery is likely from it
         if leading and effects:
             self.perform(effects)
         self.applied_since_snapshot += 1
@@ -116,21 +122,27 @@ class QueueReplica:
         index, slot = qm.ref_location(payload)
         recent = self._recent_enqueue
         if recent is not None and recent[0] == index:
-            command = recent[1]
+            messages = recent[1]
         else:
             data = self.log.entry_data(index) if self.log is not None else None
             if data is None:
                 log.warning("quorum.message_gone", group=self.group, index=index)
                 return None
-            command = queue_codec.decode(data)
-            self._recent_enqueue = (index, command)
-        return qm.message_payload(command, slot)
+            messages = qm.entry_messages(queue_codec.decode(data))
+            self._recent_enqueue = (index, messages)
+        return tuple(messages[slot][:4])
 
     def _is_here(self, owner: Any) -> bool:
         if self.log is None and self.node == LOCAL_NODE:
             return True   # a single node's queue without a log: every owner is of this node
-        node = qc.owner_node(owner)
-        return node == self.node or node is None
+        here = self._here_by_owner.get(owner)
+        if here is None:
+            node = qc.owner_node(owner)
+            here = node == self.node or node is None
+            if len(self._here_by_owner) >= _OWNERS_REMEMBERED:
+                self._here_by_owner.clear()
+            self._here_by_owner[owner] = here
+        return here
 
     def perform(self, effects: list) -> None:
         applied: list = []

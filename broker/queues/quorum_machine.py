@@ -99,19 +99,39 @@ def enqueued_before(payload: Any, index: int) -> bool:
     return type(payload) is not int or ref_location(payload)[0] < index
 
 
+# Body sizes as shared int objects: the fifo keeps one per queued message, and a
+# size above 256 would otherwise be an int object of its own (28 bytes) each time.
+_SIZES: dict[int, int] = {}
+_SIZES_MAX = 4096
+
+
+def _shared_size(size: int) -> int:
+    shared = _SIZES.get(size)
+    if shared is not None:
+        return shared
+    if len(_SIZES) < _SIZES_MAX:
+        _SIZES[size] = size
+    return size
+
+
 def _persistent(properties: bytes) -> bool:
     # the channel checked the properties at publish; fewer than 2 bytes: no flags (tests)
     return len(properties) >= 2 and codec.is_persistent(properties)
 
 
+def entry_messages(command: Any) -> list:
+    """The messages of an Enqueue or EnqueueBatch, [exchange, routing_key,
+    properties, body, ...] each, by slot: what message references name."""
+    if type(command) is qc.EnqueueBatch:
+        return command.messages
+    assert type(command) is qc.Enqueue, f"a message reference into {type(command).__name__}"
+    return [(command.exchange, command.routing_key, command.properties, command.body)]
+
+
 def message_payload(command: Any, slot: int) -> tuple:
     """(exchange, routing_key, properties, body) of the message at `slot` of an
-    Enqueue or EnqueueBatch: what a message reference names."""
-    if type(command) is qc.EnqueueBatch:
-        return tuple(command.messages[slot][:4])
-    assert type(command) is qc.Enqueue, f"a message reference into {type(command).__name__}"
-    assert slot == 0, f"an Enqueue has one message, not slot {slot}"
-    return command.exchange, command.routing_key, command.properties, command.body
+    Enqueue or EnqueueBatch."""
+    return tuple(entry_messages(command)[slot][:4])
 
 
 # -- the machine -------------------------------------------------------------------------
@@ -311,7 +331,7 @@ class QuorumMachine:
             payload = self._index * REF_SLOTS + slot
             if not _persistent(properties):
                 payload = -payload - 1
-        return [now_ms, payload, len(body), ttl_ms, priority]
+        return [now_ms, payload, _shared_size(len(body)), ttl_ms, priority]
 
     def _on_enqueue(self, enqueuer: str, seq: int, message: list, effects: list) -> list[Applied]:
         session = self._sessions.get(enqueuer)

@@ -682,6 +682,19 @@ def test_with_log_indexes_messages_are_references_into_the_log():
     assert machine.oldest_ref_index() is None
 
 
+def test_queued_messages_of_one_size_share_their_size_object():
+    """Memory per queued message: a body size above 256 is an int object of its
+    own unless shared, and the fifo keeps one per message."""
+    machine = QuorumMachine()
+    body = b"x" * 1024
+    batch = [["", "q", b"", bytes(body), None, 0] for _ in range(3)]
+    machine.apply(qcodec.decode(qcodec.encode(qc.EnqueueBatch(P1, 1, 5, batch))), 1)
+    machine.apply(qcodec.decode(qcodec.encode(qc.Enqueue(P1, 4, 5, "", "q", b"", bytes(body)))), 2)
+    sizes = [size for _, size in machine.state.messages.values()]
+    assert sizes == [1024] * 4
+    assert all(size is sizes[0] for size in sizes)
+
+
 def test_a_held_enqueue_refers_to_the_entry_it_came_in():
     machine = QuorumMachine()
     machine.apply(wire(qc.Enqueue(P1, 1, 5, "", "q", b"", b"one")), 1)
