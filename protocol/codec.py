@@ -21,9 +21,11 @@ from warren.protocol.constants import (
     FRAME_HEARTBEAT,
     FRAME_METHOD,
     FRAME_OVERHEAD_BYTES,
+    PRECONDITION_FAILED,
     PROP_DELIVERY_MODE,
     PROP_HEADERS,
 )
+from warren.protocol.errors import ChannelError
 
 _frame_header = struct.Struct(">BHI")
 _method_head = struct.Struct(">BHII")   # frame header + method id
@@ -103,16 +105,29 @@ def encode_deliver(
     body: bytes,
     frame_max: int,
 ) -> bytes:
-    """basic.deliver + content; consumer_tag and exchange_and_key are shortstrs.
-    The three frames are one join when the body fits one frame: the body is copied once."""
+    """basic.deliver + content; consumer_tag and exchange_and_key are shortstrs."""
+    head, tail = deliver_frame_parts(channel, consumer_tag, exchange_and_key)
+    return encode_deliver_between(head, tail, channel, delivery_tag, redelivered, properties, body, frame_max)
+
+
+def deliver_frame_parts(channel: int, consumer_tag: bytes, exchange_and_key: bytes) -> tuple[bytes, bytes]:
+    """basic.deliver's method frame before and after its delivery tag and redelivered
+    bit: the same for every delivery of one consumer from one exchange and routing key,
+    so a channel keeps them (`encode_deliver_between`)."""
     method_size = 4 + len(consumer_tag) + 9 + len(exchange_and_key)
-    method_head = _method_head.pack(FRAME_METHOD, channel, method_size, BASIC_DELIVER_ID)
-    tag_bit = _u64_bit.pack(delivery_tag, redelivered)
+    return (_method_head.pack(FRAME_METHOD, channel, method_size, BASIC_DELIVER_ID) + consumer_tag,
+            exchange_and_key + FRAME_END_BYTE)
+
+
+def encode_deliver_between(head: bytes, tail: bytes, channel: int, delivery_tag: int, redelivered: bool,
+                           properties: bytes, body: bytes, frame_max: int) -> bytes:
+    """basic.deliver from its `deliver_frame_parts`, + content. The frames are one join
+    when the body fits one frame: the body is copied once."""
     body_size = len(body)
     if not 0 < body_size <= frame_max - FRAME_OVERHEAD_BYTES:
-        return b"".join((method_head, consumer_tag, tag_bit, exchange_and_key, FRAME_END_BYTE,
+        return b"".join((head, _u64_bit.pack(delivery_tag, redelivered), tail,
                          encode_content(channel, properties, body, frame_max)))
-    return b"".join((method_head, consumer_tag, tag_bit, exchange_and_key, FRAME_END_BYTE,
+    return b"".join((head, _u64_bit.pack(delivery_tag, redelivered), tail,
                      _content_header.pack(FRAME_HEADER, channel, 12 + len(properties), CLASS_BASIC, 0, body_size),
                      properties, FRAME_END_BYTE, _frame_header.pack(FRAME_BODY, channel, body_size), body,
                      FRAME_END_BYTE))
@@ -198,3 +213,13 @@ def is_persistent(properties: bytes) -> bool:
 
 def decode_table(raw: bytes) -> dict:
     return pamqp_decode.field_table(raw)[1]
+
+
+def expiration_ms(value: object) -> int:
+    """The expiration property: milliseconds as a decimal string (RabbitMQ's rule)."""
+    text = value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+    if not text.isdigit():
+        negative = text.startswith("-") and text[1:].isdigit()
+        reason = f"{{value_negative,{text}}}" if negative else f"{{leftover_string,{text}}}"
+        raise ChannelError(PRECONDITION_FAILED, f"invalid expiration '{text}': {reason}", 60, 40)
+    return int(text)

@@ -27,6 +27,8 @@ from warren.storage.files import RealFiles
 
 WAL_DIR = "wal"
 SEGMENTS_DIR = "segments"
+# A rollover's copy into segments is synced in pieces of this size (`_write_segment`).
+SEGMENT_SYNC_BYTES = 4 * 1024 * 1024
 
 
 @dataclass(slots=True)
@@ -72,9 +74,9 @@ class Relocation:
             yield index, Location(path, offset, length)
 
 
-def _joined_runs(data: memoryview, offsets: array, lengths: array, start: int, stop: int) -> bytes:
-    """The records ``start..stop`` of ``data``, concatenated: records that lie
-    back to back in the WAL file (most of a log's) are sliced as one run."""
+def _record_runs(data: memoryview, offsets: array, lengths: array, start: int, stop: int) -> list[memoryview]:
+    """The records ``start..stop`` of ``data`` as slices, one per run of records
+    that lie back to back in the WAL file (most of a log's): nothing is copied."""
     pieces = []
     run_start = offsets[start]
     run_end = run_start + lengths[start]
@@ -85,7 +87,7 @@ def _joined_runs(data: memoryview, offsets: array, lengths: array, start: int, s
             run_start = offset
         run_end = offset + lengths[i]
     pieces.append(data[run_start:run_end])
-    return b"".join(pieces)
+    return pieces
 
 
 class _Picked:
@@ -337,7 +339,7 @@ class LogStore:
                 number = int(current.path.stem) + 1 if current is not None else 1
                 current = SegmentFile(log_dir / f"{number:08d}.seg", indexes[start], indexes[start], 0)
             stop = min(len(indexes), start + self.segment_max_entries - current.entries)
-            offset = self._write_segment(current, new_file, _joined_runs(data, offsets, lengths, start, stop))
+            offset = self._write_segment(current, new_file, _record_runs(data, offsets, lengths, start, stop))
             new_offsets = array("q")
             for i in range(start, stop):
                 new_offsets.append(offset)
@@ -350,8 +352,14 @@ class LogStore:
             start = stop
         self.files.sync_directory(log_dir)
 
-    def _write_segment(self, segment: SegmentFile, new_file: bool, data: bytes) -> int:
-        """Append ``data`` (synced); returns the offset it starts at."""
+    def _write_segment(self, segment: SegmentFile, new_file: bool, pieces: list[memoryview]) -> int:
+        """Append ``pieces`` (synced); returns the offset they start at.
+
+        Synced every SEGMENT_SYNC_BYTES, not once at the end: the WAL's batches
+        are fdatasynced meanwhile on the same disk, and each of those waits
+        behind whatever segment data the disk has queued (ext4 commits them in
+        one journal transaction), so a whole WAL file's worth at once stalls
+        the confirms of every batch written during the move (tens of ms)."""
         if new_file:
             self.files.remove(segment.path)  # a leftover of an interrupted delete is not ours
         handle = self.files.open_append(segment.path)
@@ -359,7 +367,15 @@ class LogStore:
         try:
             if new_file:   # a file of just its header holds no records: recovery removes it
                 handle.write(records.FILE_HEADER)
-            handle.write(data)
+            unsynced = 0
+            for piece in pieces:
+                for at in range(0, len(piece), SEGMENT_SYNC_BYTES):
+                    chunk = piece[at:at + SEGMENT_SYNC_BYTES]
+                    if unsynced and unsynced + len(chunk) > SEGMENT_SYNC_BYTES:
+                        handle.sync()
+                        unsynced = 0
+                    handle.write(chunk)
+                    unsynced += len(chunk)
             handle.sync()
         except OSError:
             handle.close()

@@ -15,14 +15,14 @@ import secrets
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from pamqp import commands as spec
 
 from warren.broker.amqp.channel_topology import REPLY_TO_QUEUE, TopologyMethods
-from warren.broker.amqp.confirms import ConfirmTracker
+from warren.broker.amqp.confirms import ConfirmTracker, PendingPublish
 from warren.broker.queues import queue_commands as qc
 from warren.broker.queues.queue import Queue
 from warren.protocol import codec
@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from warren.broker.amqp.connection import AMQPConnection
 
 DELIVERY_TIME_RESOLUTION_SECONDS = 0.1
+DELIVER_FRAMES_MAX = 64   # per consumer (Consumer.deliver_frames), for queues bound under many keys
 REPLY_TO_PREFIX = REPLY_TO_QUEUE + "."
 
 
@@ -53,6 +54,8 @@ class Consumer:
     tag_bytes: bytes  # pre-encoded shortstr for basic.deliver
     queue: Queue | None  # None for the direct reply-to pseudo consumer
     no_ack: bool
+    # (exchange, routing_key) -> its deliveries' `codec.deliver_frame_parts`
+    deliver_frames: dict[tuple[str, str], tuple[bytes, bytes]] = field(default_factory=dict)
 
 
 class Channel(TopologyMethods):
@@ -82,6 +85,7 @@ class Channel(TopologyMethods):
         self.delivery_times: deque[tuple[int, float]] = deque()
         # enqueues to quorum queues not yet applied (commands_soft_limit)
         self.enqueues_in_flight = 0
+        self.soft_limit = self.broker.settings.commands_soft_limit
         self.commands_paused = False
         self._last_time_mark = 0.0
         self.awaiting_replies = 0   # durable topology changes not yet applied (channel_topology.py)
@@ -139,26 +143,40 @@ class Channel(TopologyMethods):
                               properties, body)
             return
         payload = (exchange.name, routing_key, properties, body)
+        if tx_wait is None and len(queues) == 1:
+            # the common case: one queue, its answer is the confirm (no PendingPublish)
+            self._enqueue(queues[0], payload, ttl_ms, priority, partial(self._on_sole_enqueue_applied, seq))
+            return
         waiting = tx_wait if tx_wait is not None else PendingPublish(seq)
         waiting.remaining += len(queues)   # all counted first: a queue without a log answers at once
         for queue in queues:
-            self._enqueue(queue, payload, ttl_ms, priority, waiting)
+            self._enqueue(queue, payload, ttl_ms, priority, partial(self._on_enqueue_applied, waiting))
 
     def _enqueue(self, queue: Queue, payload: tuple, ttl_ms: int | None, priority: int,
-                 waiting: "PendingPublish") -> None:
+                 on_applied: Callable[[bool], None]) -> None:
         self.enqueues_in_flight += 1
-        if self.enqueues_in_flight > self.broker.settings.commands_soft_limit and not self.commands_paused:
+        if self.enqueues_in_flight > self.soft_limit and not self.commands_paused:
             # RabbitMQ's soft limit: stop reading this client until the queues catch up.
             self.commands_paused = True
             self.connection.set_channel_paused(self, True)
         self.queues_used[id(queue)] = queue
-        queue.enqueue_from(self.owner, payload, ttl_ms, priority, partial(self._on_enqueue_applied, waiting))
+        queue.enqueue_from(self.owner, payload, ttl_ms, priority, on_applied)
 
-    def _on_enqueue_applied(self, waiting: "PendingPublish", accepted: bool) -> None:
+    def _enqueue_done(self) -> None:
         self.enqueues_in_flight -= 1
-        if self.commands_paused and self.enqueues_in_flight <= self.broker.settings.commands_soft_limit // 2:
+        if self.commands_paused and self.enqueues_in_flight <= self.soft_limit // 2:
             self.commands_paused = False
             self.connection.set_channel_paused(self, False)
+
+    def _on_sole_enqueue_applied(self, seq: int, accepted: bool) -> None:
+        """The one queue a publish reached has it (or refused it): its confirm."""
+        self._enqueue_done()
+        if seq and not self.closed and self.confirms is not None:
+            self.confirms.settle(seq, accepted)
+            self.connection.want_flush(self)
+
+    def _on_enqueue_applied(self, waiting: "PendingPublish", accepted: bool) -> None:
+        self._enqueue_done()
         self._publish_part_done(waiting, accepted)
 
     def _publish_part_done(self, waiting: "PendingPublish", ok: bool) -> None:
@@ -191,7 +209,7 @@ class Channel(TopologyMethods):
         expiration is the per-message TTL in ms, priority orders priority queues;
         returns (properties, ttl_ms, priority)."""
         decoded = codec.decode_properties(properties)
-        ttl_ms = _parse_expiration(decoded.expiration) if flags & PROP_EXPIRATION else None
+        ttl_ms = codec.expiration_ms(decoded.expiration) if flags & PROP_EXPIRATION else None
         priority = decoded.priority or 0
         if flags & PROP_USER_ID and decoded.user_id != self.connection.user_name:
             raise ChannelError(PRECONDITION_FAILED, f"user_id property set to '{decoded.user_id}' but "
@@ -234,9 +252,15 @@ class Channel(TopologyMethods):
             self._note_delivery_time(tag)
         exchange, routing_key, properties, body = payload
         self.broker.counters.delivered += 1
-        self.connection.write(codec.encode_deliver(
-            self.number, consumer.tag_bytes, tag, redelivered,
-            codec.shortstr(exchange) + codec.shortstr(routing_key), properties, body, self.connection.frame_max))
+        frames = consumer.deliver_frames
+        parts = frames.get((exchange, routing_key))
+        if parts is None:
+            if len(frames) >= DELIVER_FRAMES_MAX:
+                frames.clear()
+            parts = frames[exchange, routing_key] = codec.deliver_frame_parts(
+                self.number, consumer.tag_bytes, codec.shortstr(exchange) + codec.shortstr(routing_key))
+        self.connection.write(codec.encode_deliver_between(
+            parts[0], parts[1], self.number, tag, redelivered, properties, body, self.connection.frame_max))
 
     def deliver_reply(self, properties: bytes, body: bytes, routing_key: str) -> None:
         """Direct reply-to: a message straight to this channel's reply consumer."""
@@ -562,30 +586,6 @@ class Channel(TopologyMethods):
         if self.commands_paused:
             self.commands_paused = False
             self.connection.set_channel_paused(self, False)
-
-
-class PendingPublish:
-    """A confirmed publish waiting for its quorum queues (and WAL batch); or, with
-    ``on_done``, a tx.commit waiting for all its publishes, settles and WAL batch."""
-
-    __slots__ = ("seq", "remaining", "ok", "on_done", "finished")
-
-    def __init__(self, seq: int) -> None:
-        self.seq = seq
-        self.remaining = 0
-        self.ok = True
-        self.on_done: Callable[[bool], None] | None = None
-        self.finished = False
-
-
-def _parse_expiration(value: Any) -> int:
-    """The expiration property: milliseconds as a decimal string (RabbitMQ's rule)."""
-    text = value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
-    if not text.isdigit():
-        negative = text.startswith("-") and text[1:].isdigit()
-        reason = f"{{value_negative,{text}}}" if negative else f"{{leftover_string,{text}}}"
-        raise ChannelError(PRECONDITION_FAILED, f"invalid expiration '{text}': {reason}", 60, 40)
-    return int(text)
 
 
 def _ids(method: Any) -> tuple[int, int]:

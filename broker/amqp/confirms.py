@@ -5,9 +5,12 @@ queue it reached has taken it; settlements may come out of order once queues
 confirm asynchronously. ``take_replies`` turns what was settled since the
 last call into as few basic.ack/nack frames as the rules allow: one
 ``multiple=true`` ack covers a run only when nothing at or below it is still
-outstanding.
+outstanding. A ``PendingPublish`` counts the queues a publish (or a
+transaction's commit) still waits for when it reached more than one.
 """
 from __future__ import annotations
+
+from collections.abc import Callable
 
 
 class ConfirmTracker:
@@ -59,3 +62,17 @@ class ConfirmTracker:
             early.add(late)
         settled.clear()
         return replies
+
+
+class PendingPublish:
+    """A confirmed publish waiting for its quorum queues (and WAL batch); or, with
+    ``on_done``, a tx.commit waiting for all its publishes, settles and WAL batch."""
+
+    __slots__ = ("seq", "remaining", "ok", "on_done", "finished")
+
+    def __init__(self, seq: int) -> None:
+        self.seq = seq
+        self.remaining = 0
+        self.ok = True
+        self.on_done: Callable[[bool], None] | None = None
+        self.finished = False

@@ -261,9 +261,9 @@ class QueueClient:
         consumer.last_seq = seq
         # (msg_id, seq) names this delivery: a settle or return sent twice (after a
         # leader change) cannot touch a later delivery of the same message.
-        queue = self.queue
-        consumer.sink.deliver(queue, consumer.consumer_id[1], (msg_id, seq), queue.delivery_payload(payload, count),
-                              redelivered)
+        if count:
+            payload = self.queue.delivery_payload(payload, count)
+        consumer.sink.deliver(self.queue, consumer.consumer_id[1], (msg_id, seq), payload, redelivered)
 
     def _ask_for_gap(self, owner: str, tag: str, consumer: LocalConsumer) -> None:
         now = time.monotonic()

@@ -160,14 +160,14 @@ class QueueReplica:
 
     def _deliver(self, effect: qc.Delivery) -> None:
         owner, tag = consumer = effect.consumer
-        if self._is_here(owner):
-            if consumer not in self.client.local_consumers:
-                return   # gone: its messages return with its cancel or channel close
+        if consumer in self.client.local_consumers:   # only this node's: no need to parse the owner's node
             payload = self.payload_of(effect.payload)
             if payload is not None:
                 self.client.on_delivery(owner, tag, effect.seq, effect.msg_id, payload, effect.redelivered,
                                         effect.delivery_count)
             return
+        if self._is_here(owner):
+            return   # gone: its messages return with its cancel or channel close
         payload = self.payload_of(effect.payload)
         if payload is not None:
             exchange, routing_key, properties, body = payload

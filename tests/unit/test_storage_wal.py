@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from tests.unit.faultyfiles import FaultyFiles, SimulatedCrash
-from warren.storage import records
+from warren.storage import records, wal
 from warren.storage.group_commit import GroupCommitter
 from warren.storage.records import CorruptLog, Record
 from warren.storage.wal import LogStore
@@ -291,6 +291,34 @@ def test_rollover_moves_live_entries_to_segments_and_deletes_the_rest():
     check_recovered(model, recovered)
     assert 3 not in recovered.logs or recovered.logs[3] == {}
     assert 1 not in recovered.logs or recovered.logs[1] == {}
+
+
+def test_rollover_syncs_a_segment_in_pieces_so_wal_syncs_do_not_wait_behind_all_of_it(monkeypatch):
+    """A rollover copies a whole WAL file's worth into segments while batches are
+    fdatasynced on the same disk; each of those waits behind the segment data the
+    disk holds, so the copy is synced every SEGMENT_SYNC_BYTES, not once at the end."""
+    monkeypatch.setattr(wal, "SEGMENT_SYNC_BYTES", 256)
+    rng = random.Random(7)
+    fake = new_fake(7)
+    model = Model()
+    model.cursors = {1: 0}
+    model.next_index = {1: 1}
+    store, _ = open_store(fake, wal_max_size_bytes=1 << 20, segment_max_entries=1000)
+    for _ in range(40):
+        key, encoded = model.record(rng, 1)
+        store.write_batch(encoded)
+        model.acknowledged.add(key)
+    fake.op_log.clear()
+    store.rollover(dict(model.cursors))
+    [segment] = fake.listdir(SEGMENTS_DIR / "1")
+    ops = [op for op, path in fake.op_log if path == segment and op in ("write", "sync")]
+    size = len(fake.read_bytes(segment))
+    assert ops.count("sync") >= size // 256, f"{ops.count('sync')} syncs for a {size}-byte segment"
+    assert ops[-1] == "sync", "the segment must end synced"
+    assert segment_indexes(fake, 1) == [list(range(1, 41))]
+    store.close()
+    _, recovered = open_store(fake)
+    check_recovered(model, recovered)
 
 
 def segment_indexes(fake: FaultyFiles, log_id: int) -> list[list[int]]:
