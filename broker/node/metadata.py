@@ -175,7 +175,7 @@ class Metadata:
             case fx.QueueDeleted():
                 return self._queue_deleted(effect)
             case fx.MembersChanged():
-                self._members_changed(effect)
+                self._members_changed(effect, index)
             case fx.HostIfMember():
                 self._host_if_member(effect, index)
             case fx.ReplicaReleased():
@@ -242,14 +242,14 @@ class Metadata:
             self.cluster.runtime.remove_group(queue.group)
         return count
 
-    def _members_changed(self, effect: fx.MembersChanged) -> None:
+    def _members_changed(self, effect: fx.MembersChanged, index: int) -> None:
         queue = self._queue(effect.vhost, effect.name, effect.group)
         if queue is None:
             return
         queue.members = list(effect.members)
         log.info("quorum.members_changed", queue=effect.name, vhost=effect.vhost, op=effect.op, node=effect.node,
                  members=list(effect.members))
-        self.reconciler.soon(effect.group)
+        self.reconciler.soon(effect.group, index)
 
     def _host_if_member(self, effect: fx.HostIfMember, index: int) -> None:
         """A member that does not host the group joins it: a fresh machine, an

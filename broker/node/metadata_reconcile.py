@@ -15,6 +15,14 @@ configuration no longer has a leaving node, the leader submits
 (say the leader restarted and forgot) submits `NoteLeaving` now and then.
 Its decisions read the members and leaving nodes from the machine's state.
 
+A node is added to the group's configuration only once it has applied the
+metadata group through the change that made it a member (its
+METADATA_APPLIED, broker/node/node_core.py): by then it has performed any
+release of an older replica of its own and hosts the one the leader will
+count on. Were it added earlier, its old replica could acknowledge entries
+and then be dropped by a release it applied late, and the leader would
+count on entries nobody holds (tests/sim membership seed 10 before this).
+
 Time comes in ticks: it has no timer and no task of its own. The node's
 `NodeCore` is its clock (broker/node/node_core.py): it runs the periodic
 pass (`tick(now)`) every `RECONCILE_SECONDS` of its ticks, and a group
@@ -53,14 +61,21 @@ class Reconciler:
         self._release_sent: dict[tuple[str, str], float] = {}
         self._leaving_announce: dict[str, tuple[float, float]] = {}   # group -> (next at, interval)
         self.due: set[str] = set()   # groups to reconcile at the end of this turn (`run_due`)
+        # group -> the metadata index of its last members change applied here (a member added
+        # joins the configuration once it applied that far); before any, the index at start
+        self.changed_at: dict[str, int] = {}
+        self.changed_before = 0
 
-    def soon(self, group: str) -> None:
-        """The group's members changed: reconcile it at the end of this turn and until it converged."""
+    def soon(self, group: str, index: int) -> None:
+        """The group's members changed at metadata `index`: reconcile it at the end
+        of this turn and until it converged."""
         self.converging.add(group)
         self.due.add(group)
+        self.changed_at[group] = index
 
     def forget(self, group: str) -> None:
         self.converging.discard(group)
+        self.changed_at.pop(group, None)
         self._transfer_started.pop(group, None)
         self._leaving_announce.pop(group, None)
         for key in [key for key in self._release_sent if key[0] == group]:
@@ -80,6 +95,7 @@ class Reconciler:
         if self._scan_all:
             # After a start: any hosted group may be mid-change (or a replica left behind).
             self._scan_all = False
+            self.changed_before = self.metadata.applied_index
             runtime = self.cluster.runtime
             self.converging.update(group for group in self.cluster.queues if group in runtime.groups)
         self._reconcile_each(sorted(self.converging), now)
@@ -121,7 +137,7 @@ class Reconciler:
             return
         if not committed:
             return   # one change at a time (the leader's first entry must commit too)
-        adds = sorted(members - voters)
+        adds = sorted(node for node in members - voters if self._applied_its_change(group, node))
         removes = sorted(voters - members - {me})
         if adds or removes:
             op, node = ("add", adds[0]) if adds else ("remove", removes[0])
@@ -133,8 +149,13 @@ class Reconciler:
             return
         self._transfer_started.pop(group, None)
         self._release_left(queue, leaving - voters, now)
-        if not leaving:
+        if not leaving and members <= voters:   # not while a member waits to be added
             self.converging.discard(group)
+
+    def _applied_its_change(self, group: str, node: str) -> bool:
+        """Whether `node` (running) applied the metadata group through the group's last members change."""
+        applied = self.cluster.core.answers.peer_applied.get(node)
+        return applied is not None and applied >= self.changed_at.get(group, self.changed_before)
 
     def _release_left(self, queue: "QuorumQueue", gone: set[str], now: float) -> None:
         """Nodes out of the committed configuration may drop their replicas (resent now and then)."""

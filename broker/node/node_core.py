@@ -222,8 +222,11 @@ class NodeCore:
         queue = self.queues.get(group)
         if queue is None:
             return None
-        if queue.leader_hint is None or queue.leader_hint in self.down_since:
-            # Not a member here: ask a live member (it forwards to the leader it knows).
+        hint = queue.leader_hint
+        if hint is None or hint in self.down_since or hint not in queue.members:
+            # Not a member here: ask a live member (it forwards to the leader it knows). A hint
+            # no longer a member may not host the group any more, and drops what it is sent
+            # (tests/sim membership seed 2 before this).
             live = [member for member in queue.members if member not in self.down_since]
             queue.leader_hint = live[0] if live else queue.leader_hint
         return queue.leader_hint

@@ -423,6 +423,24 @@ class World:
         if len({tuple(q) for q in states.values()}) != 1:
             self.fail(f"the nodes disagree on the queues after healing: {states}")
         self.check_replicas_agree()
+        if self.scenario.member_change_rate:
+            for name in self.queue_names:
+                wrong = self.membership_wrong(name)
+                if wrong:
+                    self.fail(f"queue {name}: its group did not follow its members after healing: {wrong}")
+
+    def membership_wrong(self, name: str) -> str | None:
+        """Why the queue's Raft group does not match its members yet (None: it does): the
+        members' replicas alone host it, and each holds the members as its committed configuration."""
+        record = self.nodes[self.names[0]].cluster.broker.metadata.state.queue("/", name)
+        if record is None:
+            return "no record"
+        members = sorted(record.members)
+        hosting = sorted(n for n, node in self.nodes.items() if record.group in node.cluster.runtime.groups)
+        configs = {n: self.nodes[n].cluster.runtime.configuration(record.group) for n in hosting}
+        if hosting != members or any(config != (tuple(members), True) for config in configs.values()):
+            return f"members {members}, hosted on {hosting}, configurations {configs}"
+        return None
 
     def final_round(self) -> None:
         """Healed and drained, every publisher publishes a few more: each consumer that
@@ -468,5 +486,7 @@ class World:
         if self.history.lost(set(self.queue_names)) or any(p.unconfirmed for p in self.publishers if p.connected):
             return False
         states = [self.state_queues(node) for node in self.nodes.values()]
+        if self.scenario.member_change_rate and any(self.membership_wrong(name) for name in self.queue_names):
+            return False
         return all(state == states[0] for state in states) and all(
             name in node.vhost.queues for node in self.nodes.values() for name in states[0])

@@ -189,3 +189,14 @@ def test_consumers_ask_the_leader_again_for_lost_deliveries():
     queue.leader_hint = "a"   # led here: nothing to ask
     core.tick(1.2)
     assert asked == ["b"]
+
+
+def test_a_leader_hint_that_left_the_members_is_not_used():
+    """A node not hosting the queue's group sends to its hint; once the hint is no longer
+    a member (it released its replica and drops what it is sent), a live member instead."""
+    core = core_on_a({META: "b"})
+    queue = core.queues["q"] = StubQueue("q")
+    queue.members, queue.leader_hint = ["b", "c"], "c"
+    assert core.leader_hint("q") == "c"
+    queue.members = ["b"]   # c was removed
+    assert core.leader_hint("q") == "b"
