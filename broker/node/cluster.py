@@ -126,7 +126,8 @@ class Cluster:
                                    transport_limits=limits, vital_groups=frozenset({META}))
         nodes = {n.name for n in settings.cluster_nodes} | {self.node}
         self.core = NodeCore(self.node, incarnation or secrets.token_hex(4), nodes, RuntimePort(self.runtime),
-                             settings.cluster_node_gone_seconds, time.monotonic())
+                             settings.cluster_node_gone_seconds, time.monotonic(),
+                             broker_housekeeping_seconds=settings.alarm_check_interval_seconds)
         self.incarnation = self.core.incarnation
         self.nodes = self.core.nodes
         self.multi_node = len(self.nodes) > 1
@@ -232,7 +233,18 @@ class Cluster:
         while late:
             index, lagging = late.pop()
             log.warning("metadata.change_not_applied_everywhere", index=index, lagging=lagging)
+        if self.core.take_broker_housekeeping():
+            self.broker_housekeeping()
         self.after_input()
+
+    def broker_housekeeping(self) -> None:
+        """Resource alarms, message TTL and x-expires, consumer timeouts: due on the core's clock."""
+        try:
+            self.broker.check_alarms()
+            self.broker.tick_queues()
+            self.broker.check_consumer_timeouts()
+        except Exception:  # noqa: BLE001 -- housekeeping must go on; the bug is logged
+            log.exception("broker.housekeeping_failed")
 
     # -- submitting commands -----------------------------------------------------
     def submit(self, group: str, data: bytes, callback: Callable[[Any], None] | None = None) -> None:

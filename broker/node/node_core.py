@@ -28,8 +28,10 @@ answers) runs when a tick finds it due, a new queue's first leader
 campaigns again at the deadlines `campaign_again` set, and the membership
 reconciler (`MembershipPort`, broker/node/metadata_reconcile.py) makes its
 periodic pass every `RECONCILE_SECONDS` and reconciles a group whose
-members changed at the end of the turn that changed them; so a seeded
-simulation drives every timer with its own clock.
+members changed at the end of the turn that changed them, and the broker's
+own housekeeping (resource alarms, message TTL and x-expires, consumer
+timeouts) is due every `broker_housekeeping_seconds` (`take_broker_housekeeping`);
+so a seeded simulation drives every timer with its own clock.
 """
 from __future__ import annotations
 
@@ -149,7 +151,7 @@ class Pending:
 
 class NodeCore:
     def __init__(self, node: str, incarnation: str, nodes: Iterable[str], raft: RaftPort,
-                 node_gone_seconds: float, now: float = 0.0) -> None:
+                 node_gone_seconds: float, now: float = 0.0, broker_housekeeping_seconds: float = 0.5) -> None:
         self.node = node
         # Owners and enqueuers carry it: a restarted node's old sessions are told apart.
         self.incarnation = incarnation
@@ -174,6 +176,9 @@ class NodeCore:
         self.campaigns: list[tuple[float, str]] = []   # (due, group): campaign if still leaderless
         self.membership: MembershipPort | None = None   # set by the metadata shell
         self.next_reconcile = now + RECONCILE_SECONDS
+        self.broker_housekeeping_seconds = broker_housekeeping_seconds
+        self.next_broker_housekeeping = now + broker_housekeeping_seconds
+        self.broker_housekeeping_due = False
         self.now = now
 
     # -- submitting commands -----------------------------------------------------
@@ -410,6 +415,14 @@ class NodeCore:
         if self.membership is not None and now >= self.next_reconcile:
             self.next_reconcile = now + RECONCILE_SECONDS
             self.membership.tick(now)
+        if now >= self.next_broker_housekeeping:
+            self.next_broker_housekeeping = now + self.broker_housekeeping_seconds
+            self.broker_housekeeping_due = True
+
+    def take_broker_housekeeping(self) -> bool:
+        """Whether the broker's housekeeping is due (once per period): the shell performs it."""
+        due, self.broker_housekeeping_due = self.broker_housekeeping_due, False
+        return due
 
     def announce(self) -> None:
         """Say again who this node is and how far it applied the metadata group: a
