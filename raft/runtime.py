@@ -152,6 +152,7 @@ class RaftRuntime:
         self.failed: BaseException | None = None
         self.stopped = False
         self.frames_sent = 0          # frames handed to the transport (Raft and host messages together)
+        self.host_frames = 0          # of those, frames with host messages (alone, or beside Raft's)
         self.frames_dropped = 0       # frames the transport refused (peer not linked, queue full)
         # this turn's Raft frames, per peer, sent at its end with the host's messages (raft/frames.py)
         self.raft_outbox: dict[str, list[list]] = {}
@@ -242,7 +243,9 @@ class RaftRuntime:
         self.turns.cancel()
         if self.transport is not None:
             await self.transport.stop()
-        log.info("raft.stopped", node=self.node_name)
+        log.info("raft.stopped", node=self.node_name, turns=self.turns.turns_run, frames_sent=self.frames_sent,
+                 frames_with_host_messages=self.host_frames,
+                 raft_frames=self.system.counters.frames_sent if self.system is not None else 0)
 
     # --- the API ------------------------------------------------------------------------------
 
@@ -406,6 +409,7 @@ class RaftRuntime:
             "peers_connected": len(self.transport.connected_peers()) if self.transport else 0,
             "turns": self.turns.turns_run,
             "frames_sent_to_peers": self.frames_sent,
+            "frames_with_host_messages": self.host_frames,
             "frames_dropped": self.frames_dropped,
             "failed": self.failed is not None,
             "groups_failed": len(self.system.failed_groups),
@@ -443,6 +447,7 @@ class RaftRuntime:
         raft, self.raft_outbox = self.raft_outbox, {}
         for peer, frame in frames.assemble(raft, host):
             self.frames_sent += 1
+            self.host_frames += frames.HOST in frame
             if self.transport is None or not self.transport.send(peer, frame):
                 self.frames_dropped += 1
 
