@@ -5,7 +5,8 @@ Theory of operation. One `random.Random(seed)` drives a world of N
 `NodeRuntime` with the real `RaftSystem`, the real metadata and queue
 machines and shells, the real WAL over the fault-injecting file layer), the
 network and failure detector between them (tests/sim/network.py) and the
-simulated clients (tests/sim/clients.py). Time advances `STEP_SECONDS` per
+simulated clients (tests/sim/clients.py; in the `membership` scenario an
+admin also adds and removes queue members). Time advances `STEP_SECONDS` per
 step; in a step the network delivers what is due, the failure detectors
 look, every running node runs its due loop callbacks (ticks, turns) and its
 WAL writer makes some batches durable, the clients act, and the scenario's
