@@ -9,8 +9,9 @@ once and handed to the transport with one `send`:
     {"r": [raft item, ...], "a": [host message, ...]}
 
 either key left out when it has nothing. A receiver steps the Raft items
-first, then hands over the host's messages: the order the sender made them
-in (its Raft frame went out before its host frame when they were two).
+first, then hands the frame to the host for the rest: the order the sender
+made them in (its Raft frame went out before its host frame when they were
+two). The host may send frames of its own with other keys beside "r".
 Nodes of one cluster run one version: no other form is read.
 """
 from __future__ import annotations
@@ -42,11 +43,16 @@ def assemble(raft: dict[str, list[list]], host: dict[str, list],
                 yield peer, frame
 
 
-def split(frame: Any) -> tuple[list, list]:
-    """A received frame's Raft items and host messages; TypeError if it is not a frame."""
+def raft_items(frame: Any) -> list:
+    """A received frame's Raft items; TypeError if it is not a frame."""
     if not isinstance(frame, dict):
         raise TypeError(f"a cluster frame is a dict, not a {type(frame).__name__}")
-    items, messages = frame.get(RAFT, []), frame.get(HOST, [])
-    if not isinstance(items, list) or not isinstance(messages, list):
-        raise TypeError("a cluster frame's parts are lists")
-    return items, messages
+    items = frame.get(RAFT, [])
+    if not isinstance(items, list):
+        raise TypeError("a cluster frame's Raft part is a list")
+    return items
+
+
+def has_host_parts(frame: dict) -> bool:
+    """Whether the frame carries anything for the host (its messages, or another part of its own)."""
+    return any(key != RAFT for key in frame)

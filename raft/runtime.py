@@ -156,9 +156,9 @@ class RaftRuntime:
         self.frames_dropped = 0       # frames the transport refused (peer not linked, queue full)
         # this turn's Raft frames, per peer, sent at its end with the host's messages (raft/frames.py)
         self.raft_outbox: dict[str, list[list]] = {}
-        # the host's messages of the turn, per peer, taken at its end; and the host's messages received
+        # the host's messages of the turn, per peer, taken at its end; and the host's part of frames received
         self.take_host_messages: Callable[[], dict[str, list]] | None = None
-        self.on_host_messages: Callable[[str, list], None] | None = None
+        self.on_host_frame: Callable[[str, dict], None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tick_handle: asyncio.TimerHandle | None = None
         self.turns = TurnScheduler(self.node_name, self.process_turn, committer.flush, self.halted)
@@ -506,14 +506,14 @@ class RaftRuntime:
             self.fail(error)
 
     def on_frame(self, peer: str, frame: Any) -> None:
-        """A peer's frame: its Raft items stepped, then its host messages handed over."""
+        """A peer's frame: its Raft items stepped, then the frame handed to the host for the rest."""
         if self.stopped or self.failed is not None or self.system is None:
             return
-        items, messages = frames.split(frame)
+        items = frames.raft_items(frame)
         if items:
             self.system.step(peer, items)
-        if messages and self.on_host_messages is not None:
-            self.on_host_messages(peer, messages)
+        if self.on_host_frame is not None and frames.has_host_parts(frame):
+            self.on_host_frame(peer, frame)
 
     def on_peer_up(self, peer: str) -> None:
         if not self.stopped and self.system is not None:

@@ -51,6 +51,7 @@ from warren.broker.node.node_core import (  # noqa: F401 -- the message kinds an
     unpack,
 )
 from warren.broker.queues import quorum_machine as qm
+from warren.raft.frames import HOST as HOST_PART
 from warren.raft.messages import Entry, EntryKind, Role, Snapshot
 from warren.raft.runtime import RaftRuntime
 from warren.raft.transport import TransportLimits
@@ -74,7 +75,7 @@ class NodeRuntime(RaftRuntime):
         self.cluster = cluster
         super().__init__(*args, **kwargs)
         self.take_host_messages = cluster.core_messages
-        self.on_host_messages = cluster.on_app_messages
+        self.on_host_frame = cluster.on_app_frame
 
     def on_peer_up(self, peer: str) -> None:
         super().on_peer_up(peer)
@@ -332,8 +333,9 @@ class Cluster:
         self.after_input()
 
     # -- application messages and nodes coming and going -----------------------------------
-    def on_app_messages(self, peer: str, messages: list) -> None:
-        for message in self._input().on_messages(peer, messages):
+    def on_app_frame(self, peer: str, frame: dict) -> None:
+        """A peer's frame, its Raft items stepped: the node core's messages (raft/frames.py)."""
+        for message in self._input().on_messages(peer, frame.get(HOST_PART, ())):
             log.warning("cluster.bad_message", peer=peer, kind=message[0] if message else None)
         self.after_input()
 

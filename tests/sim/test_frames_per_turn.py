@@ -43,4 +43,5 @@ def test_a_frame_is_split_only_past_its_bounds():
     sent = list(frames.assemble(raft, host, host_max=2))
     assert sent == [("b", {"r": [["g", 1]]}), ("b", {"r": [["g", 2]]}),
                     ("c", {"r": [["g", 3]], "a": [[1], [2]]}), ("c", {"a": [[3]]}), ("d", {"a": [[4]]})]
-    assert frames.split(sent[2][1]) == ([["g", 3]], [[1], [2]])
+    assert frames.raft_items(sent[2][1]) == [["g", 3]] and frames.raft_items(sent[4][1]) == []
+    assert frames.has_host_parts(sent[2][1]) and not frames.has_host_parts(sent[0][1])
