@@ -10,8 +10,10 @@ order:
   in the node's `GroupCommitter`, one batch and one fdatasync
   (raft/persistence.py); when that batch is durable the shell reports
   `on_persisted(token, ok)` and runs the turn (`batch_durable`);
-* **send**: `send(peer, frame)` hands the system's one frame per peer to the
-  `ClusterTransport` (fire and forget: Raft resends what matters, §5.1);
+* **send**: `send(peer, frame)` takes the system's one frame per peer; at
+  the end of the turn it goes to the `ClusterTransport` in ONE frame with the
+  host's messages for that peer (raft/frames.py; fire and forget: Raft
+  resends what matters, §5.1);
 * **apply**: committed entries go to the `apply(group_id, entry)` given.
 
 Inputs reach the system from the transport (`step`), its per-node failure
@@ -92,6 +94,7 @@ from typing import Any
 
 import structlog
 
+from warren.raft import frames
 from warren.raft.core import RecoveredState, Status
 from warren.raft.entry_locations import EntryLocations
 from warren.raft.group import GroupId, GroupMetrics
@@ -148,10 +151,18 @@ class RaftRuntime:
         self.transport: ClusterTransport | None = None
         self.failed: BaseException | None = None
         self.stopped = False
+        self.frames_sent = 0          # frames handed to the transport (Raft and host messages together)
+        self.host_frames = 0          # of those, frames with host messages (alone, or beside Raft's)
         self.frames_dropped = 0       # frames the transport refused (peer not linked, queue full)
+        # this turn's Raft frames, per peer, sent at its end with the host's messages (raft/frames.py)
+        self.raft_outbox: dict[str, list[list]] = {}
+        # the host's messages of the turn, per peer, taken at its end; and the host's part of frames received
+        self.take_host_messages: Callable[[], dict[str, list]] | None = None
+        self.on_host_frame: Callable[[str, dict], None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tick_handle: asyncio.TimerHandle | None = None
         self.turns = TurnScheduler(self.node_name, self.process_turn, committer.flush, self.halted)
+        self.turns.end_of_turn = self.end_turn
         self.groups_by_log: dict[int, GroupStorage] = {}
         self.locations = EntryLocations(committer.store, self.groups_by_log, apply)
         committer.subscribe(self.locations.on_batch_written, self.locations.on_relocated)
@@ -232,28 +243,26 @@ class RaftRuntime:
         self.turns.cancel()
         if self.transport is not None:
             await self.transport.stop()
-        log.info("raft.stopped", node=self.node_name)
+        log.info("raft.stopped", node=self.node_name, turns=self.turns.turns_run, frames_sent=self.frames_sent,
+                 frames_with_host_messages=self.host_frames,
+                 raft_frames=self.system.counters.frames_sent if self.system is not None else 0)
 
     # --- the API ------------------------------------------------------------------------------
 
-    def add_group(self, group_id: GroupId, members: list[str]) -> bool:
+    def add_group(self, group_id: GroupId, members: list[str], hosted_at: int = 0) -> bool:
         """Host a new group here (this node among `members`); False if it is
-        hosted already (e.g. it was recovered)."""
+        hosted already (e.g. it was recovered). `hosted_at`: the host's mark
+        of what made it host the group, kept with it (`hosted_at()`)."""
         self.check_running()
         if group_id in self.groups:
             return False
         assert self.node_name in members, f"{self.node_name} is not among the members {members}"
-        storage = GroupStorage(log_id_of(self.next_group_number), group_id, tuple(sorted(members)))
-        self.next_group_number += 1
-        self.groups[group_id] = storage
-        self.groups_by_log[storage.log_id] = storage
-        # Before any entry of the group: batches are durable in order.
-        self.committer.append(group_record(storage.log_id, group_id, storage.members))
+        storage = self._new_storage(group_id, tuple(sorted(members)), hosted_at)
         self.system.add_group(group_id, members)
         self.attach_loader(storage)
         return True
 
-    def join_group(self, group_id: GroupId, voters: list[str]) -> bool:
+    def join_group(self, group_id: GroupId, voters: list[str], hosted_at: int = 0) -> bool:
         """Host a group this node is being added to (`propose_conf_change`
         on its leader), with an empty log that starts from the configuration
         `voters` (the group's voters before the change, this node not among
@@ -264,15 +273,26 @@ class RaftRuntime:
         if group_id in self.groups:
             return False
         members = tuple(sorted(voter for voter in voters if voter != self.node_name))
-        storage = GroupStorage(log_id_of(self.next_group_number), group_id, members)
-        self.next_group_number += 1
-        self.groups[group_id] = storage
-        self.groups_by_log[storage.log_id] = storage
-        self.committer.append(group_record(storage.log_id, group_id, storage.members))
+        storage = self._new_storage(group_id, members, hosted_at)
         # As if recovered empty: RaftNode takes a configuration without this node only from storage.
         self.system.add_group(group_id, members, recovered=RecoveredState(HardState(), None, []))
         self.attach_loader(storage)
         return True
+
+    def _new_storage(self, group_id: GroupId, members: tuple[str, ...], hosted_at: int) -> GroupStorage:
+        storage = GroupStorage(log_id_of(self.next_group_number), group_id, members, hosted_at=hosted_at)
+        self.next_group_number += 1
+        self.groups[group_id] = storage
+        self.groups_by_log[storage.log_id] = storage
+        # Before any entry of the group: batches are durable in order.
+        self.committer.append(group_record(storage.log_id, group_id, members, hosted_at))
+        return storage
+
+    def hosted_at(self, group_id: GroupId) -> int | None:
+        """The mark `add_group` or `join_group` was given for the replica hosted
+        here (kept in its GROUP record, so a restart knows it), None if not hosted."""
+        storage = self.groups.get(group_id)
+        return storage.hosted_at if storage is not None else None
 
     def remove_group(self, group_id: GroupId) -> bool:
         """Stop hosting the group; its log is dead from here on."""
@@ -387,6 +407,9 @@ class RaftRuntime:
             "groups_without_leader": sum(1 for group in groups if group.leader_id is None),
             "groups_quiescent": sum(1 for group in groups if group.quiescent),
             "peers_connected": len(self.transport.connected_peers()) if self.transport else 0,
+            "turns": self.turns.turns_run,
+            "frames_sent_to_peers": self.frames_sent,
+            "frames_with_host_messages": self.host_frames,
             "frames_dropped": self.frames_dropped,
             "failed": self.failed is not None,
             "groups_failed": len(self.system.failed_groups),
@@ -414,8 +437,19 @@ class RaftRuntime:
         self.turn_now()
 
     def send(self, peer: str, frame: list) -> None:
-        if self.transport is None or not self.transport.send(peer, frame):
-            self.frames_dropped += 1
+        """The system's frame for `peer`: it leaves at the end of the turn (`end_turn`)."""
+        self.raft_outbox.setdefault(peer, []).append(frame)
+
+    def end_turn(self) -> None:
+        """The end of a turn (and of the host's input between turns): one frame per
+        peer with the turn's Raft messages and the host's (raft/frames.py)."""
+        host = self.take_host_messages() if self.take_host_messages is not None else {}
+        raft, self.raft_outbox = self.raft_outbox, {}
+        for peer, frame in frames.assemble(raft, host):
+            self.frames_sent += 1
+            self.host_frames += frames.HOST in frame
+            if self.transport is None or not self.transport.send(peer, frame):
+                self.frames_dropped += 1
 
     # --- turns (raft/turns.py) ---------------------------------------------------------------------
 
@@ -472,11 +506,14 @@ class RaftRuntime:
             self.fail(error)
 
     def on_frame(self, peer: str, frame: Any) -> None:
+        """A peer's frame: its Raft items stepped, then the frame handed to the host for the rest."""
         if self.stopped or self.failed is not None or self.system is None:
             return
-        if not isinstance(frame, list):
-            raise TypeError(f"a Raft frame from {peer} is a {type(frame).__name__}, not a list")
-        self.system.step(peer, frame)
+        items = frames.raft_items(frame)
+        if items:
+            self.system.step(peer, items)
+        if self.on_host_frame is not None and frames.has_host_parts(frame):
+            self.on_host_frame(peer, frame)
 
     def on_peer_up(self, peer: str) -> None:
         if not self.stopped and self.system is not None:

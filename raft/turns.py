@@ -10,9 +10,9 @@ item 8): the host's proposals of a loop turn are made at the start of the
 Raft turn (`before_turn`), the WAL batch goes to the writer at its end
 (`GroupCommitter.flush`), a durable batch's turn runs in the callback that
 reports it (`turn_now`), and the host's output of a turn (confirms) is written
-at its end (`after_turn`). The host's `end_of_turn` runs at the end of
-every turn, still inside it: the node core's frames, one per peer, leave in
-the turn that made them.
+at its end (`after_turn`). The runtime's `end_of_turn` runs at the end of
+every turn, still inside it: the turn's Raft messages and the host's (the
+node core's), one frame per peer, leave in the turn that made them.
 """
 from __future__ import annotations
 
@@ -41,8 +41,9 @@ class TurnScheduler:
         # the host's callbacks around the next turn (dicts as ordered sets)
         self._before_turn: dict[Callable[[], None], None] = {}
         self._after_turn: dict[Callable[[], None], None] = {}
-        # the host's end of every turn, still inside it (the node's frames, one per peer)
+        # the end of every turn, still inside it (the runtime's: one frame per peer)
         self.end_of_turn: Callable[[], None] | None = None
+        self.turns_run = 0
 
     @property
     def in_turn(self) -> bool:
@@ -98,6 +99,7 @@ class TurnScheduler:
         `after_turn` callbacks."""
         self._turn_handle = None
         self._in_turn = True
+        self.turns_run += 1
         try:
             self._proposing = True
             try:

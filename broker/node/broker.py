@@ -167,7 +167,7 @@ class Broker:
                     queue.tick()
 
     def check_alarms(self) -> None:
-        """Raise or clear the memory alarm; called periodically by the server."""
+        """Raise or clear the memory alarm; called periodically (the cluster shell, on the node core's clock)."""
         memory = self.queued_message_bytes > self.settings.memory_high_watermark_bytes
         try:
             free = self.node_log.free_bytes(self.settings.data_dir)

@@ -18,14 +18,12 @@ hosts:
 
 What the node decides beside Raft (forwarding commands to a group's leader,
 resends, answers, nodes up/down/gone, timers) is the pure `NodeCore`
-(broker/node/node_core.py). This shell feeds it the transport's application
-frames and link events, the runtime's applies and leader changes, and the
+(broker/node/node_core.py). This shell feeds it the application messages
+of the peers' frames and the link events, the runtime's applies and leader changes, and the
 time at every Raft tick; it runs in the runtime's one turn (raft/turns.py):
-the core's frames, one per peer, are written at the end of the turn that
-made them (`end_of_turn`), and input that arrives between turns asks for one.
-
-Application messages travel on the cluster transport beside Raft frames, as
-a dict frame {"a": [message, ...]}.
+at the end of the turn the core's messages for each peer go in ONE frame
+with the turn's Raft messages for it (raft/frames.py: one encode, one send
+per peer), and input that arrives between turns asks for a turn.
 """
 from __future__ import annotations
 
@@ -39,7 +37,6 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from warren.broker.node.node_core import (  # noqa: F401 -- the message kinds and constants, re-exported for the queue shell
-    APP_FRAME_MESSAGES_MAX,
     APPLIED,
     CMD,
     DELIVER,
@@ -55,6 +52,7 @@ from warren.broker.node.node_core import (  # noqa: F401 -- the message kinds an
 )
 from warren.broker.queues import quorum_machine as qm
 from warren.broker.queues.queue_factory import place_members
+from warren.raft.frames import HOST as HOST_PART
 from warren.raft.messages import Entry, EntryKind, Role, Snapshot
 from warren.raft.runtime import RaftRuntime
 from warren.raft.transport import TransportLimits
@@ -77,14 +75,8 @@ class NodeRuntime(RaftRuntime):
     def __init__(self, cluster: "Cluster", *args: Any, **kwargs: Any) -> None:
         self.cluster = cluster
         super().__init__(*args, **kwargs)
-        self.turns.end_of_turn = cluster.end_of_turn
-
-    def on_frame(self, peer: str, frame: Any) -> None:
-        if isinstance(frame, dict):
-            if not self.stopped and self.failed is None:
-                self.cluster.on_app_frame(peer, frame)
-            return
-        super().on_frame(peer, frame)
+        self.take_host_messages = cluster.core_messages
+        self.on_host_frame = cluster.on_app_frame
 
     def on_peer_up(self, peer: str) -> None:
         super().on_peer_up(peer)
@@ -136,7 +128,8 @@ class Cluster:
                                    transport_limits=limits, vital_groups=frozenset({META}))
         nodes = {n.name for n in settings.cluster_nodes} | {self.node}
         self.core = NodeCore(self.node, incarnation or secrets.token_hex(4), nodes, RuntimePort(self.runtime),
-                             settings.cluster_node_gone_seconds, time.monotonic())
+                             settings.cluster_node_gone_seconds, time.monotonic(),
+                             broker_housekeeping_seconds=settings.alarm_check_interval_seconds)
         self.incarnation = self.core.incarnation
         self.nodes = self.core.nodes
         self.multi_node = len(self.nodes) > 1
@@ -224,22 +217,17 @@ class Cluster:
         return self.core
 
     def after_input(self) -> None:
-        """After an input: the core's frames go at the end of this turn, or of one asked for now."""
+        """After an input: the core's messages go at the end of this turn, or of one asked for now."""
         if not self.core.has_output or self.runtime.turns.in_turn:
             return
         if self.runtime.halted() or self.runtime.turns.loop is None:
-            self.end_of_turn()
+            self.runtime.end_turn()
         else:
             self.runtime.request_turn()
 
-    def end_of_turn(self) -> None:
-        """The end of the runtime's turn: the core's frames, one per peer."""
-        transport = self.runtime.transport
-        while self.core.has_output:   # an answer released at the end may send more
-            for peer, frames in self.core.end_turn().items():
-                for frame in frames:
-                    if transport is None or not transport.send(peer, frame):
-                        self.runtime.frames_dropped += 1
+    def core_messages(self) -> dict[str, list]:
+        """The end of the runtime's turn: the core's messages, per peer, to go with Raft's."""
+        return self._input().end_turn()
 
     def on_tick(self) -> None:
         self._input().tick(time.monotonic())
@@ -247,7 +235,18 @@ class Cluster:
         while late:
             index, lagging = late.pop()
             log.warning("metadata.change_not_applied_everywhere", index=index, lagging=lagging)
+        if self.core.take_broker_housekeeping():
+            self.broker_housekeeping()
         self.after_input()
+
+    def broker_housekeeping(self) -> None:
+        """Resource alarms, message TTL and x-expires, consumer timeouts: due on the core's clock."""
+        try:
+            self.broker.check_alarms()
+            self.broker.tick_queues()
+            self.broker.check_consumer_timeouts()
+        except Exception:  # noqa: BLE001 -- housekeeping must go on; the bug is logged
+            log.exception("broker.housekeeping_failed")
 
     # -- submitting commands -----------------------------------------------------
     def submit(self, group: str, data: bytes, callback: Callable[[Any], None] | None = None) -> None:
@@ -336,11 +335,12 @@ class Cluster:
 
     # -- application messages and nodes coming and going -----------------------------------
     def on_app_frame(self, peer: str, frame: dict) -> None:
+        """A peer's frame, its Raft items stepped: the node core's messages (raft/frames.py)."""
         shard_messages = frame.get("s")   # between the shards of one node (broker/node/shard_link.py)
         if shard_messages is not None and self.broker.shard_link is not None:
             self.broker.shard_link.on_messages(peer, shard_messages)
             return
-        for message in self._input().on_frame(peer, frame):
+        for message in self._input().on_messages(peer, frame.get(HOST_PART, ())):
             log.warning("cluster.bad_message", peer=peer, kind=message[0] if message else None)
         self.after_input()
 

@@ -84,6 +84,7 @@ class Metadata:
         self.applied_index = 0   # the group's last entry (or snapshot) applied here
         self.log = MetadataLog(self, META)
         self.reconciler = Reconciler(self)
+        cluster.core.membership = self.reconciler   # run on the core's ticks and turns
 
     def seed_if_empty(self) -> mc.SeedDefinitions | None:
         """On an empty metadata log: the config's definitions, to propose as its first entry."""
@@ -150,7 +151,7 @@ class Metadata:
         counts: dict[str, int] = {}
         for effect in effects:
             try:
-                outcome = self.perform(effect)
+                outcome = self.perform(effect, index)
             except Exception:  # noqa: BLE001 -- a bug: logged; the other effects and entries go on
                 log.exception("metadata.effect_failed", effect=type(effect).__name__, index=index)
                 continue
@@ -158,7 +159,8 @@ class Metadata:
                 counts[effect.group] = outcome
         return counts
 
-    def perform(self, effect: fx.Effect) -> Any:
+    def perform(self, effect: fx.Effect, index: int) -> Any:
+        """Perform one effect of the entry (or snapshot) at `index`."""
         match effect:
             case fx.ExchangeDeclared():
                 read_model.exchange_declared(self.broker, effect)
@@ -167,17 +169,17 @@ class Metadata:
             case fx.BindingChanged():
                 read_model.binding_changed(self.broker, effect)
             case fx.QueueDeclared():
-                self._queue_declared(effect)
+                self._queue_declared(effect, index)
             case fx.Campaign():
                 self._campaign_first(effect)
             case fx.QueueDeleted():
                 return self._queue_deleted(effect)
             case fx.MembersChanged():
-                self._members_changed(effect)
+                self._members_changed(effect, index)
             case fx.HostIfMember():
-                self._host_if_member(effect)
+                self._host_if_member(effect, index)
             case fx.ReplicaReleased():
-                self._replica_released(effect)
+                self._replica_released(effect, index)
             case fx.LeavingNoted():
                 if effect.group in self.cluster.runtime.groups:
                     self.reconciler.converging.add(effect.group)
@@ -195,7 +197,7 @@ class Metadata:
         queue = vhost.queues.get(name) if vhost is not None else None
         return queue if isinstance(queue, QuorumQueue) and queue.group == group else None
 
-    def _queue_declared(self, effect: fx.QueueDeclared) -> None:
+    def _queue_declared(self, effect: fx.QueueDeclared, index: int) -> None:
         vhost = self._vhost(effect.vhost)
         if vhost is None:
             return
@@ -209,7 +211,7 @@ class Metadata:
         vhost.add_queue(queue)
         cluster.queue_known(queue)
         if cluster.node in effect.members:
-            cluster.runtime.add_group(effect.group, list(effect.members))
+            cluster.runtime.add_group(effect.group, list(effect.members), hosted_at=index)
 
     def _campaign_first(self, effect: fx.Campaign) -> None:
         status = self.cluster.runtime.status(effect.group)
@@ -240,18 +242,19 @@ class Metadata:
             self.cluster.runtime.remove_group(queue.group)
         return count
 
-    def _members_changed(self, effect: fx.MembersChanged) -> None:
+    def _members_changed(self, effect: fx.MembersChanged, index: int) -> None:
         queue = self._queue(effect.vhost, effect.name, effect.group)
         if queue is None:
             return
         queue.members = list(effect.members)
         log.info("quorum.members_changed", queue=effect.name, vhost=effect.vhost, op=effect.op, node=effect.node,
                  members=list(effect.members))
-        self.reconciler.soon(effect.group)
+        self.reconciler.soon(effect.group, index)
 
-    def _host_if_member(self, effect: fx.HostIfMember) -> None:
+    def _host_if_member(self, effect: fx.HostIfMember, index: int) -> None:
         """A member that does not host the group joins it: a fresh machine, an
-        empty log starting from the voters before (the leader sends the rest)."""
+        empty log starting from the voters before (the leader sends the rest).
+        The replica is marked with `index`, for `_replica_released`."""
         queue = self._queue(effect.vhost, effect.name, effect.group)
         runtime = self.cluster.runtime
         me = self.cluster.node
@@ -261,14 +264,21 @@ class Metadata:
         if voters is None:
             voters = tuple(member for member in queue.members if member != me)
         queue.machine = qm.QuorumMachine(queue.state.limits)   # a new replica, counting from 0
-        runtime.join_group(queue.group, list(voters))
+        runtime.join_group(queue.group, list(voters), hosted_at=index)
 
-    def _replica_released(self, effect: fx.ReplicaReleased) -> None:
+    def _replica_released(self, effect: fx.ReplicaReleased, index: int) -> None:
+        """This node may drop its replica, unless the one it hosts was made by a
+        later entry: a restart re-applies the metadata entries after the snapshot,
+        and a replica that left, joined again, took entries and acknowledged them
+        must not be dropped (and made again empty) by its old release: its leader
+        counts on what it acknowledged (tests/sim membership seed 0 before this)."""
         self.reconciler.released(effect.group, effect.node)
         queue = self._queue(effect.vhost, effect.name, effect.group)
         cluster = self.cluster
         me = cluster.node
         if queue is None or effect.node != me or me in queue.members or effect.group not in cluster.runtime.groups:
+            return
+        if (cluster.runtime.hosted_at(effect.group) or 0) > index:
             return
         leader = cluster.local_leader(effect.group)
         cluster.runtime.remove_group(effect.group)

@@ -4,7 +4,8 @@ The metadata machine (broker/node/metadata_machine.py) holds each queue's wanted
 members and, per group, the nodes removed that may still hold a replica
 (`MetaState.leaving`); this shell part, with timers, makes each group follow
 them one single-server change at a time (thesis §4.1). The leader of each
-group reconciles, on apply and every `RECONCILE_SECONDS` for groups in flux:
+group reconciles, on apply and every `RECONCILE_SECONDS` (the node core's,
+broker/node/node_core.py) for groups in flux:
 once its configuration is committed it proposes the next change, additions
 first; a leader that is itself removed first hands leadership to the most
 caught-up remaining voter (`TRANSFER_GRACE_SECONDS`, then it proposes its own
@@ -13,11 +14,23 @@ configuration no longer has a leaving node, the leader submits
 `ReleaseReplica`: that node drops its replica. A leaving node not released
 (say the leader restarted and forgot) submits `NoteLeaving` now and then.
 Its decisions read the members and leaving nodes from the machine's state.
+
+A node is added to the group's configuration only once it has applied the
+metadata group through the change that made it a member (its
+METADATA_APPLIED, broker/node/node_core.py): by then it has performed any
+release of an older replica of its own and hosts the one the leader will
+count on. Were it added earlier, its old replica could acknowledge entries
+and then be dropped by a release it applied late, and the leader would
+count on entries nobody holds (tests/sim membership seed 10 before this).
+
+Time comes in ticks: it has no timer and no task of its own. The node's
+`NodeCore` is its clock (broker/node/node_core.py): it runs the periodic
+pass (`tick(now)`) every `RECONCILE_SECONDS` of its ticks, and a group
+whose members just changed (`soon`) at the end of the turn that applied the
+change (`run_due`), so a seeded simulation drives it like any other timer.
 """
 from __future__ import annotations
 
-import asyncio
-import time
 from typing import TYPE_CHECKING
 
 import structlog
@@ -30,7 +43,6 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("warren.metadata")
 
-RECONCILE_SECONDS = 0.2
 # a leader being removed from its group tries this long to hand leadership over, then removes itself
 TRANSFER_GRACE_SECONDS = 2.0
 RELEASE_RESEND_SECONDS = 3.0
@@ -48,26 +60,22 @@ class Reconciler:
         self._transfer_started: dict[str, float] = {}
         self._release_sent: dict[tuple[str, str], float] = {}
         self._leaving_announce: dict[str, tuple[float, float]] = {}   # group -> (next at, interval)
-        self._task: asyncio.Task | None = None
-        self.ensure_running()
+        self.due: set[str] = set()   # groups to reconcile at the end of this turn (`run_due`)
+        # group -> the metadata index of its last members change applied here (a member added
+        # joins the configuration once it applied that far); before any, the index at start
+        self.changed_at: dict[str, int] = {}
+        self.changed_before = 0
 
-    def ensure_running(self) -> None:
-        if self._task is not None and not self._task.done():
-            return
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            return   # no event loop yet: the first membership change starts it
-        self._task = loop.create_task(self._reconcile_forever())
-
-    def soon(self, group: str) -> None:
-        """The group's members changed: reconcile it now and until it converged."""
+    def soon(self, group: str, index: int) -> None:
+        """The group's members changed at metadata `index`: reconcile it at the end
+        of this turn and until it converged."""
         self.converging.add(group)
-        self.ensure_running()
-        asyncio.get_running_loop().call_soon(self._reconcile_one, group)
+        self.due.add(group)
+        self.changed_at[group] = index
 
     def forget(self, group: str) -> None:
         self.converging.discard(group)
+        self.changed_at.pop(group, None)
         self._transfer_started.pop(group, None)
         self._leaving_announce.pop(group, None)
         for key in [key for key in self._release_sent if key[0] == group]:
@@ -76,32 +84,36 @@ class Reconciler:
     def released(self, group: str, node: str) -> None:
         self._release_sent.pop((group, node), None)
 
-    async def _reconcile_forever(self) -> None:
+    def running(self) -> bool:
         runtime = self.cluster.runtime
-        while not runtime.stopped:
-            await asyncio.sleep(RECONCILE_SECONDS)
-            if runtime.system is None or runtime.stopped or runtime.failed is not None:
-                continue
-            try:
-                if self._scan_all:
-                    # After a start: any hosted group may be mid-change (or a replica left behind).
-                    self._scan_all = False
-                    self.converging.update(group for group in self.cluster.queues if group in runtime.groups)
-                for group in list(self.converging):
-                    self.reconcile(group)
-            except Exception:  # housekeeping must go on; the bug is logged
-                log.exception("quorum.reconcile_failed")
+        return runtime.system is not None and not runtime.stopped and runtime.failed is None
 
-    def _reconcile_one(self, group: str) -> None:
-        runtime = self.cluster.runtime
-        if runtime.system is None or runtime.stopped or runtime.failed is not None:
+    def tick(self, now: float) -> None:
+        """The periodic pass (every RECONCILE_SECONDS): every group still converging."""
+        if not self.running():
             return
-        try:
-            self.reconcile(group)
-        except Exception:  # a bug: logged, and the periodic pass tries again
-            log.exception("quorum.reconcile_failed", group=group)
+        if self._scan_all:
+            # After a start: any hosted group may be mid-change (or a replica left behind).
+            self._scan_all = False
+            self.changed_before = self.metadata.applied_index
+            runtime = self.cluster.runtime
+            self.converging.update(group for group in self.cluster.queues if group in runtime.groups)
+        self._reconcile_each(sorted(self.converging), now)
 
-    def reconcile(self, group: str) -> None:
+    def run_due(self, now: float) -> None:
+        """The end of a turn that changed some groups' members: those groups now."""
+        due, self.due = sorted(self.due), set()
+        if self.running():
+            self._reconcile_each(due, now)
+
+    def _reconcile_each(self, groups: list[str], now: float) -> None:
+        for group in groups:
+            try:
+                self.reconcile(group, now)
+            except Exception:  # housekeeping must go on; the bug is logged and the next pass tries again
+                log.exception("quorum.reconcile_failed", group=group)
+
+    def reconcile(self, group: str, now: float) -> None:
         """One step towards the group's configuration being its members; drops
         the group from `converging` when done here."""
         cluster = self.cluster
@@ -119,13 +131,13 @@ class Reconciler:
         if not cluster.is_leader(group):
             self._transfer_started.pop(group, None)
             if me not in members:
-                self._announce_leaving(queue)
+                self._announce_leaving(queue, now)
             elif voters == members and committed and not leaving:
                 self.converging.discard(group)
             return
         if not committed:
             return   # one change at a time (the leader's first entry must commit too)
-        adds = sorted(members - voters)
+        adds = sorted(node for node in members - voters if self._applied_its_change(group, node))
         removes = sorted(voters - members - {me})
         if adds or removes:
             op, node = ("add", adds[0]) if adds else ("remove", removes[0])
@@ -133,16 +145,20 @@ class Reconciler:
                 log.info("quorum.conf_change_proposed", queue=queue.name, vhost=queue.vhost.name, op=op, node=node)
             return
         if me not in members:
-            self._hand_over(group, voters & members)
+            self._hand_over(group, voters & members, now)
             return
         self._transfer_started.pop(group, None)
-        self._release_left(queue, leaving - voters)
-        if not leaving:
+        self._release_left(queue, leaving - voters, now)
+        if not leaving and members <= voters:   # not while a member waits to be added
             self.converging.discard(group)
 
-    def _release_left(self, queue: "QuorumQueue", gone: set[str]) -> None:
+    def _applied_its_change(self, group: str, node: str) -> bool:
+        """Whether `node` (running) applied the metadata group through the group's last members change."""
+        applied = self.cluster.core.answers.peer_applied.get(node)
+        return applied is not None and applied >= self.changed_at.get(group, self.changed_before)
+
+    def _release_left(self, queue: "QuorumQueue", gone: set[str], now: float) -> None:
         """Nodes out of the committed configuration may drop their replicas (resent now and then)."""
-        now = time.monotonic()
         for node in sorted(gone):
             sent = self._release_sent.get((queue.group, node))
             if sent is None or now - sent >= RELEASE_RESEND_SECONDS:
@@ -150,12 +166,11 @@ class Reconciler:
                 self.metadata.submit(mc.ReleaseReplica(queue.vhost.name, queue.name, queue.group, node),
                                      lambda _: None)
 
-    def _hand_over(self, group: str, remaining: set[str]) -> None:
+    def _hand_over(self, group: str, remaining: set[str], now: float) -> None:
         """This node leads `group` but is no longer a member: hand leadership
         to the most caught-up remaining voter, or after `TRANSFER_GRACE_SECONDS`
         propose its own removal (it steps down once that commits)."""
         runtime = self.cluster.runtime
-        now = time.monotonic()
         started = self._transfer_started.setdefault(group, now)
         if now - started >= TRANSFER_GRACE_SECONDS or not remaining:
             if runtime.propose_conf_change(group, "remove", self.cluster.node) is not None:
@@ -167,9 +182,8 @@ class Reconciler:
         if status.lead_transferee != best and runtime.transfer_leadership(group, best):
             log.info("quorum.leadership_handed_over", group=group, to=best)
 
-    def _announce_leaving(self, queue: "QuorumQueue") -> None:
+    def _announce_leaving(self, queue: "QuorumQueue", now: float) -> None:
         group = queue.group
-        now = time.monotonic()
         due = self._leaving_announce.get(group)
         if due is None:
             self._leaving_announce[group] = (now + LEAVING_ANNOUNCE_SECONDS, LEAVING_ANNOUNCE_SECONDS)

@@ -4,8 +4,8 @@ Theory of operation (issue 11, item 4). The node's distributed logic takes
 plain inputs and leaves plain outputs; the asyncio shell (broker/node/cluster.py)
 feeds it and performs what it leaves, once per Raft turn:
 
-* inputs: a channel's command (`submit`), a peer's application frame
-  (`on_frame`), a peer's link up or down (`peer_up` / `peer_down`), the time
+* inputs: a channel's command (`submit`), a peer's application messages
+  (`on_messages`), a peer's link up or down (`peer_up` / `peer_down`), the time
   (`tick(now)`), a committed entry and a group's new leader (`on_applied`,
   `on_role_change`);
 * outputs: one application frame per peer (`take_frames`, at the end of the
@@ -24,9 +24,14 @@ queue de-duplicates). A node's up, down and gone (liveness commands) are
 stated by the current leader's own view only: a peer never forwards them.
 
 Timers are ticks: the housekeeping (resends, nodes gone, bounded metadata
-answers) runs when a tick finds it due, and a new queue's first leader
-campaigns again at the deadlines `campaign_again` set, so a seeded
-simulation drives every timer with its own clock.
+answers) runs when a tick finds it due, a new queue's first leader
+campaigns again at the deadlines `campaign_again` set, and the membership
+reconciler (`MembershipPort`, broker/node/metadata_reconcile.py) makes its
+periodic pass every `RECONCILE_SECONDS` and reconciles a group whose
+members changed at the end of the turn that changed them, and the broker's
+own housekeeping (resource alarms, message TTL and x-expires, consumer
+timeouts) is due every `broker_housekeeping_seconds` (`take_broker_housekeeping`);
+so a seeded simulation drives every timer with its own clock.
 """
 from __future__ import annotations
 
@@ -39,6 +44,7 @@ import msgpack
 from warren.broker.node.metadata_answers import MetadataAnswers
 from warren.broker.queues import queue_codec
 from warren.broker.queues import queue_commands as qc
+from warren.raft.frames import HOST_FRAME_MESSAGES_MAX
 
 META = "meta"
 # application message kinds
@@ -52,7 +58,8 @@ METADATA_APPLIED = 6   # [METADATA_APPLIED, index]: how far the sender applied t
 
 RESEND_SECONDS = 1.0
 HOUSEKEEPING_SECONDS = RESEND_SECONDS / 2
-APP_FRAME_MESSAGES_MAX = 4096
+RECONCILE_SECONDS = 0.2   # the membership reconciler's periodic pass
+APP_FRAME_MESSAGES_MAX = HOST_FRAME_MESSAGES_MAX   # messages in one frame (the runtime cuts beyond it)
 # queue commands whose second field is the channel (owner) that sent them
 OWNER_OPS = frozenset(record.TAG for record in (qc.Checkout, qc.Cancel, qc.Settle, qc.Return, qc.Discard, qc.Suspend,
                                                  qc.Dequeue, qc.Down))
@@ -125,6 +132,16 @@ class QueuePort(Protocol):
     def on_leader_change(self, leader: str | None, leading: bool) -> None: ...
 
 
+class MembershipPort(Protocol):
+    """The quorum queues' membership reconciler (broker/node/metadata_reconcile.py), run on the core's clock."""
+
+    due: set[str]   # groups whose members changed this turn
+
+    def tick(self, now: float) -> None: ...
+
+    def run_due(self, now: float) -> None: ...
+
+
 @dataclass(slots=True)
 class Pending:
     group: str
@@ -136,7 +153,7 @@ class Pending:
 
 class NodeCore:
     def __init__(self, node: str, incarnation: str, nodes: Iterable[str], raft: RaftPort,
-                 node_gone_seconds: float, now: float = 0.0) -> None:
+                 node_gone_seconds: float, now: float = 0.0, broker_housekeeping_seconds: float = 0.5) -> None:
         self.node = node
         # Owners and enqueuers carry it: a restarted node's old sessions are told apart.
         self.incarnation = incarnation
@@ -159,6 +176,11 @@ class NodeCore:
         self._meta_applied_noted = False
         self.next_housekeeping = now + HOUSEKEEPING_SECONDS
         self.campaigns: list[tuple[float, str]] = []   # (due, group): campaign if still leaderless
+        self.membership: MembershipPort | None = None   # set by the metadata shell
+        self.next_reconcile = now + RECONCILE_SECONDS
+        self.broker_housekeeping_seconds = broker_housekeeping_seconds
+        self.next_broker_housekeeping = now + broker_housekeeping_seconds
+        self.broker_housekeeping_due = False
         self.now = now
 
     # -- submitting commands -----------------------------------------------------
@@ -207,8 +229,11 @@ class NodeCore:
         queue = self.queues.get(group)
         if queue is None:
             return None
-        if queue.leader_hint is None or queue.leader_hint in self.down_since:
-            # Not a member here: ask a live member (it forwards to the leader it knows).
+        hint = queue.leader_hint
+        if hint is None or hint in self.down_since or hint not in queue.members:
+            # Not a member here: ask a live member (it forwards to the leader it knows). A hint
+            # no longer a member may not host the group any more, and drops what it is sent
+            # (tests/sim membership seed 2 before this).
             live = [member for member in queue.members if member not in self.down_since]
             queue.leader_hint = live[0] if live else queue.leader_hint
         return queue.leader_hint
@@ -290,26 +315,27 @@ class NodeCore:
 
     @property
     def has_output(self) -> bool:
-        return bool(self.outbox) or self._meta_applied_noted
+        return bool(self.outbox) or self._meta_applied_noted or bool(self.membership and self.membership.due)
 
-    def end_turn(self) -> dict[str, list[dict]]:
-        """The end of the node's turn: tell the peers how far this node applied the
-        metadata group, answer what waited for it, and hand over the frames to send
-        (peer -> frames: one per peer, unless more than APP_FRAME_MESSAGES_MAX messages)."""
-        if self._meta_applied_noted:
+    def end_turn(self) -> dict[str, list[list]]:
+        """The end of the node's turn: reconcile the groups whose members changed,
+        tell the peers how far this node applied the metadata group, answer what
+        waited for it (which may send more), and hand over the turn's messages
+        (peer -> messages)."""
+        if self.membership is not None and self.membership.due:
+            self.membership.run_due(self.now)
+        while self._meta_applied_noted:
             self._meta_applied_noted = False   # once per turn, with the turn's last index
             for peer in self.running_peers():
                 self.send(peer, [METADATA_APPLIED, self.meta_applied_index])
             self.release_answers()
         outbox, self.outbox = self.outbox, {}
-        return {peer: [{"a": messages[start:start + APP_FRAME_MESSAGES_MAX]}
-                       for start in range(0, len(messages), APP_FRAME_MESSAGES_MAX)]
-                for peer, messages in outbox.items()}
+        return outbox
 
-    def on_frame(self, peer: str, frame: dict) -> list[list]:
-        """A peer's application frame; returns the messages that were not well formed."""
+    def on_messages(self, peer: str, messages: list) -> list[list]:
+        """A peer's application messages; returns those that were not well formed."""
         bad = []
-        for message in frame.get("a", ()):
+        for message in messages:
             try:
                 if not self.on_message(peer, message):
                     bad.append(message)
@@ -388,6 +414,17 @@ class NodeCore:
             self.release_answers()   # a wait for a lagging node is bounded
             self.announce()
             self.ask_for_lost_deliveries()
+        if self.membership is not None and now >= self.next_reconcile:
+            self.next_reconcile = now + RECONCILE_SECONDS
+            self.membership.tick(now)
+        if now >= self.next_broker_housekeeping:
+            self.next_broker_housekeeping = now + self.broker_housekeeping_seconds
+            self.broker_housekeeping_due = True
+
+    def take_broker_housekeeping(self) -> bool:
+        """Whether the broker's housekeeping is due (once per period): the shell performs it."""
+        due, self.broker_housekeeping_due = self.broker_housekeeping_due, False
+        return due
 
     def announce(self) -> None:
         """Say again who this node is and how far it applied the metadata group: a

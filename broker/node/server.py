@@ -177,15 +177,6 @@ def _assertions_enabled() -> bool:
     return False
 
 
-async def _housekeeping_forever(broker: Broker) -> None:
-    """Resource alarms, message TTL and x-expires, on one timer."""
-    while True:
-        await asyncio.sleep(broker.settings.alarm_check_interval_seconds)
-        broker.check_alarms()
-        broker.tick_queues()
-        broker.check_consumer_timeouts()
-
-
 async def serve(settings: Settings, inherited: InheritedSockets | None = None) -> int:
     loop = asyncio.get_running_loop()
     # Handlers first: a SIGTERM during start-up must still mean a graceful stop.
@@ -198,7 +189,6 @@ async def serve(settings: Settings, inherited: InheritedSockets | None = None) -
     # The Raft groups (metadata, queues) from the WAL, and the links to the other nodes.
     await broker.start()
     servers, metrics_servers = await _listen_all(broker, settings, inherited)
-    alarm_task = asyncio.create_task(_housekeeping_forever(broker))
     broker.listeners = {"amqp": _addresses(servers), "metrics": _addresses(metrics_servers)}
     log.info("server.started", node=settings.node_name, **broker.listeners, data_dir=str(settings.data_dir),
              version=VERSION)
@@ -207,7 +197,6 @@ async def serve(settings: Settings, inherited: InheritedSockets | None = None) -
     log.info("server.stopping", connections=len(broker.connections))
     for server in servers:
         server.close()
-    alarm_task.cancel()
     broker.shutdown_connections()
     deadline = loop.time() + SHUTDOWN_GRACE_SECONDS
     while broker.connections and loop.time() < deadline:

@@ -112,11 +112,15 @@ class QueueClient:
         sessions, self.unsent = self.unsent, []
         for session in sessions:
             first, session.unsent_from = session.unsent_from, None
-            if first is not None:
-                if session.sent_to is None and session.pending:
-                    # the previous send went nowhere (no leader known yet): send those first,
-                    # else the queue holds the new ones until a resend fills the gap
-                    first = min(first, next(iter(session.pending)))
+            if first is None:
+                continue
+            if session.sent_to is None:
+                # the previous send went nowhere (no leader known yet): send those first, else
+                # the queue holds the new ones until a resend fills the gap; in runs, as some
+                # between them may have been applied
+                for start, end in _runs(list(session.pending)):
+                    self._send_run(session, start, end)
+            else:
                 self._send_run(session, first, session.next_seq)
 
     def _send_run(self, session: EnqueuerSession, first: int, end: int) -> None:

@@ -15,7 +15,9 @@ node, and then, or now and then by choice, reconnects to another node.
   rejects it with requeue (`qc.Return`), as a channel does;
   closing its channel returns what it held (`owner_down`).
 * `Admin` declares and deletes queues through the metadata group, as
-  broker/channel_topology.py does, and notes when the answer came.
+  broker/channel_topology.py does, and notes when the answer came; and adds
+  a node to or removes one from a queue's members as warrenctl's
+  add_member / delete_member do (broker/admin/management.py).
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from typing import Any
 
 from tests.sim.node import VHOST, SimNode
 from warren.broker.node import metadata_commands as mc
+from warren.broker.node.metadata import MembershipError
 from warren.broker.queues import queue_commands as qc
 from warren.protocol.codec import EMPTY_PROPERTIES
 
@@ -171,3 +174,24 @@ class Admin(Client):
             return
         self.world.history.deleting(name)
         self.node.cluster.broker.metadata.submit(mc.DeleteQueue(VHOST, name), lambda _: None)
+
+    def change_member(self, name: str, rng: Any) -> str | None:
+        """Add a node to the queue's members or remove one (not the last), as warrenctl does:
+        checked against this node's metadata state, then submitted; the change made, or None."""
+        if not self.connected:
+            return None
+        metadata = self.node.cluster.broker.metadata
+        record = metadata.state.queue(VHOST, name)
+        if record is None:
+            return None
+        members = list(record.members)
+        choices = [("add", node) for node in self.world.names if node not in members]
+        if len(members) > 1:
+            choices += [("remove", node) for node in members]
+        op, node = rng.choice(choices)
+        try:
+            members = metadata.check_membership(VHOST, name, op, node)
+        except MembershipError:
+            return None
+        metadata.submit(mc.SetMembers(VHOST, name, tuple(members), op, node), lambda _: None)
+        return op

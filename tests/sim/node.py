@@ -69,6 +69,15 @@ class SimBroker:
     def peer_down(self, name: str) -> None:
         self.peers_up.discard(name)
 
+    def check_alarms(self) -> None:
+        pass   # no resource limits in the simulation
+
+    def tick_queues(self) -> None:
+        pass   # no message TTL or x-expires in the simulation
+
+    def check_consumer_timeouts(self) -> None:
+        pass
+
 
 class SimTransport:
     """What the runtime uses of `ClusterTransport`: frames go into the world's network."""

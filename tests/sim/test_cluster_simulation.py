@@ -1,7 +1,8 @@
 """The whole-cluster simulation (tests/sim/world.py) over many seeds, one test per seed.
 
 WARREN_SIM_SEEDS seeds of the faults scenario, half as many with frequent snapshots,
-an eighth as many with slow forwards (default 40: two minutes on a busy core);
+a quarter as many with membership changes, an eighth as many with slow forwards
+(default 40: about three minutes on a busy core);
 a longer soak is `python -m tests.sim --seeds 1000`. A failure names its seed and
 the command that replays it.
 """
@@ -17,6 +18,7 @@ SEEDS = int(os.environ.get("WARREN_SIM_SEEDS", "40"))
 CALM_SEEDS = max(1, SEEDS // 8)
 SNAPSHOT_SEEDS = max(1, SEEDS // 2)
 SLOW_FORWARD_SEEDS = max(5, SEEDS // 8)
+MEMBERSHIP_SEEDS = max(5, SEEDS // 4)
 
 
 @pytest.mark.parametrize("seed", range(SEEDS))
@@ -37,6 +39,15 @@ def test_slow_forwards(seed):
     """Consumers' CHECKOUTs forwarded by a third node reach the leader after their channel's
     DOWN; the stale consumers' messages still reach live ones (seed 4 failed before)."""
     World(SCENARIOS["slow-forwards"], seed).run()
+
+
+@pytest.mark.parametrize("seed", range(MEMBERSHIP_SEEDS))
+def test_membership(seed):
+    """Members added to and removed from the checked queues (warrenctl add_member /
+    delete_member) under faults; at the end each group follows its members. Seeds 0, 2, 3
+    and 10 failed before the fixes that came with this scenario (see tests/sim/world.py)."""
+    world = World(SCENARIOS["membership"], seed).run()
+    assert world.stats.get("member add", 0) + world.stats.get("member remove", 0) > 3, world.stats
 
 
 @pytest.mark.parametrize("seed", range(CALM_SEEDS))

@@ -5,7 +5,8 @@ Theory of operation. One `random.Random(seed)` drives a world of N
 `NodeRuntime` with the real `RaftSystem`, the real metadata and queue
 machines and shells, the real WAL over the fault-injecting file layer), the
 network and failure detector between them (tests/sim/network.py) and the
-simulated clients (tests/sim/clients.py). Time advances `STEP_SECONDS` per
+simulated clients (tests/sim/clients.py; in the `membership` scenario an
+admin also adds and removes queue members). Time advances `STEP_SECONDS` per
 step; in a step the network delivers what is due, the failure detectors
 look, every running node runs its due loop callbacks (ticks, turns) and its
 WAL writer makes some batches durable, the clients act, and the scenario's
@@ -27,6 +28,7 @@ from __future__ import annotations
 import itertools
 import logging
 import random
+import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -65,6 +67,7 @@ class Scenario:
     snapshot_entries: int | None = None   # a queue snapshots (and compacts its log) this often
     forward_delay_rate: float = 0.0   # of the commands a node forwards to the leader: held back longer
     forward_delay_seconds: float = 0.0
+    member_change_rate: float = 0.0   # per step: add a node to a queue's members, or remove one
 
 
 SCENARIOS = {
@@ -74,6 +77,9 @@ SCENARIOS = {
     # after its channel's DOWN (issue 11 item 5): channels close often, forwards lag
     "slow-forwards": Scenario("slow-forwards", nodes=5, reconnect_rate=0.004, fault_rate=0.01, forward_delay_rate=1.0,
                               forward_delay_seconds=1.0),
+    # warrenctl add_member / delete_member on the checked queues while the faults run:
+    # replicas join (empty, caught up by the leader) and leave (after their removal commits)
+    "membership": Scenario("membership", nodes=4, member_change_rate=0.004),
     "calm": Scenario("calm", fault_rate=0.0, drop_rate=0.0, duplicate_rate=0.0, reconnect_rate=0.0, fault_seconds=4.0),
 }
 
@@ -211,6 +217,14 @@ class World:
             install_snapshot(group, snapshot)
         runtime.compact = compacted
         runtime.install_snapshot = installed
+        remove_group = runtime.remove_group
+
+        def removed(group: Any) -> None:
+            # a replica dropped (its queue deleted, or this node released from its members):
+            # if the node joins the group again, a fresh replica applies from the start
+            self.last_applied.pop((node.name, incarnation, group), None)
+            remove_group(group)
+        runtime.remove_group = removed
 
     def check_leader_log(self, node: SimNode, cluster: Any, group: Any) -> None:
         """Leader completeness: a leader of term T holds every entry committed in an earlier
@@ -289,6 +303,11 @@ class World:
                     publisher.publish()
             if self.rng.random() < scenario.churn_rate:
                 self.churn()
+            # no draw unless the scenario asks: the other scenarios' seeds replay as before
+            if scenario.member_change_rate and self.rng.random() < scenario.member_change_rate:
+                op = self.admin.change_member(self.rng.choice(self.queue_names), self.rng)
+                if op is not None:
+                    self.note(f"member {op}")
         for consumer in self.consumers:
             consumer.act()
 
@@ -352,6 +371,16 @@ class World:
 
     # -- a run -------------------------------------------------------------------------------
     def run(self) -> "World":
+        try:
+            return self._run()
+        except SimulationFailure:
+            raise
+        except Exception as error:  # noqa: BLE001 -- a node's assertion: reported with its seed
+            where = traceback.format_exc(limit=-3)
+            self.fail(f"{type(error).__name__}: {error}\n{where}")
+            raise
+
+    def _run(self) -> "World":
         with patch_time(self.clock), quiet_logs(), snapshots_every(self.scenario.snapshot_entries):
             self.start()
             self.started_at = self.clock.now
@@ -395,6 +424,24 @@ class World:
         if len({tuple(q) for q in states.values()}) != 1:
             self.fail(f"the nodes disagree on the queues after healing: {states}")
         self.check_replicas_agree()
+        if self.scenario.member_change_rate:
+            for name in self.queue_names:
+                wrong = self.membership_wrong(name)
+                if wrong:
+                    self.fail(f"queue {name}: its group did not follow its members after healing: {wrong}")
+
+    def membership_wrong(self, name: str) -> str | None:
+        """Why the queue's Raft group does not match its members yet (None: it does): the
+        members' replicas alone host it, and each holds the members as its committed configuration."""
+        record = self.nodes[self.names[0]].cluster.broker.metadata.state.queue("/", name)
+        if record is None:
+            return "no record"
+        members = sorted(record.members)
+        hosting = sorted(n for n, node in self.nodes.items() if record.group in node.cluster.runtime.groups)
+        configs = {n: self.nodes[n].cluster.runtime.configuration(record.group) for n in hosting}
+        if hosting != members or any(config != (tuple(members), True) for config in configs.values()):
+            return f"members {members}, hosted on {hosting}, configurations {configs}"
+        return None
 
     def final_round(self) -> None:
         """Healed and drained, every publisher publishes a few more: each consumer that
@@ -440,5 +487,7 @@ class World:
         if self.history.lost(set(self.queue_names)) or any(p.unconfirmed for p in self.publishers if p.connected):
             return False
         states = [self.state_queues(node) for node in self.nodes.values()]
+        if self.scenario.member_change_rate and any(self.membership_wrong(name) for name in self.queue_names):
+            return False
         return all(state == states[0] for state in states) and all(
             name in node.vhost.queues for node in self.nodes.values() for name in states[0])

@@ -24,10 +24,10 @@ def test_entries_applied_before_the_declaration_reach_the_replica_made_by_it(mon
     broker.cluster = cluster
     metadata = broker.metadata = Metadata(broker, cluster)
     cluster.runtime.groups[GROUP] = None   # recovered and hosted: its entries apply at the first turn
-    monkeypatch.setattr(cluster.runtime, "add_group", lambda group, members: None)   # hosted already
+    monkeypatch.setattr(cluster.runtime, "add_group", lambda group, members, hosted_at=0: None)   # hosted already
     batch = qc.EnqueueBatch("n2/i1/7/1", 1, 0, [["", "q1", EMPTY_PROPERTIES, b"m1", None, 0],
                                                 ["", "q1", EMPTY_PROPERTIES, b"m2", None, 0]])
     cluster.apply(GROUP, Entry(1, 1, EntryKind.NORMAL, queue_codec.encode(batch)))
-    metadata.perform(fx.QueueDeclared(VHOST, "q1", {"x-queue-type": "quorum"}, GROUP, ("n1", "n2", "n3"), False))
+    metadata.perform(fx.QueueDeclared(VHOST, "q1", {"x-queue-type": "quorum"}, GROUP, ("n1", "n2", "n3"), False), 5)
     queue = broker.vhosts[VHOST].queues["q1"]
     assert queue.message_count == 2

@@ -1,4 +1,4 @@
-"""The node's pure core (broker/node_core.py), driven by hand: inputs in, frames and answers out."""
+"""The node's pure core (broker/node_core.py), driven by hand: inputs in, messages per peer and answers out."""
 from __future__ import annotations
 
 from warren.broker.node.metadata_answers import APPLIED_AT, SPREAD_WAIT_SECONDS
@@ -55,32 +55,31 @@ def core_on_a(leaders: dict[str, str | None]) -> NodeCore:
     return core
 
 
-def commands_sent(frames: dict, peer: str) -> list[list]:
-    return [message for frame in frames.get(peer, []) for message in frame["a"] if message[0] == CMD]
+def commands_sent(messages: dict, peer: str) -> list[list]:
+    return [message for message in messages.get(peer, []) if message[0] == CMD]
 
 
 def test_a_command_goes_to_the_leader_and_its_answer_comes_back():
     core = core_on_a({"g": "b"})
     answers = []
     core.submit("g", b"x", answers.append)
-    frames = core.end_turn()
-    assert len(frames["b"]) == 1   # one frame per peer per turn
-    [(_, group, data, origin, token)] = commands_sent(frames, "b")
+    messages = core.end_turn()
+    [(_, group, data, origin, token)] = commands_sent(messages, "b")
     assert (group, data, origin) == ("g", b"x", "a")
-    core.on_frame("b", {"a": [[DONE, "g", token, 7]]})
+    core.on_messages("b", [[DONE, "g", token, 7]])
     assert answers == [7]
 
 
 def test_a_leader_answers_the_origin_when_it_applies():
     core = core_on_a({"g": "a"})
-    core.on_frame("b", {"a": [[CMD, "g", queue_codec.encode(qc.Purge("b", 1, 0)), "b", 5]]})
+    core.on_messages("b", [[CMD, "g", queue_codec.encode(qc.Purge("b", 1, 0)), "b", 5]])
     core.on_applied("g", 1, 3)
-    assert core.end_turn()["b"][0]["a"] == [[DONE, "g", 5, 3]]
+    assert core.end_turn()["b"] == [[DONE, "g", 5, 3]]
 
 
 def test_a_forwarded_liveness_command_is_refused():
     core = core_on_a({"g": "a"})
-    bad = core.on_frame("b", {"a": [[CMD, "g", queue_codec.encode(qc.NodeDown("c", 0)), "b", 5]]})
+    bad = core.on_messages("b", [[CMD, "g", queue_codec.encode(qc.NodeDown("c", 0)), "b", 5]])
     assert len(bad) == 1 and core.raft.proposed == []
 
 
@@ -122,10 +121,10 @@ def declared_here(answers: list) -> NodeCore:
 def test_a_metadata_answer_waits_for_every_running_node():
     answers = []
     core = declared_here(answers)
-    frames = core.end_turn()
-    assert [m for m in frames["b"][0]["a"] if m[0] == METADATA_APPLIED] == [[METADATA_APPLIED, 1]]
+    messages = core.end_turn()
+    assert [m for m in messages["b"] if m[0] == METADATA_APPLIED] == [[METADATA_APPLIED, 1]]
     assert answers == []   # b and c have not applied it
-    core.on_frame("b", {"a": [[METADATA_APPLIED, 1]]})
+    core.on_messages("b", [[METADATA_APPLIED, 1]])
     assert answers == []
     core.peer_down("c")    # a node that goes down holds no one back
     assert answers == ["ok"]
@@ -157,9 +156,9 @@ def test_a_lost_metadata_applied_is_said_again():
     core.peer_down("c")
     core.end_turn()
     core.tick(0.6)
-    repeated = [m for m in core.end_turn()["b"][0]["a"] if m[0] == METADATA_APPLIED]
+    repeated = [m for m in core.end_turn()["b"] if m[0] == METADATA_APPLIED]
     assert repeated == [[METADATA_APPLIED, 1]]
-    core.on_frame("b", {"a": [[METADATA_APPLIED, 1]]})   # b's own repeat
+    core.on_messages("b", [[METADATA_APPLIED, 1]])   # b's own repeat
     assert answers == ["ok"]
 
 
@@ -167,13 +166,13 @@ def test_a_repeated_hello_states_a_node_up_once_per_link():
     ups = []
     core = core_on_a({"g": "a"})
     core.queues["g"].on_node_up = lambda peer, incarnation: ups.append((peer, incarnation))
-    core.on_frame("b", {"a": [[HELLO, "b1"]]})
-    core.on_frame("b", {"a": [[HELLO, "b1"]]})
+    core.on_messages("b", [[HELLO, "b1"]])
+    core.on_messages("b", [[HELLO, "b1"]])
     assert ups == [("b", "b1")]
-    core.on_frame("b", {"a": [[HELLO, "b2"]]})   # restarted
+    core.on_messages("b", [[HELLO, "b2"]])   # restarted
     core.peer_down("b")
     core.peer_up("b")
-    core.on_frame("b", {"a": [[HELLO, "b2"]]})   # after the link came up again
+    core.on_messages("b", [[HELLO, "b2"]])   # after the link came up again
     assert ups == [("b", "b1"), ("b", "b2"), ("b", "b2")]
 
 
@@ -190,3 +189,14 @@ def test_consumers_ask_the_leader_again_for_lost_deliveries():
     queue.leader_hint = "a"   # led here: nothing to ask
     core.tick(1.2)
     assert asked == ["b"]
+
+
+def test_a_leader_hint_that_left_the_members_is_not_used():
+    """A node not hosting the queue's group sends to its hint; once the hint is no longer
+    a member (it released its replica and drops what it is sent), a live member instead."""
+    core = core_on_a({META: "b"})
+    queue = core.queues["q"] = StubQueue("q")
+    queue.members, queue.leader_hint = ["b", "c"], "c"
+    assert core.leader_hint("q") == "c"
+    queue.members = ["b"]   # c was removed
+    assert core.leader_hint("q") == "b"

@@ -225,3 +225,22 @@ def test_closed_channels_are_remembered_for_a_bounded_time(monkeypatch):
     clock[0] += DOWNED_OWNERS_SECONDS + 1
     client.owner_down((8, 1))
     assert list(client.downed_owners) == ["n1/i1/8/1"]
+
+
+def test_publishes_after_a_resend_that_found_no_leader_skip_what_was_applied():
+    """Seq 1 is lost, 2 and 3 applied; a resend finds no leader; the next publish sends
+    the pending seqs in runs (1, then 4), not the range 1..4 over what was applied
+    (a KeyError that dropped the turn's publishes: tests/sim membership seed 3)."""
+    client, route, _ = make_client()
+    publish(client, b"1")
+    route.run_turn()
+    publish(client, b"2", b"3")
+    route.run_turn()
+    client.on_applied(KEY, 2, 3, [])
+    route.leader_now = None
+    client.resend_enqueues(0.0, leader_changed=True)   # the leader is lost: sent to nobody
+    route.leader_now = "b"
+    route.sent.clear()
+    publish(client, b"4")
+    route.run_turn()
+    assert batches(route) == [("b", 1, [b"1"]), ("b", 4, [b"4"])]

@@ -136,3 +136,15 @@ def test_rollovers_carry_the_newest_snapshot_and_a_newer_one_wins(tmp_path):
     group, _ = recover(tmp_path)
     assert group.state.snapshot.data == b"state@90"
     assert [e.index for e in group.state.entries] == list(range(91, 101))
+
+
+def test_the_group_record_keeps_what_hosted_the_replica_through_recovery_and_rollover():
+    """`hosted_at` (the broker's metadata index that hosted the replica) comes back after a
+    restart and is written again at a rollover; a GROUP record without it reads as 0."""
+    older = records.encode(LOG_ID + 1, 0, 0, msgpack.packb([16, "h", list(MEMBERS)], use_bin_type=True))
+    scan = RecoveryScan()
+    for record in records.scan(records.FILE_HEADER + group_record(LOG_ID, "g", MEMBERS, 42) + older).records:
+        scan.visit(record)
+    by_id = {group.group_id: group for group in scan.groups()}
+    assert (by_id["g"].storage().hosted_at, by_id["h"].storage().hosted_at) == (42, 0)
+    assert by_id["g"].storage().rollover_records()[0] == group_record(LOG_ID, "g", MEMBERS, 42)

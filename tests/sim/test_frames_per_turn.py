@@ -1,0 +1,47 @@
+"""One frame per peer per turn (issue 11, item 4): the production node over the simulation,
+every frame a node hands its transport counted against the Raft turn that sent it."""
+from __future__ import annotations
+
+from collections import Counter
+
+from tests.sim.node import SimTransport
+from tests.sim.world import SCENARIOS, World
+from warren.raft import frames
+
+
+def count_frames(monkeypatch, scenario: str, seed: int) -> tuple[World, Counter, Counter]:
+    """Run the world; (world, frames per (node, incarnation, peer, turn), frames by what they carry)."""
+    per_turn: Counter = Counter()
+    carrying: Counter = Counter()
+    worlds: list[World] = []
+    send = SimTransport.send
+
+    def counted(self, peer, frame):
+        node = worlds[0].nodes[self.node]
+        turns = node.cluster.runtime.turns
+        assert turns.in_turn, f"{self.node} sent a frame to {peer} outside a Raft turn"
+        per_turn[(self.node, node.incarnations, peer, turns.turns_run)] += 1
+        carrying[tuple(sorted(frame))] += 1
+        return send(self, peer, frame)
+    monkeypatch.setattr(SimTransport, "send", counted)
+    worlds.append(World(SCENARIOS[scenario], seed))
+    return worlds[0].run(), per_turn, carrying
+
+
+def test_raft_and_node_messages_share_one_frame_per_peer_per_turn(monkeypatch):
+    world, per_turn, carrying = count_frames(monkeypatch, "calm", 0)
+    assert per_turn and max(per_turn.values()) == 1, per_turn.most_common(3)
+    both = carrying[(frames.HOST, frames.RAFT)]
+    # Two frames each before: one of Raft items, one of the node's messages.
+    assert both > 100, carrying
+    assert world.history.counts["confirms"] > 100
+
+
+def test_a_frame_is_split_only_past_its_bounds():
+    raft = {"b": [[["g", 1]], [["g", 2]]], "c": [[["g", 3]]]}
+    host = {"c": [[1], [2], [3]], "d": [[4]]}
+    sent = list(frames.assemble(raft, host, host_max=2))
+    assert sent == [("b", {"r": [["g", 1]]}), ("b", {"r": [["g", 2]]}),
+                    ("c", {"r": [["g", 3]], "a": [[1], [2]]}), ("c", {"a": [[3]]}), ("d", {"a": [[4]]})]
+    assert frames.raft_items(sent[2][1]) == [["g", 3]] and frames.raft_items(sent[4][1]) == []
+    assert frames.has_host_parts(sent[2][1]) and not frames.has_host_parts(sent[0][1])
