@@ -5,7 +5,7 @@ Not a pytest test (the name does not start with ``test_``); run it directly:
 
     .venv/bin/python tests/bench_restart.py [--messages 1000000] [--queues 10] [--signal kill|term]
 
-1. start ``python -m broker`` (this interpreter) on free ports with a fresh data dir;
+1. start ``python -m warren.broker`` (this interpreter, one process) on free ports with a fresh data dir;
 2. publish --messages persistent 16-byte messages, spread evenly over --queues durable
    queues, with publisher confirms (one raw pamqp connection per queue, pipelined);
 3. stop the server with SIGKILL (default) or SIGTERM;

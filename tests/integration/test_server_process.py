@@ -37,13 +37,13 @@ USERS = json.dumps([{"name": "alice", "password": ALICE_PASSWORD},
 
 
 def run_broker(env: dict, *args: str, timeout: float = BAD_CONFIG_EXIT_SECONDS) -> subprocess.CompletedProcess:
-    """Run ``python -m broker`` expecting it to exit by itself; fail if it does not."""
+    """Run ``python -m warren.broker`` expecting it to exit by itself; fail if it does not."""
     started = time.monotonic()
     try:
         result = subprocess.run([sys.executable, "-m", "warren.broker", *args], env=env, capture_output=True,
                                 text=True, timeout=timeout)
     except subprocess.TimeoutExpired as error:
-        pytest.fail(f"python -m broker {' '.join(args)} was still running after {timeout}s "
+        pytest.fail(f"python -m warren.broker {' '.join(args)} was still running after {timeout}s "
                     f"(stderr so far: {error.stderr!r})")
     result.elapsed = time.monotonic() - started
     return result
