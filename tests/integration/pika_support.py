@@ -98,6 +98,13 @@ def drain(channel, queue: str) -> list[bytes]:
     raise AssertionError(f"queue {queue!r} held more than {DRAIN_MESSAGES_MAX} messages")
 
 
+def publish_confirmed(channel, queue: str, bodies: list[bytes]) -> None:
+    """Persistent, mandatory publishes on a confirming channel: each returns once confirmed."""
+    channel.confirm_delivery()
+    for body in bodies:
+        channel.basic_publish("", queue, body, pika.BasicProperties(delivery_mode=2), mandatory=True)
+
+
 def message_count(connection: pika.BlockingConnection, queue: str) -> int:
     channel = connection.channel()
     try:

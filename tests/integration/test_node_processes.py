@@ -14,6 +14,7 @@ import urllib.request
 import pika
 import pytest
 
+from tests.integration.pika_support import publish_confirmed
 from tests.integration.quorum_cluster import wait_for
 from tests.serverproc import ServerProcess, make_server
 
@@ -123,12 +124,6 @@ def close_all(by_shard: dict[int, list]) -> None:
         for connection in connections:
             if connection.is_open:
                 connection.close()
-
-
-def publish_confirmed(channel, queue: str, bodies: list[bytes]) -> None:
-    channel.confirm_delivery()
-    for body in bodies:
-        channel.basic_publish("", queue, body, pika.BasicProperties(delivery_mode=2), mandatory=True)
 
 
 def drain(channel, queue: str, count: int) -> list[bytes]:

@@ -7,6 +7,7 @@ import time
 import pika
 import pytest
 
+from tests.integration.pika_support import publish_confirmed
 from tests.integration.quorum_cluster import queue_view, wait_for
 from tests.serverproc import make_server
 
@@ -15,12 +16,6 @@ QUORUM = {"x-queue-type": "quorum"}
 
 def declare(channel, name: str, **arguments) -> None:
     channel.queue_declare(name, durable=True, arguments={**QUORUM, **arguments})
-
-
-def publish_confirmed(channel, name: str, bodies: list[bytes]) -> None:
-    channel.confirm_delivery()
-    for body in bodies:
-        channel.basic_publish("", name, body, pika.BasicProperties(delivery_mode=2), mandatory=True)
 
 
 def drain(channel, name: str, count: int) -> list[bytes]:
