@@ -61,7 +61,7 @@ class User(BaseModel):
 class ClusterNode(BaseModel):
     """A member of the cluster: its node name and where its cluster port listens."""
 
-    name: str = Field(min_length=1)
+    name: str = Field(min_length=1, pattern=r"^[^!\s]+$")   # '!': raft/member_ids.py
     host: str = Field(min_length=1)
     port: int = Field(25672, ge=1, le=65535)
 
@@ -71,7 +71,9 @@ class Settings(BaseSettings):
         env_prefix="WARREN_", extra="forbid", validate_default=True
     )
 
-    node_name: str = "warren@localhost"
+    # '!' and '#' are taken: a quorum queue replica's id is `node!epoch` (raft/member_ids.py),
+    # a shard of a node over several processes is `node#k` (broker/node/shards.py)
+    node_name: str = Field("warren@localhost", min_length=1, pattern=r"^[^!#\s]+$")
     # One address or several, comma-separated. The default, as RabbitMQ's listeners:
     # every interface over IPv6 and IPv4 (IPv6 is skipped on a host without it).
     amqp_host: str = Field("::,0.0.0.0", min_length=1)

@@ -70,6 +70,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from warren.raft.core import RaftNode, Ready
+from warren.raft.member_ids import node_of
 from warren.raft.messages import Entry, HardState, Heartbeat, Role, Snapshot
 
 GroupId = int | str   # msgpack-able; the WAL's log_id when an int
@@ -133,7 +134,7 @@ def persist_item(group_id: GroupId, ready: Ready) -> PersistItem | None:
 def leader_may_quiesce(raft: RaftNode, down_nodes: set[str] | frozenset[str]) -> bool:
     """Whether a leader has nothing left to do (see the module docstring).
     Voters on down nodes are left out; the rest must be a caught-up quorum."""
-    return raft.is_idle(down_nodes)
+    return raft.is_idle([voter for voter in raft.voters if node_of(voter) in down_nodes] if down_nodes else ())
 
 
 def quiesce_heartbeats(raft: RaftNode, down_nodes: set[str] | frozenset[str]) -> list[Heartbeat]:
@@ -141,7 +142,7 @@ def quiesce_heartbeats(raft: RaftNode, down_nodes: set[str] | frozenset[str]) ->
     holds the commit index (leader_may_quiesce), so it is the heartbeat the
     core would send: min(commit, match) == commit."""
     return [Heartbeat(raft.term, raft.node_id, voter, raft.commit_index)
-            for voter in raft.voters if voter != raft.node_id and voter not in down_nodes]
+            for voter in raft.voters if voter != raft.node_id and node_of(voter) not in down_nodes]
 
 
 def follower_may_quiesce(raft: RaftNode, heartbeat: Heartbeat) -> bool:

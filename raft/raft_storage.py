@@ -22,10 +22,12 @@ Records. Two families, told apart by the index (and checked by the kind):
   (0 NORMAL, 1 CONFIG, 2 NOOP);
 * control records: index = 0 (no entry has index 0), payload msgpack
   `[control_kind, ...]` with `control_kind` >= 16:
-    GROUP      16  `[16, group_id, [member, ...], hosted_at]` term 0: this log is
-                   that group's (its members as first hosted; `hosted_at`, the
-                   host's mark of what hosted it, e.g. the broker's metadata
-                   index, 0 if none; a record without it reads as 0)
+    GROUP      16  `[16, group_id, [member, ...], hosted_at, me]` term 0: this
+                   log is that group's (its members as first hosted; `hosted_at`,
+                   the host's mark of what hosted it, e.g. the broker's metadata
+                   index, 0 if none; `me`, this replica's member id, "" for the
+                   node's name (raft/member_ids.py); a record without them reads
+                   as 0 and "")
     HARD_STATE 17  `[17, term, voted_for | nil, commit_index]` term = term
     SNAPSHOT   18  `[18, index, term, [voter, ...], data]` term = snapshot's
     REMOVED    19  `[19]` term 0: the group left this node; its log is dead
@@ -143,8 +145,8 @@ def entry_record(log_id: int, entry: Entry) -> bytes:
     return records.encode(log_id, entry.term, entry.index, _pack([int(entry.kind), entry.data]))
 
 
-def group_record(log_id: int, group_id: GroupId, members: tuple[str, ...], hosted_at: int = 0) -> bytes:
-    return records.encode(log_id, 0, CONTROL_INDEX, _pack([GROUP, group_id, list(members), hosted_at]))
+def group_record(log_id: int, group_id: GroupId, members: tuple[str, ...], hosted_at: int = 0, me: str = "") -> bytes:
+    return records.encode(log_id, 0, CONTROL_INDEX, _pack([GROUP, group_id, list(members), hosted_at, me]))
 
 
 def hard_state_record(log_id: int, hard_state: HardState) -> bytes:
@@ -206,6 +208,7 @@ class GroupStorage:
     # can leave memory (RaftLog.evict) and be read back; pruned below the cursor
     locations: dict[int, Location] = field(default_factory=dict)
     hosted_at: int = 0   # the host's mark of what made it host this replica (GROUP record)
+    me: str = ""         # this replica's member id, "" for the node's name (GROUP record)
 
     def records_for(self, item: PersistItem) -> list[bytes]:
         """The records for one group's Ready, in the order the core asks."""
@@ -240,7 +243,7 @@ class GroupStorage:
         byte strings to write in this order: GROUP, SNAPSHOT (in two pieces,
         see `snapshot_record_pieces`, so that joining the first batch copies
         the snapshot's data once), HARD_STATE."""
-        encoded = [group_record(self.log_id, self.group_id, self.members, self.hosted_at)]
+        encoded = [group_record(self.log_id, self.group_id, self.members, self.hosted_at, self.me)]
         if self.snapshot is not None:
             encoded.extend(snapshot_record_pieces(self.log_id, self.snapshot))
         if self.hard_state != HardState():
@@ -258,16 +261,17 @@ class RecoveredGroup:
     state: RecoveredState
     locations: dict[int, Location] = field(default_factory=dict)
     hosted_at: int = 0
+    me: str = ""
 
     def storage(self) -> GroupStorage:
         return GroupStorage(self.log_id, self.group_id, self.members, self.state.hard_state, self.state.snapshot,
-                            self.locations, self.hosted_at)
+                            self.locations, self.hosted_at, self.me)
 
 
 class LogScan:
     """One log id's records as replay meets them (see the module docstring)."""
 
-    __slots__ = ("entries", "group_id", "hard_state", "hosted_at", "last_index", "locations", "log_id", "members",
+    __slots__ = ("entries", "group_id", "hard_state", "hosted_at", "last_index", "locations", "log_id", "me", "members",
                  "removed", "snapshot")
 
     def __init__(self, log_id: int) -> None:
@@ -275,6 +279,7 @@ class LogScan:
         self.group_id: GroupId | None = None
         self.members: tuple[str, ...] = ()
         self.hosted_at = 0
+        self.me = ""
         self.removed = False
         self.hard_state = HardState()
         self.snapshot: Snapshot | None = None
@@ -308,6 +313,7 @@ class LogScan:
                 self.group_id = group_id
                 self.members = tuple(members)
                 self.hosted_at = fields[3] if len(fields) > 3 else 0
+                self.me = fields[4] if len(fields) > 4 else ""
             case 17:   # HARD_STATE
                 _, term, voted_for, commit_index = fields
                 self.hard_state = HardState(term, voted_for, commit_index)
@@ -348,7 +354,8 @@ class LogScan:
         if hard_state.commit_index > last_index:
             hard_state = HardState(hard_state.term, hard_state.voted_for, last_index)
         return RecoveredGroup(self.log_id, self.group_id, self.members,
-                              RecoveredState(hard_state, self.snapshot, entries), self.locations, self.hosted_at)
+                              RecoveredState(hard_state, self.snapshot, entries), self.locations, self.hosted_at,
+                              self.me)
 
 
 class RecoveryScan:

@@ -22,6 +22,7 @@ import zlib
 from collections.abc import Collection, Sequence
 
 from warren.raft.group import GroupId
+from warren.raft.member_ids import node_of
 
 
 def stable_hash(group_id: GroupId) -> int:
@@ -33,10 +34,10 @@ def stable_hash(group_id: GroupId) -> int:
 
 def campaigner(group_id: GroupId, voters: Sequence[str], down_nodes: Collection[str]) -> str | None:
     """The survivor that campaigns when the group lost its leader: one of
-    the `voters` on nodes that are up, chosen by the group id (so that the
+    the `voters` (member ids) on nodes that are up, chosen by the group id (so that the
     lost node's groups spread their new leaders over the survivors), or
     None when those voters are no quorum (nobody could win)."""
-    live = sorted(v for v in voters if v not in down_nodes)
+    live = sorted(v for v in voters if node_of(v) not in down_nodes)
     if len(live) < len(voters) // 2 + 1:
         return None
     return live[stable_hash(group_id) % len(live)]

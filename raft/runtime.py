@@ -98,6 +98,7 @@ from warren.raft import frames
 from warren.raft.core import RecoveredState, Status
 from warren.raft.entry_locations import EntryLocations
 from warren.raft.group import GroupId, GroupMetrics
+from warren.raft.member_ids import node_of
 from warren.raft.messages import ConfigChangeOp, Entry, HardState, Role, Snapshot
 from warren.raft.persistence import RaftPersistence
 from warren.raft.raft_storage import (
@@ -210,7 +211,8 @@ class RaftRuntime:
         for recovered in recovered_groups:
             storage = self.groups[recovered.group_id] = recovered.storage()
             self.groups_by_log[storage.log_id] = storage
-            self.system.add_group(recovered.group_id, recovered.members, recovered=recovered.state)
+            self.system.add_group(recovered.group_id, recovered.members, recovered=recovered.state,
+                                  me=recovered.me or None)
             self.attach_loader(storage)
         # Once every recovered group is hosted: installing one group's snapshot (the
         # broker's metadata) may ask for other groups, which must be found hosted.
@@ -262,31 +264,46 @@ class RaftRuntime:
         self.attach_loader(storage)
         return True
 
-    def join_group(self, group_id: GroupId, voters: list[str], hosted_at: int = 0) -> bool:
+    def join_group(self, group_id: GroupId, voters: list[str], hosted_at: int = 0, me: str | None = None) -> bool:
         """Host a group this node is being added to (`propose_conf_change`
-        on its leader), with an empty log that starts from the configuration
-        `voters` (the group's voters before the change, this node not among
-        them): it neither campaigns nor counts as a voter until the leader's
-        entries (the CONFIG entry adding it) or snapshot say it is one, as
-        etcd-raft's joining nodes. False if it is hosted already."""
+        on its leader) as the replica `me` (a member id not used in the group
+        before, raft/member_ids.py; the node's name by default), with an empty
+        log that starts from the configuration `voters` (member ids: the
+        group's voters before the change, `me` not among them): it neither
+        campaigns nor counts as a voter until the leader's entries (the CONFIG
+        entry adding it) or snapshot say it is one, as etcd-raft's joining
+        nodes. False if it is hosted already."""
         self.check_running()
         if group_id in self.groups:
             return False
-        members = tuple(sorted(voter for voter in voters if voter != self.node_name))
-        storage = self._new_storage(group_id, members, hosted_at)
+        me = me or self.node_name
+        members = tuple(sorted(voter for voter in voters if voter != me))
+        storage = self._new_storage(group_id, members, hosted_at, me)
         # As if recovered empty: RaftNode takes a configuration without this node only from storage.
-        self.system.add_group(group_id, members, recovered=RecoveredState(HardState(), None, []))
+        self.system.add_group(group_id, members, recovered=RecoveredState(HardState(), None, []), me=me)
         self.attach_loader(storage)
         return True
 
-    def _new_storage(self, group_id: GroupId, members: tuple[str, ...], hosted_at: int) -> GroupStorage:
-        storage = GroupStorage(log_id_of(self.next_group_number), group_id, members, hosted_at=hosted_at)
+    def _new_storage(self, group_id: GroupId, members: tuple[str, ...], hosted_at: int,
+                     me: str | None = None) -> GroupStorage:
+        mark = "" if me in (None, self.node_name) else me
+        storage = GroupStorage(log_id_of(self.next_group_number), group_id, members, hosted_at=hosted_at, me=mark)
         self.next_group_number += 1
         self.groups[group_id] = storage
         self.groups_by_log[storage.log_id] = storage
         # Before any entry of the group: batches are durable in order.
-        self.committer.append(group_record(storage.log_id, group_id, members, hosted_at))
+        self.committer.append(group_record(storage.log_id, group_id, members, hosted_at, mark))
         return storage
+
+    def voter_on(self, group_id: GroupId, node: str) -> str | None:
+        """The voter of the group's latest configuration that runs on `node`, if any."""
+        configuration = self.configuration(group_id)
+        return next((voter for voter in configuration[0] if node_of(voter) == node), None) if configuration else None
+
+    def member_id(self, group_id: GroupId) -> str | None:
+        """This node's replica's member id in the group, None if not hosted."""
+        storage = self.groups.get(group_id)
+        return None if storage is None else storage.me or self.node_name
 
     def hosted_at(self, group_id: GroupId) -> int | None:
         """The mark `add_group` or `join_group` was given for the replica hosted
@@ -334,7 +351,8 @@ class RaftRuntime:
         return self.system.campaign(group_id)
 
     def propose_conf_change(self, group_id: GroupId, op: ConfigChangeOp | str, node_id: str) -> int | None:
-        """Add or remove one voter (`RaftSystem.propose_conf_change`, thesis
+        """Add or remove one voter, `node_id` a member id (raft/member_ids.py;
+        `RaftSystem.propose_conf_change`, thesis
         §4.1): the index of the CONFIG entry, or None -- not the leader, an
         earlier change (or the leader's first entry) is not committed yet,
         nothing to change, no such group, or the runtime is not running."""
@@ -343,7 +361,7 @@ class RaftRuntime:
         return self.system.propose_conf_change(group_id, op, node_id)
 
     def transfer_leadership(self, group_id: GroupId, to: str) -> bool:
-        """This node, leading the group, hands leadership to the voter `to`
+        """This node, leading the group, hands leadership to the voter `to` (a member id)
         (thesis §3.10; aborted after an election timeout); False if it cannot."""
         if self.system is None or self.stopped or self.failed is not None:
             return False
@@ -355,8 +373,8 @@ class RaftRuntime:
         return self.system is not None and group_id in self.system
 
     def configuration(self, group_id: GroupId) -> tuple[tuple[str, ...], bool] | None:
-        """The group's voters as this node's log has them (the latest
-        configuration, committed or not, thesis §4.1) and whether this node
+        """The group's voters (member ids, raft/member_ids.py) as this node's log
+        has them (the latest configuration, committed or not, thesis §4.1) and whether this node
         knows it committed; None if the group is not hosted here."""
         if not self.hosted(group_id):
             return None
@@ -387,10 +405,10 @@ class RaftRuntime:
         return self.locations.entry_data(storage, self.system.groups[group_id].raft.log, index)
 
     def leader_of(self, group_id: GroupId) -> str | None:
-        """The leader this node knows of, None if none or not hosted here."""
+        """The node of the leader this node knows of, None if none or not hosted here."""
         if not self.hosted(group_id):
             return None
-        return self.system.group_metrics(group_id).leader_id
+        return self.system.leader_id(group_id)
 
     def group_metrics(self, group_id: GroupId) -> GroupMetrics:
         assert self.system is not None

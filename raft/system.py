@@ -9,9 +9,9 @@ reads no clock; the shell hands it inputs and gives it four callables:
   `on_persisted(token)`, possibly from inside `persist` if storage is
   synchronous. With `storage.group_commit`, the token is the batch number
   the last record went into (batches become durable in order).
-* `send(peer, frame)`: one frame per peer node, a list of items
-  `[group_id, message_wire]` or `[group_id, message_wire, QUIESCE]` (a
-  leader's last heartbeat before it falls quiet); msgpack-able as is.
+* `send(peer, frame)`: one frame per peer node (voters are member ids, raft/member_ids.py, and
+  `node_of` gives their node), a list of items `[group_id, message_wire]` or `[group_id,
+  message_wire, QUIESCE]` (a leader's last heartbeat before it falls quiet); msgpack-able.
 * `apply(group_id, entry)`: every committed entry, in order (NORMAL, NOOP
   and CONFIG: the state machine skips what it does not use). After a
   restart, entries after the snapshot are applied again; the system does
@@ -21,10 +21,9 @@ reads no clock; the shell hands it inputs and gives it four callables:
 * `install_snapshot(group_id, snapshot)`, `on_role_change(group_id, role,
   leader_id, term)`, `request_turn()`: optional.
 
-Inputs: `add_group`, `remove_group`, `propose`, `propose_conf_change`,
-`transfer_leadership`, `campaign`, `compact`, `step(from_node, frame)`, `tick()` on a
-timer, `peer_down(node)` / `peer_up(node)` from the transport's per-node
-failure detector, `on_persisted(token)`. Then, once per event-loop turn,
+Inputs: `add_group`, `remove_group`, `propose`, `propose_conf_change`, `transfer_leadership`,
+`campaign`, `compact`, `step(from_node, frame)`, `tick()` on a timer, `peer_down(node)` /
+`peer_up(node)` from the transport's per-node failure detector, `on_persisted(token)`. Then, once per event-loop turn,
 `process_ready()`, which keeps the etcd-raft order across all groups at once
 (persist, then send, then apply, then advance):
 
@@ -40,15 +39,14 @@ failure detector, `on_persisted(token)`. Then, once per event-loop turn,
 4. sends what was queued: at most one frame per peer node (split only
    beyond `frame_max_messages`).
 
-A group has at most one Ready outstanding; it may be stepped, ticked and
-proposed to meanwhile, and its next Ready is taken after `advance`, so a
-message always travels after the persist of the state it promises (a vote,
-an acknowledged entry, a term). Only groups that were touched are visited
-by `process_ready`; only awake groups are visited by `tick`: idle groups cost
-nothing. Quiescence, and why it is safe, is explained in raft/group.py.
+A group has at most one Ready outstanding; it may be stepped, ticked and proposed to meanwhile,
+and its next Ready is taken after `advance`, so a message always travels after the persist of the
+state it promises (a vote, an acknowledged entry, a term). Only groups that were touched are
+visited by `process_ready`; only awake groups are visited by `tick`: idle groups cost nothing.
+Quiescence, and why it is safe, is explained in raft/group.py.
 
-Losing a node: `peer_down(node)` wakes the groups with a member there, and
-those whose leader was there elect a new one at once (raft/reelection.py).
+Losing a node: `peer_down(node)` wakes the groups with a member there, and those whose leader was
+there elect a new one at once (raft/reelection.py).
 
 A failed persist (`on_persisted(token, ok=False)`) leaves groups whose state
 in memory is ahead of the disk: `process_ready` then raises `PersistFailed`
@@ -61,13 +59,11 @@ time, also from inside `apply` during `process_ready` (the broker's metadata
 group applies a queue's deletion): a Ready of the group already taken is
 then neither persisted nor completed (see `still_hosted`). A failure that
 belongs to one group stays in that group: an exception out of its `apply`,
-`install_snapshot` or `on_role_change`, or out of the core while completing
-its Ready, or the shell's `fail_group` (say its records could not be
-encoded), makes the group failed: it is no longer hosted (no ticks, messages,
-proposals or applies, as a crashed replica: Raft tolerates that, and its
-records on disk bring it back at the next start), `failed_groups` keeps the
-error and `on_group_failed(group_id, error)` is called; every other group
-goes on.
+`install_snapshot` or `on_role_change`, or out of the core while completing its Ready, or the
+shell's `fail_group` (say its records could not be encoded), makes the group failed: it is no
+longer hosted (no ticks, messages, proposals or applies, as a crashed replica: Raft tolerates
+that, and its records on disk bring it back at the next start), `failed_groups` keeps the error
+and `on_group_failed(group_id, error)` is called; every other group goes on.
 """
 from __future__ import annotations
 
@@ -84,6 +80,7 @@ from warren.raft.group import (
 from warren.raft.messages import (
     ConfigChangeOp, Entry, Heartbeat, HeartbeatResponse, Message, Role, Snapshot, from_wire, to_wire,
 )
+from warren.raft.member_ids import node_of
 from warren.raft.reelection import campaigner
 
 if TYPE_CHECKING:
@@ -161,12 +158,13 @@ class RaftSystem:
     # --- groups ------------------------------------------------------------------------------
 
     def add_group(self, group_id: GroupId, members: Iterable[str], recovered: RecoveredState | None = None,
-                  **raft_options) -> None:
-        """Host a group whose voters are `members` (node names, this node
-        among them), fresh or rebuilt from what storage recovered."""
+                  me: str | None = None, **raft_options) -> None:
+        """Host a group whose voters are `members` (member ids, raft/member_ids.py; `me`
+        this replica's, the node's name by default), fresh or rebuilt from storage."""
         assert group_id not in self.groups, f"group {group_id!r} already hosted"
+        assert me is None or node_of(me) == self.node_name, f"{me} is not a replica on {self.node_name}"
         options = {**self.raft_options, **raft_options}
-        raft = RaftNode(self.node_name, sorted(members), self.rng, storage=recovered, **options)
+        raft = RaftNode(me or self.node_name, sorted(members), self.rng, storage=recovered, **options)
         group = Group(group_id, raft)
         self.groups[group_id] = group
         self.index_members(group)
@@ -184,7 +182,7 @@ class RaftSystem:
         self.touched.pop(group_id, None)
         self.carried_commits.drop(group_id)
         for member in group.members:
-            self.members_on.get(member, {}).pop(group_id, None)
+            self.members_on.get(node_of(member), {}).pop(group_id, None)
 
     def fail_group(self, group_id: GroupId, error: BaseException) -> None:
         """Contain a failure to the group it belongs to: stop hosting it (as
@@ -205,10 +203,10 @@ class RaftSystem:
         if voters == group.members:
             return
         for member in group.members:
-            self.members_on.get(member, {}).pop(group.group_id, None)
+            self.members_on.get(node_of(member), {}).pop(group.group_id, None)
         for member in voters:
-            if member != self.node_name:
-                self.members_on.setdefault(member, {})[group.group_id] = group
+            if member != group.raft.node_id:
+                self.members_on.setdefault(node_of(member), {})[group.group_id] = group
         group.members = voters
 
     def __contains__(self, group_id: GroupId) -> bool:
@@ -268,7 +266,8 @@ class RaftSystem:
         """A frame from a peer node: messages for many groups. Items for
         groups not hosted here, or not addressed from `from_node` to this
         node, are dropped and counted; a malformed item raises (the
-        transport should then drop the connection)."""
+        transport should then drop the connection). So is a message for another
+        (older, dropped) replica id on this node (raft/member_ids.py)."""
         for item in frame:
             self.counters.messages_received += 1
             group = self.groups.get(item[0])
@@ -277,7 +276,7 @@ class RaftSystem:
                 self.counters.messages_dropped += 1
                 continue
             message = from_wire(item[1])
-            if message.to != self.node_name or message.sender != from_node:
+            if message.to != group.raft.node_id or node_of(message.sender) != from_node:
                 self.counters.messages_dropped += 1
                 continue
             self.on_message(group, message, quiesce=len(item) > 2 and item[2] == QUIESCE)
@@ -383,9 +382,9 @@ class RaftSystem:
         configuration) the others' election timers still elect, as before."""
         for group in list(self.members_on.get(node, {}).values()):
             raft = group.raft
-            if raft.leader_id != node or not raft.forget_leader():
+            if raft.leader_id is None or node_of(raft.leader_id) != node or not raft.forget_leader():
                 continue
-            if campaigner(group.group_id, group.raft.voters, self.down_nodes) == self.node_name:
+            if campaigner(group.group_id, group.raft.voters, self.down_nodes) == raft.node_id:
                 raft.campaign()
             self.touch(group)
 
@@ -517,7 +516,7 @@ class RaftSystem:
 
     def queue_messages(self, group_id: GroupId, ready: Ready) -> None:
         for message in ready.messages:
-            self.queue(message.to, [group_id, to_wire(message)])
+            self.queue(node_of(message.to), [group_id, to_wire(message)])
 
     def complete(self, group: Group, ready: Ready, messages_sent: bool = False) -> None:
         """`ready` is durable: send its messages (unless they went out already,
@@ -544,7 +543,8 @@ class RaftSystem:
                 return   # the group dropped itself: nothing of it is left to advance
         raft.advance(ready)
         if ready.soft_state is not None and self.on_role_change is not None:
-            self.on_role_change(group_id, Role(ready.soft_state.role), ready.soft_state.leader_id, raft.term)
+            leader = ready.soft_state.leader_id
+            self.on_role_change(group_id, Role(ready.soft_state.role), leader and node_of(leader), raft.term)
             if not self.still_hosted(group):
                 return
         self.index_members(group)
@@ -584,7 +584,9 @@ class RaftSystem:
         return self.groups[group_id].raft.role
 
     def leader_id(self, group_id: GroupId) -> str | None:
-        return self.groups[group_id].raft.leader_id
+        """The node of the leader this replica knows of."""
+        leader = self.groups[group_id].raft.leader_id
+        return leader and node_of(leader)
 
     def is_quiescent(self, group_id: GroupId) -> bool:
         return self.groups[group_id].quiescent

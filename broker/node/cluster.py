@@ -53,6 +53,7 @@ from warren.broker.node.node_core import (  # noqa: F401 -- the message kinds an
 from warren.broker.queues import quorum_machine as qm
 from warren.broker.queues.queue_factory import place_members
 from warren.raft.frames import HOST as HOST_PART
+from warren.raft.member_ids import node_of
 from warren.raft.messages import Entry, EntryKind, Role, Snapshot
 from warren.raft.runtime import RaftRuntime
 from warren.raft.transport import TransportLimits
@@ -106,7 +107,8 @@ class RuntimePort:
     def leader_of(self, group: str) -> str | None:
         system = self.runtime.system
         hosted = system.groups.get(group) if system is not None else None
-        return hosted.raft.leader_id if hosted is not None else None
+        leader = hosted.raft.leader_id if hosted is not None else None
+        return leader and node_of(leader)
 
     def hosts(self, group: str) -> bool:
         return group in self.runtime.groups
@@ -197,7 +199,7 @@ class Cluster:
         targets = {}
         for group in list(runtime.groups):
             configuration = runtime.configuration(group)
-            if configuration is not None and configuration[0] == (self.node,):
+            if configuration is not None and tuple(map(node_of, configuration[0])) == (self.node,):
                 targets[group] = runtime.status(group).last_index
                 runtime.campaign(group)
         deadline = time.monotonic() + STARTUP_APPLY_SECONDS

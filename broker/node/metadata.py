@@ -50,6 +50,7 @@ from warren.broker.queues.queue_factory import Placement, make_queue
 from warren.broker.queues.quorum import QuorumQueue
 from warren.broker.routing import metadata_read_model as read_model
 from warren.protocol.errors import ChannelError
+from warren.raft.member_ids import node_of
 
 if TYPE_CHECKING:
     from warren.broker.node.broker import Broker
@@ -210,8 +211,14 @@ class Metadata:
                            placement=Placement(cluster, effect.group, tuple(effect.members)))
         vhost.add_queue(queue)
         cluster.queue_known(queue)
-        if cluster.node in effect.members:
-            cluster.runtime.add_group(effect.group, list(effect.members), hosted_at=index)
+        if cluster.node not in effect.members:
+            return
+        ids = effect.member_ids or effect.members
+        me = next(member for member in ids if node_of(member) == cluster.node)
+        if me == cluster.node:
+            cluster.runtime.add_group(effect.group, list(ids), hosted_at=index)
+        else:   # added to the group after its start (learnt from a snapshot): it joins
+            cluster.runtime.join_group(effect.group, list(ids), hosted_at=index, me=me)
 
     def _campaign_first(self, effect: fx.Campaign) -> None:
         status = self.cluster.runtime.status(effect.group)
@@ -253,18 +260,28 @@ class Metadata:
 
     def _host_if_member(self, effect: fx.HostIfMember, index: int) -> None:
         """A member that does not host the group joins it: a fresh machine, an
-        empty log starting from the voters before (the leader sends the rest).
+        empty log starting from the voters before (the leader sends the rest),
+        under the id the change gave it (raft/member_ids.py). An older replica
+        hosted here under another id (this node left and was added again before
+        that one was released) is dropped first: only the new id is added.
         The replica is marked with `index`, for `_replica_released`."""
         queue = self._queue(effect.vhost, effect.name, effect.group)
         runtime = self.cluster.runtime
-        me = self.cluster.node
-        if queue is None or me not in queue.members or queue.group in runtime.groups:
+        node = self.cluster.node
+        if queue is None or node not in queue.members:
             return
+        me = next((member for member in effect.member_ids if node_of(member) == node), node)
+        hosted = runtime.member_id(queue.group)
+        if hosted == me or (hosted is not None and (runtime.hosted_at(queue.group) or 0) > index):
+            return   # hosted already, or by a later entry (a restart applies this one again)
+        if hosted is not None:
+            log.info("quorum.older_replica_dropped", queue=effect.name, vhost=effect.vhost, replica=hosted, new=me)
+            runtime.remove_group(queue.group)
         voters = effect.voters_before
         if voters is None:
-            voters = tuple(member for member in queue.members if member != me)
+            voters = tuple(member for member in effect.member_ids or queue.members if member != me)
         queue.machine = qm.QuorumMachine(queue.state.limits)   # a new replica, counting from 0
-        runtime.join_group(queue.group, list(voters), hosted_at=index)
+        runtime.join_group(queue.group, list(voters), hosted_at=index, me=me)
 
     def _replica_released(self, effect: fx.ReplicaReleased, index: int) -> None:
         """This node may drop its replica, unless the one it hosts was made by a
@@ -290,4 +307,6 @@ class Metadata:
     def _transfer_leadership(self, effect: fx.TransferLeadership) -> None:
         for _, _, group, to in effect.moves:
             if to != self.cluster.node and self.cluster.is_leader(group):
-                self.cluster.runtime.transfer_leadership(group, to)
+                voter = self.cluster.runtime.voter_on(group, to)
+                if voter is not None:
+                    self.cluster.runtime.transfer_leadership(group, voter)

@@ -76,10 +76,10 @@ def _vhost_come(name: str, old: VhostRecord, new: VhostRecord, new_state: MetaSt
         before = old.queues.get(queue_name)
         if before is None or before.group != queue.group:
             effects.append(fx.QueueDeclared(name, queue_name, queue.arguments, queue.group, tuple(queue.members),
-                                            queue.auto_delete))
+                                            queue.auto_delete, tuple(queue.member_ids())))
         elif before.members != queue.members:
             effects += [fx.MembersChanged(name, queue_name, queue.group, tuple(queue.members), "snapshot", ""),
-                        fx.HostIfMember(name, queue_name, queue.group, None)]
+                        fx.HostIfMember(name, queue_name, queue.group, None, tuple(queue.member_ids()))]
             leaving = new_state.leaving.get(queue.group, set())
             effects += [fx.ReplicaReleased(name, queue_name, queue.group, node) for node in before.members
                         if node not in queue.members and node not in leaving]

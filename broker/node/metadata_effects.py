@@ -48,13 +48,17 @@ class BindingChanged:
 
 @dataclass(frozen=True, slots=True)
 class QueueDeclared:
-    """Every node knows the queue (it routes to it); its members host the group."""
+    """Every node knows the queue (it routes to it); its members host the group.
+    `member_ids` (raft/member_ids.py): the members' replica ids, when some
+    joined later (a node that learns the queue from a snapshot); () for the
+    members themselves."""
     vhost: str
     name: str
     arguments: dict
     group: str
     members: tuple[str, ...]
     auto_delete: bool = False
+    member_ids: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,13 +89,15 @@ class MembersChanged:
 
 @dataclass(frozen=True, slots=True)
 class HostIfMember:
-    """A member that does not host the group joins it with an empty log whose
-    voters are `voters_before` (None: the members other than the node itself,
-    for a change applied again)."""
+    """A member that does not host the group joins it, as its id among
+    `member_ids` (raft/member_ids.py), with an empty log whose voters are
+    `voters_before` (member ids; None: the other members, for a change
+    applied again). A replica hosted under another id is an older one."""
     vhost: str
     name: str
     group: str
     voters_before: tuple[str, ...] | None
+    member_ids: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

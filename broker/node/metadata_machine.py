@@ -316,23 +316,30 @@ def _set_members(meta: Meta, command: mc.SetMembers, state: MetaState) -> tuple[
     queue = state.queue(command.vhost, command.name)
     if queue is not None and sorted(queue.members) == sorted(command.members):
         # Applied already: the command was sent again, or a crash lost what followed it.
-        return {"members": list(queue.members)}, [fx.HostIfMember(command.vhost, command.name, queue.group, None)]
+        return {"members": list(queue.members)}, [
+            fx.HostIfMember(command.vhost, command.name, queue.group, None, tuple(queue.member_ids()))]
     try:
         queue, members = members_after(state, command.vhost, command.name, command.op, command.node, meta.nodes)
     except Refused as refused:
         return refused.reply(), []
-    before = tuple(queue.members)
+    before = tuple(queue.member_ids())
     queue.members = members
     leaving = state.leaving.setdefault(queue.group, set())
+    # `joined` keeps a node's epoch after it leaves: added again before its
+    # replica was released, it is the same voter with the same id.
     if command.op == "add":
+        if command.node not in leaving:
+            # Its replica (if it had one) was released: it is made anew, as a new voter
+            # (raft/member_ids.py). Not released yet: the replica it still holds stays.
+            queue.joined[command.node] = meta.index
         leaving.discard(command.node)
     else:
-        leaving.add(command.node)   # it keeps its replica until its removal has committed
+        leaving.add(command.node)   # it keeps its replica (and id) until its removal has committed
     if not leaving:
         del state.leaving[queue.group]
     return {"members": list(members)}, [
         fx.MembersChanged(command.vhost, command.name, queue.group, tuple(members), command.op, command.node),
-        fx.HostIfMember(command.vhost, command.name, queue.group, before)]
+        fx.HostIfMember(command.vhost, command.name, queue.group, before, tuple(queue.member_ids()))]
 
 
 def _queue_of_group(state: MetaState, vhost: str, name: str, group: str) -> QueueRecord | None:

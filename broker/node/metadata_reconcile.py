@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING
 import structlog
 
 from warren.broker.node import metadata_commands as mc
+from warren.raft.member_ids import node_of
 
 if TYPE_CHECKING:
     from warren.broker.node.metadata import Metadata
@@ -124,36 +125,40 @@ class Reconciler:
         if queue is None or queue.deleted or config is None or record is None or record.group != group:
             self.converging.discard(group)
             return
+        # Voters are replica ids: a node added again is a new voter (raft/member_ids.py).
         voters, committed = set(config[0]), config[1]
-        members = set(record.members)
-        me = cluster.node
+        wanted = set(record.member_ids())
+        me = runtime.member_id(group)
         leaving = self.metadata.state.leaving.get(group, set())
         if not cluster.is_leader(group):
             self._transfer_started.pop(group, None)
-            if me not in members:
+            if cluster.node not in record.members:
                 self._announce_leaving(queue, now)
-            elif voters == members and committed and not leaving:
+            elif voters == wanted and committed and not leaving:
                 self.converging.discard(group)
             return
         if not committed:
             return   # one change at a time (the leader's first entry must commit too)
-        adds = sorted(node for node in members - voters if self._applied_its_change(group, node))
-        removes = sorted(voters - members - {me})
+        adds = sorted(member for member in wanted - voters if self._applied_its_change(group, node_of(member)))
+        removes = sorted(voters - wanted - {me})
         if adds or removes:
-            op, node = ("add", adds[0]) if adds else ("remove", removes[0])
-            if runtime.propose_conf_change(group, op, node) is not None:
-                log.info("quorum.conf_change_proposed", queue=queue.name, vhost=queue.vhost.name, op=op, node=node)
+            op, member = ("add", adds[0]) if adds else ("remove", removes[0])
+            if runtime.propose_conf_change(group, op, member) is not None:
+                log.info("quorum.conf_change_proposed", queue=queue.name, vhost=queue.vhost.name, op=op,
+                         member=member)
             return
-        if me not in members:
-            self._hand_over(group, voters & members, now)
+        if me not in wanted:
+            self._hand_over(group, voters & wanted, now)
             return
         self._transfer_started.pop(group, None)
-        self._release_left(queue, leaving - voters, now)
-        if not leaving and members <= voters:   # not while a member waits to be added
+        self._release_left(queue, leaving - {node_of(voter) for voter in voters}, now)
+        if not leaving and wanted <= voters:   # not while a member waits to be added
             self.converging.discard(group)
 
     def _applied_its_change(self, group: str, node: str) -> bool:
-        """Whether `node` (running) applied the metadata group through the group's last members change."""
+        """Whether `node` (running) applied the metadata group through the group's last members change:
+        a voter added before it hosts its replica would only stall a small group's quorum (its id is
+        new, raft/member_ids.py, so this is for liveness, not safety)."""
         applied = self.cluster.core.answers.peer_applied.get(node)
         return applied is not None and applied >= self.changed_at.get(group, self.changed_before)
 
@@ -173,12 +178,13 @@ class Reconciler:
         runtime = self.cluster.runtime
         started = self._transfer_started.setdefault(group, now)
         if now - started >= TRANSFER_GRACE_SECONDS or not remaining:
-            if runtime.propose_conf_change(group, "remove", self.cluster.node) is not None:
-                log.info("quorum.conf_change_proposed", group=group, op="remove", node=self.cluster.node)
+            me = runtime.member_id(group)
+            if me is not None and runtime.propose_conf_change(group, "remove", me) is not None:
+                log.info("quorum.conf_change_proposed", group=group, op="remove", member=me)
             return
         status = runtime.status(group)
         down = self.cluster.down_since
-        best = max(sorted(remaining), key=lambda voter: (voter not in down, status.match_index(voter) or 0))
+        best = max(sorted(remaining), key=lambda voter: (node_of(voter) not in down, status.match_index(voter) or 0))
         if status.lead_transferee != best and runtime.transfer_leadership(group, best):
             log.info("quorum.leadership_handed_over", group=group, to=best)
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import msgpack
 
 from warren.broker.routing.exchanges import DEFAULT_EXCHANGES, Binding
+from warren.raft.member_ids import member_id
 
 SNAPSHOT_VERSION = 2
 
@@ -39,10 +40,17 @@ class QueueRecord:
     group: str
     members: list[str]
     auto_delete: bool = False   # a durable auto-delete classic queue (on a group of one)
+    # node -> the metadata index of the change that last added it; the first members are not here
+    joined: dict[str, int] = field(default_factory=dict)
 
     @property
     def queue_type(self) -> str:
         return self.arguments.get("x-queue-type", "classic")
+
+    def member_ids(self) -> list[str]:
+        """The members' replica ids in the group: a node added after the queue
+        was declared is a new voter each time it is added (raft/member_ids.py)."""
+        return [member_id(node, self.joined.get(node, 0)) for node in self.members]
 
 
 @dataclass(slots=True)
@@ -107,7 +115,7 @@ def _plain_vhost(record: VhostRecord) -> dict:
     return {
         "exchanges": [[name, x.type, x.auto_delete, x.internal, x.arguments]
                       for name, x in sorted(record.exchanges.items())],
-        "queues": [[name, q.arguments, q.group, list(q.members), q.auto_delete]
+        "queues": [[name, q.arguments, q.group, list(q.members), q.auto_delete, sorted(q.joined.items())]
                    for name, q in sorted(record.queues.items())],
         "bindings": sorted(([b.source, b.destination[0], b.destination[1], b.routing_key, b.table]
                             for b in record.bindings), key=repr),
@@ -132,8 +140,8 @@ def _restore_vhost(rows: dict) -> VhostRecord:
     return VhostRecord(
         {name: ExchangeRecord(type_, auto_delete, internal, arguments)
          for name, type_, auto_delete, internal, arguments in rows["exchanges"]},
-        {name: QueueRecord(arguments, group, list(members), auto_delete)
-         for name, arguments, group, members, auto_delete in rows["queues"]},
+        {name: QueueRecord(arguments, group, list(members), auto_delete, dict(joined[0]) if joined else {})
+         for name, arguments, group, members, auto_delete, *joined in rows["queues"]},
         {Binding.make(source, (kind, destination), routing_key, table)
          for source, kind, destination, routing_key, table in rows["bindings"]},
         dict(rows["policies"]),

@@ -25,6 +25,7 @@ from tests.sim.disk import WAL_MAX_BYTES, SimCommitter
 from tests.sim.loop import SimLoop
 from tests.unit.faultyfiles import FaultyFiles
 from warren.broker.admin.auth import AccessControl
+from warren.broker.node import metadata_commands as mc
 from warren.broker.node.cluster import Cluster
 from warren.broker.node.metadata import Metadata
 from warren.broker.routing.vhost import VirtualHost
@@ -116,6 +117,10 @@ class SimNode:
         self.loop: SimLoop | None = None
         self.committer: SimCommitter | None = None
         self.paused_until = 0.0
+        # as the server: clients are let in once the metadata catch-up barrier applied, or
+        # after cluster_startup_catch_up_seconds without it (Cluster.start)
+        self.caught_up = False
+        self.catch_up_deadline = 0.0
 
     @property
     def up(self) -> bool:
@@ -137,15 +142,24 @@ class SimNode:
         peers = [peer for peer in self.names if peer != self.name]
         cluster.runtime.begin(self.loop, SimTransport(world.network, self.name, peers))
         self.cluster = cluster
-        self.loop.call_soon(self.host_groups, cluster)
+        self.caught_up = False
+        self.catch_up_deadline = world.clock.now + cluster.settings.cluster_startup_catch_up_seconds
+        self.loop.call_soon(self.host_groups, cluster, self.incarnations)
 
-    @staticmethod
-    def host_groups(cluster: Cluster) -> None:
-        """`Cluster.start` after the runtime's: an empty metadata log's seed is proposed
-        (as its catch-up barrier, not waited for here)."""
+    def host_groups(self, cluster: Cluster, incarnation: int) -> None:
+        """`Cluster.start` after the runtime's: the catch-up barrier (an empty metadata
+        log's seed, else a no-op entry) is proposed; clients wait for it (`accepting`)."""
         seed = cluster.host_groups()
-        if seed is not None:
-            cluster.metadata.submit(seed, lambda _: None, everywhere=False)
+
+        def caught_up(_: Any) -> None:
+            if self.incarnations == incarnation:
+                self.caught_up = True
+        cluster.metadata.submit(seed or mc.Sync(), caught_up, everywhere=False)
+
+    @property
+    def accepting(self) -> bool:
+        """Clients may connect: up, and past the start-up catch-up (as the server's listeners)."""
+        return self.up and (self.caught_up or self.world.clock.now >= self.catch_up_deadline)
 
     def crash(self) -> None:
         """The process dies and the power goes: memory, unwritten batches and unsynced bytes are lost."""

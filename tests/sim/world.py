@@ -289,7 +289,7 @@ class World:
 
     def clients_act(self, publish: bool) -> None:
         scenario = self.scenario
-        live = [node for node in self.nodes.values() if node.up]
+        live = [node for node in self.nodes.values() if node.accepting]
         for client in [self.admin, *self.publishers, *self.consumers]:
             if not client.connected or (self.reconnects and self.rng.random() < scenario.reconnect_rate):
                 if isinstance(client, Consumer):
@@ -439,7 +439,8 @@ class World:
         members = sorted(record.members)
         hosting = sorted(n for n, node in self.nodes.items() if record.group in node.cluster.runtime.groups)
         configs = {n: self.nodes[n].cluster.runtime.configuration(record.group) for n in hosting}
-        if hosting != members or any(config != (tuple(members), True) for config in configs.values()):
+        voters = tuple(sorted(record.member_ids()))   # a node added again is a new voter (raft/member_ids.py)
+        if hosting != members or any(config != (voters, True) for config in configs.values()):
             return f"members {members}, hosted on {hosting}, configurations {configs}"
         return None
 

@@ -18,7 +18,8 @@ PURE_BROKER = ("broker.queues.fifo", "broker.queues.quorum_machine", "broker.que
 # raft's transport.py and runtime.py (with its turns.py, persistence.py, entry_locations.py) are the
 # asyncio shells; raft_storage is listed below. carried_commits and reelection were cut out of raft.system.
 PURE_RAFT = ("raft", "raft.core", "raft.log", "raft.progress", "raft.replication", "raft.messages",
-             "raft.group", "raft.system", "raft.carried_commits", "raft.reelection", "raft.handshake", "raft.frames")
+             "raft.group", "raft.system", "raft.carried_commits", "raft.reelection", "raft.handshake", "raft.frames",
+             "raft.member_ids")
 
 
 def pure_cores() -> list[str]:

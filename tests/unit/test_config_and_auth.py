@@ -94,6 +94,9 @@ def test_keyword_overrides_beat_the_file(tmp_path):
     ("max_message_size_bytes = 0", "max_message_size_bytes"),
     ("handshake_timeout_seconds = 0", "handshake_timeout_seconds"),
     ("amqp_prot = 5672", "amqp_prot"),  # a typo: unknown keys are errors
+    ("node_name = \"a!b\"", "node_name"),     # '!' names a replica added later (raft/member_ids.py)
+    ("node_name = \"a#1\"", "node_name"),     # '#' names a shard (broker/node/shards.py)
+    ("[[cluster_nodes]]\nname = \"b!2\"\nhost = \"h\"", "cluster_nodes.0.name"),
     ("[[users]]\nname = \"\"\npassword = \"x\"", "users.0.name"),
     ("[[users]]\nname = \"bob\"", "users.0.password"),
 ])

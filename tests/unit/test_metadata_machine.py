@@ -168,11 +168,14 @@ def test_adding_and_removing_members_notes_leaving_nodes_and_asks_members_to_hos
     reply, effects = run(state, mc.SetMembers("/", "q", ("a", "b", "c"), "add", "c"), index=2)
     assert reply == {"members": ["a", "b", "c"]}
     assert effects == [fx.MembersChanged("/", "q", group, ("a", "b", "c"), "add", "c"),
-                       fx.HostIfMember("/", "q", group, ("a", "b"))]
+                       fx.HostIfMember("/", "q", group, ("a", "b"), ("a", "b", "c!2"))], \
+        "a node added later is a new voter, named by the change's index"
     reply, effects = run(state, mc.SetMembers("/", "q", ("b", "c"), "remove", "a"), index=3)
     assert reply == {"members": ["b", "c"]} and state.leaving == {group: {"a"}}
+    assert effects[1] == fx.HostIfMember("/", "q", group, ("a", "b", "c!2"), ("b", "c!2"))
     assert run(state, mc.SetMembers("/", "q", ("c", "b"), "remove", "a"), index=4) == (
-        {"members": ["b", "c"]}, [fx.HostIfMember("/", "q", group, None)]), "applied again: the same members"
+        {"members": ["b", "c"]}, [fx.HostIfMember("/", "q", group, None, ("b", "c!2"))]), \
+        "applied again: the same members"
     assert run(state, mc.NoteLeaving("/", "q", group, "b"), index=5) == (None, []), "b is a member"
     assert run(state, mc.ReleaseReplica("/", "q", group, "a"), index=6) == (
         None, [fx.ReplicaReleased("/", "q", group, "a")])
@@ -180,6 +183,22 @@ def test_adding_and_removing_members_notes_leaving_nodes_and_asks_members_to_hos
     assert run(state, mc.NoteLeaving("/", "q", group, "a"), index=7) == (None, [fx.LeavingNoted(group, "a")])
     assert state.leaving == {group: {"a"}}
     assert run(state, mc.ReleaseReplica("/", "q", "other-group", "a"), index=8) == (None, [])
+
+
+def test_a_node_added_again_keeps_its_voter_until_released_and_is_a_new_voter_after():
+    """raft/member_ids.py: a replica made empty must not be the voter that voted before."""
+    state = fresh()
+    run(state, quorum(members=("a", "b", "c")), index=1)
+    group = "q:/:q:1"
+    run(state, mc.SetMembers("/", "q", ("a", "b"), "remove", "c"), index=2)
+    _, effects = run(state, mc.SetMembers("/", "q", ("a", "b", "c"), "add", "c"), index=3)
+    assert effects[1].member_ids == ("a", "b", "c"), "not released yet: c still holds its replica, same voter"
+    run(state, mc.SetMembers("/", "q", ("a", "b"), "remove", "c"), index=4)
+    run(state, mc.ReleaseReplica("/", "q", group, "c"), index=5)
+    _, effects = run(state, mc.SetMembers("/", "q", ("a", "b", "c"), "add", "c"), index=6)
+    assert effects[1] == fx.HostIfMember("/", "q", group, ("a", "b"), ("a", "b", "c!6"))
+    restored = restore(snapshot(state))
+    assert restored.queue("/", "q").member_ids() == ["a", "b", "c!6"], "the epochs survive a snapshot"
 
 
 @pytest.mark.parametrize("command, status, text", [
