@@ -2,16 +2,17 @@
 
 Theory of operation. In one turn the node's `RaftSystem` leaves one frame of
 Raft items per peer (split only beyond its `frame_max_messages`) and the host
-(the broker's node core) leaves its own messages per peer: forwards,
-deliveries, answers. The runtime puts both in ONE frame per peer, encoded
-once and handed to the transport with one `send`:
+leaves its own messages per peer, in parts of its own: the broker's node core
+its forwards, deliveries and answers under "a", the shards of one node what
+they tell each other under "s" (broker/node/shard_link.py). The runtime puts
+all of them in ONE frame per peer, encoded once and handed to the transport
+with one `send`:
 
-    {"r": [raft item, ...], "a": [host message, ...]}
+    {"r": [raft item, ...], "a": [host message, ...], "s": [...]}
 
-either key left out when it has nothing. A receiver steps the Raft items
-first, then hands the frame to the host for the rest: the order the sender
-made them in (its Raft frame went out before its host frame when they were
-two). The host may send frames of its own with other keys beside "r".
+a key left out when it has nothing. A receiver steps the Raft items first,
+then hands the frame to the host for the rest: the order the sender made
+them in (its Raft frame went out before its host frame when they were two).
 Nodes of one cluster run one version: no other form is read.
 """
 from __future__ import annotations
@@ -25,20 +26,27 @@ HOST = "a"
 HOST_FRAME_MESSAGES_MAX = 4096
 
 
-def assemble(raft: dict[str, list[list]], host: dict[str, list],
+def assemble(raft: dict[str, list[list]], parts: dict[str, dict[str, list]],
              host_max: int = HOST_FRAME_MESSAGES_MAX) -> Iterator[tuple[str, dict]]:
     """(peer, frame) for every peer with something to send: the peer's Raft frames
-    (`raft`: the system's, one per peer) beside its host messages, cut every `host_max`.
-    One frame per peer unless a side is over its bound."""
-    for peer in [*raft, *(peer for peer in host if peer not in raft)]:
-        messages = host.get(peer, ())
-        chunks = [messages[start:start + host_max] for start in range(0, len(messages), host_max)]
-        for items, chunk in zip_longest(raft.get(peer, ()), chunks):
-            frame = {}
-            if items:
-                frame[RAFT] = items
-            if chunk:
-                frame[HOST] = chunk
+    (`raft`: the system's, one per peer) beside the host's messages (`parts`: part key ->
+    peer -> messages), each part cut every `host_max`. One frame per peer unless a part
+    is over its bound."""
+    peers = dict.fromkeys(raft)
+    for by_peer in parts.values():
+        peers.update(dict.fromkeys(by_peer))
+    for peer in peers:
+        keys, chunked = [], []
+        for key, by_peer in parts.items():
+            messages = by_peer.get(peer, ())
+            if messages:
+                keys.append(key)
+                chunked.append([messages[start:start + host_max] for start in range(0, len(messages), host_max)])
+        for items, *chunks in zip_longest(raft.get(peer, ()), *chunked):
+            frame = {RAFT: items} if items else {}
+            for key, chunk in zip(keys, chunks):
+                if chunk:
+                    frame[key] = chunk
             if frame:
                 yield peer, frame
 

@@ -157,8 +157,9 @@ class RaftRuntime:
         self.frames_dropped = 0       # frames the transport refused (peer not linked, queue full)
         # this turn's Raft frames, per peer, sent at its end with the host's messages (raft/frames.py)
         self.raft_outbox: dict[str, list[list]] = {}
-        # the host's messages of the turn, per peer, taken at its end; and the host's part of frames received
-        self.take_host_messages: Callable[[], dict[str, list]] | None = None
+        # the host's messages of the turn (part key -> peer -> messages), taken at its end; and the
+        # host's parts of frames received (raft/frames.py)
+        self.take_host_parts: Callable[[], dict[str, dict[str, list]]] | None = None
         self.on_host_frame: Callable[[str, dict], None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tick_handle: asyncio.TimerHandle | None = None
@@ -461,11 +462,11 @@ class RaftRuntime:
     def end_turn(self) -> None:
         """The end of a turn (and of the host's input between turns): one frame per
         peer with the turn's Raft messages and the host's (raft/frames.py)."""
-        host = self.take_host_messages() if self.take_host_messages is not None else {}
+        parts = self.take_host_parts() if self.take_host_parts is not None else {}
         raft, self.raft_outbox = self.raft_outbox, {}
-        for peer, frame in frames.assemble(raft, host):
+        for peer, frame in frames.assemble(raft, parts):
             self.frames_sent += 1
-            self.host_frames += frames.HOST in frame
+            self.host_frames += frames.has_host_parts(frame)
             if self.transport is None or not self.transport.send(peer, frame):
                 self.frames_dropped += 1
 

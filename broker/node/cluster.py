@@ -50,6 +50,7 @@ from warren.broker.node.node_core import (  # noqa: F401 -- the message kinds an
     forwardable_op,
     unpack,
 )
+from warren.broker.node.shard_link import FRAME_KEY as SHARD_PART
 from warren.broker.queues import quorum_machine as qm
 from warren.broker.queues.queue_factory import place_members
 from warren.raft.frames import HOST as HOST_PART
@@ -76,7 +77,7 @@ class NodeRuntime(RaftRuntime):
     def __init__(self, cluster: "Cluster", *args: Any, **kwargs: Any) -> None:
         self.cluster = cluster
         super().__init__(*args, **kwargs)
-        self.take_host_messages = cluster.core_messages
+        self.take_host_parts = cluster.host_parts
         self.on_host_frame = cluster.on_app_frame
 
     def on_peer_up(self, peer: str) -> None:
@@ -220,16 +221,26 @@ class Cluster:
 
     def after_input(self) -> None:
         """After an input: the core's messages go at the end of this turn, or of one asked for now."""
-        if not self.core.has_output or self.runtime.turns.in_turn:
+        if self.core.has_output:
+            self.frame_soon()
+
+    def frame_soon(self) -> None:
+        """Messages are waiting for the turn's frame: the end of this turn, or of one asked for now."""
+        if self.runtime.turns.in_turn:
             return
         if self.runtime.halted() or self.runtime.turns.loop is None:
             self.runtime.end_turn()
         else:
             self.runtime.request_turn()
 
-    def core_messages(self) -> dict[str, list]:
-        """The end of the runtime's turn: the core's messages, per peer, to go with Raft's."""
-        return self._input().end_turn()
+    def host_parts(self) -> dict[str, dict[str, list]]:
+        """The end of the runtime's turn: the core's messages and the shard link's, per peer,
+        to go with Raft's in one frame per peer (raft/frames.py)."""
+        parts = {HOST_PART: self._input().end_turn()}
+        link = self.broker.shard_link
+        if link is not None and link.outbox:
+            parts[SHARD_PART] = link.take_outbox()
+        return parts
 
     def on_tick(self) -> None:
         self._input().tick(time.monotonic())
@@ -337,14 +348,16 @@ class Cluster:
 
     # -- application messages and nodes coming and going -----------------------------------
     def on_app_frame(self, peer: str, frame: dict) -> None:
-        """A peer's frame, its Raft items stepped: the node core's messages (raft/frames.py)."""
-        shard_messages = frame.get("s")   # between the shards of one node (broker/node/shard_link.py)
+        """A peer's frame, its Raft items stepped: the shard link's messages, then the node
+        core's (raft/frames.py), in the order the sender's turn made them."""
+        shard_messages = frame.get(SHARD_PART)   # between the shards of one node (broker/node/shard_link.py)
         if shard_messages is not None and self.broker.shard_link is not None:
             self.broker.shard_link.on_messages(peer, shard_messages)
-            return
-        for message in self._input().on_messages(peer, frame.get(HOST_PART, ())):
-            log.warning("cluster.bad_message", peer=peer, kind=message[0] if message else None)
-        self.after_input()
+        core_messages = frame.get(HOST_PART)
+        if core_messages:
+            for message in self._input().on_messages(peer, core_messages):
+                log.warning("cluster.bad_message", peer=peer, kind=message[0] if message else None)
+            self.after_input()
 
     def on_peer_up(self, peer: str) -> None:
         self.broker.peer_up(peer)

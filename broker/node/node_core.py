@@ -44,7 +44,6 @@ import msgpack
 from warren.broker.node.metadata_answers import MetadataAnswers
 from warren.broker.queues import queue_codec
 from warren.broker.queues import queue_commands as qc
-from warren.raft.frames import HOST_FRAME_MESSAGES_MAX
 
 META = "meta"
 # application message kinds
@@ -59,7 +58,6 @@ METADATA_APPLIED = 6   # [METADATA_APPLIED, index]: how far the sender applied t
 RESEND_SECONDS = 1.0
 HOUSEKEEPING_SECONDS = RESEND_SECONDS / 2
 RECONCILE_SECONDS = 0.2   # the membership reconciler's periodic pass
-APP_FRAME_MESSAGES_MAX = HOST_FRAME_MESSAGES_MAX   # messages in one frame (the runtime cuts beyond it)
 # queue commands whose second field is the channel (owner) that sent them
 OWNER_OPS = frozenset(record.TAG for record in (qc.Checkout, qc.Cancel, qc.Settle, qc.Return, qc.Discard, qc.Suspend,
                                                  qc.Dequeue, qc.Down))

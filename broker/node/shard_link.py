@@ -18,11 +18,11 @@ a connection on any shard uses. Nothing here goes through a Raft group or the WA
   confirms go back as the cluster's DELIVER and APPLIED messages; a deletion is
   announced (DELETE) or asked of the home (DELETE_ASK, answered DONE).
 
-Messages go as one frame {"s": [message, ...]} per peer per loop turn.
+Messages go in the node's one frame per peer per turn, under "s" beside the
+Raft items and the node core's messages (raft/frames.py).
 """
 from __future__ import annotations
 
-import asyncio
 import itertools
 import secrets
 from collections.abc import Callable
@@ -31,7 +31,6 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from warren.broker.node import shard_queues
-from warren.broker.node.node_core import APP_FRAME_MESSAGES_MAX
 from warren.broker.queues import queue_codec
 from warren.broker.routing.exchanges import Binding, Exchange, make_exchange
 from warren.protocol.errors import ChannelError
@@ -75,18 +74,14 @@ class ShardLink:
 
     # -- sending ------------------------------------------------------------------------
     def send(self, peer: str, message: list) -> None:
-        if not self.outbox:
-            asyncio.get_running_loop().call_soon(self.flush)
+        """`message` goes in the turn's frame to `peer` (cut as the cluster's, raft/frames.py)."""
         self.outbox.setdefault(peer, []).append(message)
+        self.broker.cluster.frame_soon()
 
-    def flush(self) -> None:
+    def take_outbox(self) -> dict[str, list]:
+        """The end of the node's turn: the messages for its frames, per peer."""
         outbox, self.outbox = self.outbox, {}
-        transport = self.broker.cluster.runtime.transport
-        for peer, messages in outbox.items():
-            for start in range(0, len(messages), APP_FRAME_MESSAGES_MAX):   # as the cluster's own frames
-                frame = messages[start:start + APP_FRAME_MESSAGES_MAX]
-                if transport is None or not transport.send(peer, {FRAME_KEY: frame}):
-                    log.warning("shards.frame_dropped", peer=peer, messages=len(frame))
+        return outbox
 
     def running_peers(self) -> list[str]:
         return self.broker.cluster.running_peers()

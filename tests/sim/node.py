@@ -63,6 +63,7 @@ class SimBroker:
         self.access = AccessControl([])
         self.definitions = NoDefinitions()
         self.peers_up: set[str] = set()
+        self.shard_link = None   # a node on one process
 
     def peer_up(self, name: str) -> None:
         self.peers_up.add(name)

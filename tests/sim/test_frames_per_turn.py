@@ -40,8 +40,11 @@ def test_raft_and_node_messages_share_one_frame_per_peer_per_turn(monkeypatch):
 def test_a_frame_is_split_only_past_its_bounds():
     raft = {"b": [[["g", 1]], [["g", 2]]], "c": [[["g", 3]]]}
     host = {"c": [[1], [2], [3]], "d": [[4]]}
-    sent = list(frames.assemble(raft, host, host_max=2))
-    assert sent == [("b", {"r": [["g", 1]]}), ("b", {"r": [["g", 2]]}),
-                    ("c", {"r": [["g", 3]], "a": [[1], [2]]}), ("c", {"a": [[3]]}), ("d", {"a": [[4]]})]
+    shards = {"b": [[5]], "e": [[6], [7], [8]]}   # the shard link's part (broker/node/shard_link.py)
+    sent = list(frames.assemble(raft, {frames.HOST: host, "s": shards}, host_max=2))
+    assert sent == [("b", {"r": [["g", 1]], "s": [[5]]}), ("b", {"r": [["g", 2]]}),
+                    ("c", {"r": [["g", 3]], "a": [[1], [2]]}), ("c", {"a": [[3]]}), ("d", {"a": [[4]]}),
+                    ("e", {"s": [[6], [7]]}), ("e", {"s": [[8]]})]
     assert frames.raft_items(sent[2][1]) == [["g", 3]] and frames.raft_items(sent[4][1]) == []
-    assert frames.has_host_parts(sent[2][1]) and not frames.has_host_parts(sent[0][1])
+    assert frames.has_host_parts(sent[2][1]) and not frames.has_host_parts(sent[1][1])
+    assert frames.has_host_parts(sent[5][1])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from tests.sim.history import SimulationFailure
 from tests.sim.world import SCENARIOS, World, replay_command
+from warren.broker.node.cluster import Cluster
 from warren.broker.node.metadata_state import QueueRecord
 from warren.broker.queues import queue_snapshots
 from warren.broker.queues import quorum_machine as qm
@@ -98,3 +99,14 @@ def test_a_node_added_again_as_the_voter_it_was(monkeypatch):
     monkeypatch.setattr(QueueRecord, "member_ids", lambda self: list(self.members))
     failure = failure_of("membership", 7) or ""
     assert "two leaders in term" in failure, failure
+
+
+def test_an_exception_a_node_catches_and_logs(monkeypatch):
+    """A turn's hook that raises is logged and the node goes on, half working (its frames
+    never leave): the world fails the seed with the exception, not with a later symptom."""
+    def broken(self):
+        raise RuntimeError("no frame this turn")
+    monkeypatch.setattr(Cluster, "host_parts", broken)
+    failure = failure_of("calm", 0) or ""
+    assert "a node logged an exception it caught: raft.turn_hook_failed" in failure, failure
+    assert "RuntimeError: no frame this turn" in failure, failure

@@ -89,11 +89,17 @@ def replay_command(scenario: str, seed: int) -> str:
 
 
 @contextmanager
-def quiet_logs() -> Iterator[None]:
-    """The nodes' logs would drown the report: only errors while the world runs."""
+def quiet_logs(exceptions: list[str]) -> Iterator[None]:
+    """The nodes' logs would drown the report: nothing is printed while the world runs. An
+    exception a node caught and logged (a turn's hook, a callback: the node goes on, half
+    working) is put in `exceptions`, and the world fails the seed with it."""
+    def record(_logger: Any, _method: str, event: dict) -> dict:
+        if event.get("exc_info"):
+            exceptions.append(f"{event.get('event')}: {''.join(traceback.format_exc(limit=-3))}")
+        raise structlog.DropEvent
     saved = structlog.get_config()
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.CRITICAL),
-                        cache_logger_on_first_use=False)
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.ERROR),
+                        processors=[record], cache_logger_on_first_use=False)
     try:
         yield
     finally:
@@ -134,6 +140,7 @@ class World:
         self.fault: str | None = None
         self.stats: dict[str, int] = {}
         self.failure: SimulationFailure | None = None
+        self.logged_exceptions: list[str] = []   # exceptions the nodes caught and logged (quiet_logs)
         self.reconnects = True   # clients reconnect to other nodes now and then, by choice
         self.failures: list[tuple[float, str, str]] = []   # nodes whose Raft failed: (t, node, error)
         # Raft's safety: (group, term) -> leader; group -> index -> (term, data) applied
@@ -265,6 +272,8 @@ class World:
 
     # -- the world's step --------------------------------------------------------------------
     def step(self, faults: bool, clients: bool) -> None:
+        if self.logged_exceptions:
+            self.fail(f"a node logged an exception it caught: {self.logged_exceptions[0]}")
         self.steps += 1
         self.clock.now += STEP_SECONDS
         self.network.deliver_due()
@@ -381,7 +390,8 @@ class World:
             raise
 
     def _run(self) -> "World":
-        with patch_time(self.clock), quiet_logs(), snapshots_every(self.scenario.snapshot_entries):
+        with patch_time(self.clock), quiet_logs(self.logged_exceptions), \
+                snapshots_every(self.scenario.snapshot_entries):
             self.start()
             self.started_at = self.clock.now
             faults_end = self.clock.now + self.scenario.fault_seconds
