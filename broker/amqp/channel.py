@@ -11,16 +11,15 @@ Soft errors raise ``ChannelError`` (only this channel closes), hard ones ``AMQPC
 """
 from __future__ import annotations
 
-import secrets
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from pamqp import commands as spec
 
+from warren.broker.amqp.channel_consumers import Consumer, ConsumerMethods
 from warren.broker.amqp.channel_topology import REPLY_TO_QUEUE, TopologyMethods
 from warren.broker.amqp.confirms import ConfirmTracker, PendingPublish
 from warren.broker.queues import queue_commands as qc
@@ -29,7 +28,6 @@ from warren.protocol import codec
 from warren.protocol.constants import (
     ACCESS_REFUSED,
     NO_ROUTE,
-    NOT_ALLOWED,
     NOT_FOUND,
     NOT_IMPLEMENTED,
     PRECONDITION_FAILED,
@@ -48,17 +46,7 @@ DELIVER_FRAMES_MAX = 64   # per consumer (Consumer.deliver_frames), for queues b
 REPLY_TO_PREFIX = REPLY_TO_QUEUE + "."
 
 
-@dataclass(slots=True)
-class Consumer:
-    tag: str
-    tag_bytes: bytes  # pre-encoded shortstr for basic.deliver
-    queue: Queue | None  # None for the direct reply-to pseudo consumer
-    no_ack: bool
-    # (exchange, routing_key) -> its deliveries' `codec.deliver_frame_parts`
-    deliver_frames: dict[tuple[str, str], tuple[bytes, bytes]] = field(default_factory=dict)
-
-
-class Channel(TopologyMethods):
+class Channel(TopologyMethods, ConsumerMethods):
     def __init__(self, connection: "AMQPConnection", number: int):
         self.connection = connection
         self.broker = connection.broker
@@ -232,6 +220,9 @@ class Channel(TopologyMethods):
     # -- hot path: deliveries and acks ------------------------------------
     def deliver(self, queue: Queue, consumer_tag: str, msg_id: int, payload: Any, redelivered: bool) -> None:
         consumer = self.consumers[consumer_tag]
+        if consumer.early is not None:   # before consume-ok (channel_consumers.py)
+            consumer.early.append((queue, consumer_tag, msg_id, payload, redelivered))
+            return
         if not consumer.no_ack and self.global_prefetch_count:
             if len(self.unacked) >= self.global_prefetch_count:
                 # A queue may hand over a burst larger than the channel-wide (global)
@@ -410,63 +401,6 @@ class Channel(TopologyMethods):
         else:
             self.prefetch_count = method.prefetch_count
         self.send(spec.Basic.QosOk())
-
-    def on_basic_consume(self, method: spec.Basic.Consume) -> None:
-        tag = method.consumer_tag or "amq.ctag-" + secrets.token_urlsafe(16)
-        if tag in self.consumers:
-            raise AMQPConnectionError(NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'", 60, 20)
-        if method.queue == REPLY_TO_QUEUE:
-            self._consume_reply_to(method, tag)
-            return
-        queue = self._readable_queue(method.queue, 60, 20)
-        arguments = method.arguments or {}
-        priority = arguments.get("x-priority", 0)
-        if isinstance(priority, bool) or not isinstance(priority, int):
-            raise ChannelError(PRECONDITION_FAILED, f"invalid arg 'x-priority' for consumer '{tag}'", 60, 20)
-        if queue.exclusive_consumer is not None or (method.exclusive and queue.consumer_count):
-            raise ChannelError(ACCESS_REFUSED, f"queue '{queue.name}' in vhost '{self.vhost.name}' in exclusive use",
-                               60, 20)
-        if queue.queue_type == "quorum" and self.global_prefetch_count:
-            raise AMQPConnectionError(NOT_IMPLEMENTED, f"queue '{queue.name}' in vhost '{self.vhost.name}' "
-                                      "does not support global qos", 60, 20)
-        self.consumers[tag] = Consumer(tag, codec.shortstr(tag), queue, method.no_ack)
-        self.queues_used[id(queue)] = queue
-        if not method.nowait:
-            self.send(spec.Basic.ConsumeOk(tag))
-        prefetch = self.prefetch_count
-        if self.global_prefetch_count:
-            prefetch = min(prefetch or self.global_prefetch_count, self.global_prefetch_count)
-        queue.add_consumer((self.owner, tag), self, 0 if method.no_ack else prefetch, priority,
-                           method.no_ack, method.exclusive, active=not self.suspended)
-
-    def _consume_reply_to(self, method: spec.Basic.Consume, tag: str) -> None:
-        if not method.no_ack:
-            raise ChannelError(PRECONDITION_FAILED, "reply consumer cannot acknowledge", 60, 20)
-        if self.reply_to_token is not None:
-            raise ChannelError(PRECONDITION_FAILED, "reply consumer already set", 60, 20)
-        self.reply_to_token = self.broker.register_reply_channel(self)
-        self.consumers[tag] = Consumer(tag, codec.shortstr(tag), None, True)
-        if not method.nowait:
-            self.send(spec.Basic.ConsumeOk(tag))
-
-    def on_basic_cancel(self, method: spec.Basic.Cancel) -> None:
-        consumer = self.consumers.pop(method.consumer_tag, None)
-        if consumer is not None:
-            if consumer.queue is None:
-                self.broker.unregister_reply_channel(self.reply_to_token)
-                self.reply_to_token = None
-            elif not consumer.queue.deleted:
-                consumer.queue.remove_consumer((self.owner, consumer.tag))
-        if not method.nowait:
-            self.send(spec.Basic.CancelOk(method.consumer_tag))
-
-    def on_queue_deleted(self, queue: Queue, consumer_tag: str) -> None:
-        """The queue went away under a consumer: consumer cancel notify."""
-        if self.consumers.pop(consumer_tag, None) is None or self.closed:
-            return
-        if self.connection.client_capabilities.get("consumer_cancel_notify"):
-            self.send(spec.Basic.Cancel(consumer_tag, nowait=True))
-        self.connection.want_flush(self)
 
     def on_basic_get(self, method: spec.Basic.Get) -> None:
         queue = self._readable_queue(method.queue, 60, 70)

@@ -44,6 +44,7 @@ REJECT_PUBLISH_DLX = "reject-publish-dlx"
 # -- replies --------------------------------------------------------------
 ACCEPTED = "accepted"
 REJECTED = "rejected"
+IN_EXCLUSIVE_USE = "in exclusive use"   # a checkout refused: the channel answers 403 ACCESS_REFUSED
 
 
 # -- state ----------------------------------------------------------------
@@ -62,6 +63,7 @@ class ConsumerState:
     # never gives a consumer two turns per round.
     ticket: int = 0
     last_seq: int = 0  # the consumer's deliveries are numbered 1, 2, 3...
+    exclusive: bool = False   # basic.consume's exclusive flag: no other consumer while it lives
 
     def has_credit(self) -> bool:
         return self.prefetch == 0 or len(self.checked_out) < self.prefetch
@@ -347,7 +349,10 @@ def _leave_service(state: FifoState, consumer: ConsumerState) -> None:
 
 def _on_checkout(command: qc.Checkout, state: FifoState, effects: list) -> str:
     consumer_id = (command.owner, command.tag)
-    consumer = ConsumerState(command.prefetch, command.priority, command.no_ack, suspended=not command.active)
+    if _exclusivity_refuses(state, consumer_id, command.exclusive):
+        return IN_EXCLUSIVE_USE
+    consumer = ConsumerState(command.prefetch, command.priority, command.no_ack, suspended=not command.active,
+                             exclusive=command.exclusive)
     previous = state.consumers.get(consumer_id)
     if previous is not None:
         # A tag reused after basic.cancel: what the old consumer still holds stays
@@ -359,6 +364,15 @@ def _on_checkout(command: qc.Checkout, state: FifoState, effects: list) -> str:
     _enter_service(state, consumer_id, consumer)
     _service(state, effects)
     return ACCEPTED
+
+
+def _exclusivity_refuses(state: FifoState, consumer_id: tuple, exclusive: bool) -> bool:
+    """As a RabbitMQ classic queue (rabbit_queue_consumers): an exclusive consumer only
+    on a queue without live consumers, and none beside a live exclusive one. Judged
+    here, where every node's and every shard's consumers meet (the channel's own view
+    sees only its node's); a tag reused by its own channel is not another consumer."""
+    return any((exclusive or other.exclusive) and not other.cancelled
+               for other_id, other in state.consumers.items() if other_id != consumer_id)
 
 
 def _on_cancel(command: qc.Cancel, state: FifoState, effects: list) -> str:

@@ -171,13 +171,31 @@ class Queue:
         self.client.purge(lambda count: on_done(count or 0))
 
     def add_consumer(self, consumer_id: Hashable, sink: ConsumerSink, prefetch: int,
-                     priority: int, no_ack: bool, exclusive: bool, active: bool = True) -> None:
+                     priority: int, no_ack: bool, exclusive: bool, active: bool = True,
+                     on_checked_out: Callable[[bool], None] | None = None) -> None:
+        """basic.consume. With `on_checked_out`, the machine judges exclusivity (it sees
+        every node's and shard's consumers) and `on_checked_out(accepted)` says how; a
+        consumer it refuses was never here."""
         self.touch()
         self.consumers[consumer_id] = sink
-        self.had_consumers = True
         if exclusive:
             self.exclusive_consumer = consumer_id
-        self.client.checkout(consumer_id, sink, prefetch, priority, no_ack, active)
+        if on_checked_out is None:
+            self.had_consumers = True
+            self.client.checkout(consumer_id, sink, prefetch, priority, no_ack, active)
+            return
+
+        def verdict(reply: Any) -> None:
+            accepted = reply != fifo.IN_EXCLUSIVE_USE
+            if accepted:
+                self.had_consumers = True
+            else:   # not _forget_consumer: a consumer that never was does not auto-delete the queue
+                self.consumers.pop(consumer_id, None)
+                if self.exclusive_consumer == consumer_id:
+                    self.exclusive_consumer = None
+                self.client.forget_consumer(consumer_id)
+            on_checked_out(accepted)
+        self.client.checkout(consumer_id, sink, prefetch, priority, no_ack, active, exclusive, verdict)
 
     def remove_consumer(self, consumer_id: Hashable) -> None:
         """basic.cancel: no more deliveries; what it holds stays unacked."""

@@ -194,11 +194,16 @@ class QueueClient:
         self.submit(qc.Purge(self.route.node, next(self.requests), now_ms()), on_done)
 
     def checkout(self, consumer_id: tuple, sink: Any, prefetch: int, priority: int, no_ack: bool,
-                 active: bool) -> None:
+                 active: bool, exclusive: bool = False, on_done: Callable[[Any], None] | None = None) -> None:
         owner, tag = consumer_id
         key = self.owner_key(owner)
         self.local_consumers[(key, tag)] = LocalConsumer(sink, consumer_id)
-        self.submit(qc.Checkout(key, tag, now_ms(), prefetch, priority, no_ack, active))
+        self.submit(qc.Checkout(key, tag, now_ms(), prefetch, priority, no_ack, active, exclusive), on_done)
+
+    def forget_consumer(self, consumer_id: tuple) -> None:
+        """A checkout the machine refused: nothing to cancel there."""
+        owner, tag = consumer_id
+        self.local_consumers.pop((self.owner_key(owner), tag), None)
 
     def cancel(self, consumer_id: tuple) -> None:
         owner, tag = consumer_id

@@ -24,6 +24,9 @@ assert len(BY_TAG) == len(_RECORDS), "every record has its own tag"
 # Fields per tag (the arity of the positional form is this plus one, for the tag).
 FIELDS: dict[int, tuple[str, ...]] = {cls.TAG: cls.__slots__ for cls in _RECORDS}
 ARITY: dict[int, int] = {tag: len(fields) + 1 for tag, fields in FIELDS.items() if BY_TAG[tag] in qc.COMMANDS}
+# Fields added to a record after logs were written with it: an older entry has fewer, and the
+# record's defaults fill them (Checkout.exclusive).
+ADDED_FIELDS: dict[int, int] = {qc.Checkout.TAG: 1}
 LIVENESS_TAGS = frozenset(tag for tag, cls in BY_TAG.items() if cls in qc.LIVENESS)
 
 
@@ -105,7 +108,7 @@ def from_positional(value: list) -> Any:
     """A record from its positional form (as every version has logged commands)."""
     tag = value[0]
     cls = BY_TAG.get(tag) if isinstance(tag, int) else None
-    if cls is None or len(value) != len(FIELDS[tag]) + 1:
+    if cls is None or not 0 <= len(FIELDS[tag]) + 1 - len(value) <= ADDED_FIELDS.get(tag, 0):
         raise MalformedCommand(f"malformed command {value!r}")
     values = value[1:]
     if cls in _FROM_WIRE:

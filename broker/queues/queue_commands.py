@@ -47,6 +47,9 @@ class Checkout:
     priority: int = 0
     no_ack: bool = False
     active: bool = True       # False: created suspended (its channel is at its global prefetch)
+    # basic.consume's exclusive flag, judged by the machine (fifo.IN_EXCLUSIVE_USE); a log
+    # written before the field existed has none: the codec fills the default
+    exclusive: bool = False
 
 
 @dataclass(frozen=True, slots=True)

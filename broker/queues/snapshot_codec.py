@@ -58,7 +58,7 @@ def fifo_to_wire(state: fifo.FifoState) -> list:
     limits = {f.name: getattr(state.limits, f.name) for f in dataclasses.fields(fifo.QueueLimits)}
     by_id: dict[Any, fifo.ConsumerState] = state.consumers   # ids are (owner, tag) tuples
     consumers = [[list(cid), c.prefetch, c.priority, c.no_ack, list(c.checked_out), c.cancelled, c.suspended,
-                  c.in_service, c.ticket] for cid, c in by_id.items()]
+                  c.in_service, c.ticket, c.exclusive] for cid, c in by_id.items()]
     return [limits, _messages_to_wire(state.messages), int_map(state.delivery_counts), list(state.ready),
             state.returns, state.ready_bytes, state.message_bytes, int_map(state.expiries),
             int_map(state.message_priorities), state.now_ms, consumers, _service_to_wire(state)]
@@ -93,9 +93,12 @@ def fifo_from_wire(wire: list, version: int) -> fifo.FifoState:
     state.ready, state.returns = deque(ready), returns
     # `returns` is already a heap: kept in the same order
     state.ready_bytes, state.message_bytes, state.now_ms = ready_bytes, message_bytes, now_ms
-    for cid, prefetch, priority, no_ack, checked_out, cancelled, suspended, in_service, ticket in consumers:
+    # a consumer's `exclusive` came later: a snapshot written before has none (not exclusive)
+    for cid, prefetch, priority, no_ack, checked_out, cancelled, suspended, in_service, ticket, *exclusive \
+            in consumers:
         state.consumers[tuple(cid)] = fifo.ConsumerState(
-            prefetch, priority, no_ack, dict.fromkeys(checked_out, 0), cancelled, suspended, in_service, ticket)
+            prefetch, priority, no_ack, dict.fromkeys(checked_out, 0), cancelled, suspended, in_service, ticket,
+            exclusive=bool(exclusive and exclusive[0]))
     for priority, live in service:
         entries = [(tuple(cid), state.consumers[tuple(cid)]) for cid in live]
         state.service[priority] = deque((cid, consumer, consumer.ticket) for cid, consumer in entries)

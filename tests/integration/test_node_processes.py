@@ -384,6 +384,40 @@ def test_a_transient_queue_of_one_shard_is_used_from_another(node, two_shards):
     wait_for(lambda: _declare_passive_fails(home, "transient"), "the deletion to reach the home shard")
 
 
+IN_EXCLUSIVE_USE = "ACCESS_REFUSED - queue '{}' in vhost '/' in exclusive use"
+
+
+@pytest.mark.parametrize("durable", [False, True], ids=["transient", "durable-classic"])
+def test_an_exclusive_consumer_excludes_consumers_on_another_shard(two_shards, durable):
+    """basic.consume's exclusive flag holds across shards, as on one RabbitMQ node: the
+    queue's machine judges it, and the refused consumer's channel closes with 403."""
+    first, second = two_shards
+    for queue, (exclusive_on, other_on) in {"ex-first": (first, second), "ex-second": (second, first)}.items():
+        first.channel().queue_declare(queue, durable=durable)
+        exclusive = exclusive_on.channel()
+        exclusive.basic_consume(queue, lambda *_: None, exclusive=True)
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
+            other_on.channel().basic_consume(queue, lambda *_: None)
+        assert (closed.value.reply_code, closed.value.reply_text) == (403, IN_EXCLUSIVE_USE.format(queue))
+        exclusive.close()   # its consumer goes: the queue takes others again
+        wait_for(lambda q=queue, o=other_on: _consumes(o, q, exclusive=True), f"{queue} to take a consumer again")
+    plain = second.channel()   # and the other way round: an exclusive consume beside a consumer elsewhere
+    plain.basic_consume("ex-first", lambda *_: None)
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
+        first.channel().basic_consume("ex-first", lambda *_: None, exclusive=True)
+    assert (closed.value.reply_code, closed.value.reply_text) == (403, IN_EXCLUSIVE_USE.format("ex-first"))
+
+
+def _consumes(connection, queue: str, exclusive: bool) -> bool:
+    channel = connection.channel()
+    try:
+        channel.basic_consume(queue, lambda *_: None, exclusive=exclusive)
+    except pika.exceptions.ChannelClosedByBroker:
+        return False
+    channel.close()
+    return True
+
+
 def test_an_auto_delete_queue_goes_when_its_last_consumer_on_another_shard_leaves(two_shards):
     home, other = two_shards
     home.channel().queue_declare("auto", durable=False, auto_delete=True)

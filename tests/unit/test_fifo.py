@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from warren.broker.queues import fifo
+from warren.broker.queues import fifo, snapshot_codec
 from warren.broker.queues import queue_commands as qc
 from warren.broker.queues.fifo import (
     ACCEPTED,
@@ -45,8 +45,8 @@ class Enqueue:
     priority: int = 0
 
 
-def Checkout(consumer, prefetch, priority=0, no_ack=False, active=True):  # noqa: N802
-    return qc.Checkout(consumer[0], consumer[1], 0, prefetch, priority, no_ack, active)
+def Checkout(consumer, prefetch, priority=0, no_ack=False, active=True, exclusive=False):  # noqa: N802
+    return qc.Checkout(consumer[0], consumer[1], 0, prefetch, priority, no_ack, active, exclusive)
 
 
 def Cancel(consumer):  # noqa: N802
@@ -323,6 +323,28 @@ def test_down_also_returns_basic_get_holdings():
 
 
 # -- suspend, cancel --------------------------------------------------------------
+
+def test_an_exclusive_consumer_only_on_a_queue_without_consumers_and_none_beside_it():
+    """RabbitMQ's classic queue: basic.consume exclusive=true on a queue with a consumer, or any
+    consumer on a queue with an exclusive one, is refused (the channel answers 403)."""
+    q = Queue()
+    assert q.apply(Checkout(A, 1))[0] == ACCEPTED
+    assert q.apply(Checkout(C, 1, exclusive=True)) == (fifo.IN_EXCLUSIVE_USE, [])
+    assert C not in q.state.consumers, "a refused consumer is not registered"
+    assert q.apply(Cancel(A))[0] == ACCEPTED
+    assert q.apply(Checkout(C, 1, exclusive=True))[0] == ACCEPTED, "a cancelled consumer does not count"
+    assert q.apply(Checkout(B, 1)) == (fifo.IN_EXCLUSIVE_USE, [])
+    assert q.apply(Checkout(C, 2, exclusive=True))[0] == ACCEPTED, "its own tag again is no other consumer"
+    q.apply(qc.Down("ch2", 0))
+    assert q.apply(Checkout(B, 1))[0] == ACCEPTED, "its channel went: the queue takes consumers again"
+    q.apply(Cancel(B))
+    assert q.apply(Checkout(C, 1, exclusive=True))[0] == ACCEPTED
+    wire = snapshot_codec.fifo_to_wire(q.state)
+    assert snapshot_codec.fifo_from_wire(wire, 3).consumers[C].exclusive, "a snapshot keeps it"
+    for consumer in wire[10]:
+        del consumer[9:]   # as a snapshot written before consumers had the field
+    assert not snapshot_codec.fifo_from_wire(wire, 3).consumers[C].exclusive
+
 
 def test_suspended_consumer_gets_nothing_until_resumed():
     q = Queue()

@@ -31,6 +31,7 @@ COMMANDS = [
     qc.EnqueueBatch(P1, 3, 5, [MESSAGE, ["", "q", b"", b"", 7, 9]]),
     qc.DropTransient(5),
     qc.DropTransientBefore(7, 5),
+    qc.Checkout("o", "t", 5, 10, 1, True, False, True),   # exclusive
 ]
 EFFECTS = [
     qc.Delivery(("o", "t"), 3, 12, 7 << 16, True, 2),
@@ -89,6 +90,7 @@ def test_bodies_stay_the_clients_bytes():
 
 def test_the_positional_form_of_earlier_versions_decodes_to_the_same_records():
     assert {type(record) for _, record in OLD_FORMS} == set(qc.COMMANDS)
+    assert COMMANDS[1].exclusive is False, "a Checkout logged before `exclusive` existed is not exclusive"
     for old, record in OLD_FORMS:
         assert qcodec.decode(msgpack.packb(old, use_bin_type=True)) == record, old
 
@@ -107,7 +109,9 @@ def test_an_old_log_replays_into_the_same_state_as_a_new_one():
 
 def test_malformed_bytes_are_refused():
     for data in (b"", b"\xc1", msgpack.packb([]), msgpack.packb([99, 1]), msgpack.packb({"a": 1}),
-                 msgpack.packb(["enqueue"]), msgpack.packb([qc.Tick.TAG]), msgpack.packb([qc.Tick.TAG, 1, 2])):
+                 msgpack.packb(["enqueue"]), msgpack.packb([qc.Tick.TAG]), msgpack.packb([qc.Tick.TAG, 1, 2]),
+                 msgpack.packb([qc.Checkout.TAG, "o", "t", 5, 10, 1, True]),   # one field short of the old form
+                 msgpack.packb([qc.Checkout.TAG, "o", "t", 5, 10, 1, True, False, False, 1])):
         with pytest.raises(qcodec.MalformedCommand):
             qcodec.decode(data)
 

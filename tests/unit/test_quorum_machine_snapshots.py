@@ -37,6 +37,7 @@ def as_version_2(snapshot: bytes) -> bytes:
     def pairs(columns):
         return [list(pair) for pair in zip(*columns)]
 
+    consumers = [consumer[:9] for consumer in consumers]   # a consumer's `exclusive` came after version 2
     old_state = [limits, [list(m) for m in zip(ids, payloads, sizes)], pairs(counts), ready, returns, ready_bytes,
                  message_bytes, pairs(expiries), pairs(priorities), now_ms, consumers, service]
     old_seqs = [[consumer, last_seq, pairs(checked_out)] for consumer, last_seq, checked_out in seqs]
