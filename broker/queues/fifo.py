@@ -342,6 +342,16 @@ def _activate_next(state: FifoState, effects: list) -> None:
         _service(state, effects)
 
 
+def step_aside(state: FifoState, consumer_ids: list[tuple], effects: list) -> None:
+    """Single active consumer: these consumers (suspended: their node is gone) go behind
+    the others, and the next in line takes over (RabbitMQ returns them to waiting)."""
+    if not state.limits.single_active_consumer:
+        return
+    for consumer_id in consumer_ids:
+        state.consumers[consumer_id] = state.consumers.pop(consumer_id)
+    _activate_next(state, effects)
+
+
 def _leave_service(state: FifoState, consumer: ConsumerState) -> None:
     # Lazily removed: _next_in_service skips consumers no longer in service.
     consumer.in_service = False

@@ -25,8 +25,8 @@ assert len(BY_TAG) == len(_RECORDS), "every record has its own tag"
 FIELDS: dict[int, tuple[str, ...]] = {cls.TAG: cls.__slots__ for cls in _RECORDS}
 ARITY: dict[int, int] = {tag: len(fields) + 1 for tag, fields in FIELDS.items() if BY_TAG[tag] in qc.COMMANDS}
 # Fields added to a record after logs were written with it: an older entry has fewer, and the
-# record's defaults fill them (Checkout.exclusive).
-ADDED_FIELDS: dict[int, int] = {qc.Checkout.TAG: 1}
+# record's defaults fill them (Checkout.exclusive, NodeGone.keep_consumers).
+ADDED_FIELDS: dict[int, int] = {qc.Checkout.TAG: 1, qc.NodeGone.TAG: 1}
 LIVENESS_TAGS = frozenset(tag for tag, cls in BY_TAG.items() if cls in qc.LIVENESS)
 
 

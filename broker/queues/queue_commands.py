@@ -147,10 +147,14 @@ class NodeUp:
 
 @dataclass(frozen=True, slots=True)
 class NodeGone:
-    """A leader's own view: the node stayed away too long (its suspected owners are Down)."""
+    """A leader's own view: the node stayed away too long. `keep_consumers` (a cluster's
+    leader): what its consumers hold goes back to the queue and they wait, suspended, for
+    the node; else (a log written before the field, a shard that died) its suspected owners
+    are Down."""
     TAG: ClassVar[int] = 13
     node: str
     now_ms: int
+    keep_consumers: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -136,7 +136,7 @@ class QuorumQueue(Queue):
     def on_node_gone(self, peer: str) -> None:
         if peer not in self.gone_handled and self.route.leading():
             self.gone_handled.add(peer)
-            self._state_own_view(qc.NodeGone(peer, now_ms()))
+            self._state_own_view(qc.NodeGone(peer, now_ms(), keep_consumers=True))
 
     def on_link_up(self, peer: str) -> None:
         """Deliveries between this node and `peer` may have been lost while the link

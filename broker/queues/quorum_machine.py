@@ -38,9 +38,11 @@ records (the consumer side) and takes each released message through
   nothing new. NodeUp with the node's incarnation resumes them; owners of an
   older incarnation died with it and are Down (their messages return), its
   publishers' sessions are forgotten, and its late commands (enqueues,
-  Checkout, Dequeue still in flight) are refused from then on. NodeGone
-  Downs the owners of the incarnations the node had when suspected, not those
-  of a newer one that spoke since.
+  Checkout, Dequeue still in flight) are refused from then on. A cluster's
+  NodeGone returns what the consumers of the incarnations the node had when
+  suspected hold, and keeps them suspended for the node's return (as RabbitMQ
+  on `noconnection`); an older log's NodeGone, and a dead shard's, Down those
+  owners; neither touches a newer incarnation that spoke since.
 
 Snapshots (``snapshot``/``restore``) hold the whole state, payloads included,
 in a form that is canonical: two machines that behave the same produce the
@@ -484,11 +486,14 @@ class QuorumMachine:
         return node is not None and owner_incarnation(owner) in self._retired.get(node, ())
 
     def _on_node_gone(self, command: qc.NodeGone, effects: list) -> list[str]:
-        """The node did not come back in time: Down its owners of the incarnations
+        """The node did not come back in time. A cluster's leader keeps the consumers
+        (`_return_from_gone`); otherwise (a dead shard, an older log): Down its owners of the incarnations
         it had when suspected (all of them if it never was). A newer incarnation
         that spoke since is left alone: this command may have been proposed
         before the node restarted."""
         node = command.node
+        if command.keep_consumers:
+            return self._return_from_gone(node, command.now_ms, effects)
         incarnations = self._suspected_nodes.pop(node, None)
         if incarnations is None:
             owners = self._owners_on(node)
@@ -498,6 +503,29 @@ class QuorumMachine:
             self._forget_gets(node, lambda inc: inc in incarnations)
         self._down_owners(command.now_ms, owners, effects)
         return owners
+
+    def _return_from_gone(self, node: str, now_ms: int, effects: list) -> list[str]:
+        """As RabbitMQ's consumers on a node it lost its connection to: what the node's
+        consumers (of the incarnations suspected) hold goes back to the queue, for others,
+        and they stay, suspended, so that a node that comes back with its channels alive
+        goes on consuming (NodeUp resumes them; a new incarnation Downs them). Dropping
+        them instead left such a channel's consumer registered nowhere: it got nothing,
+        for good (warren-chaos seed 23, a partition longer than the gone timeout)."""
+        incarnations = self._suspected_nodes.get(node)
+        consumers = [c for c in self._consumers_on(node)
+                     if incarnations is None or owner_incarnation(c[0]) in incarnations]
+        for consumer in consumers:
+            if consumer not in self._suspected:
+                self._suspected[consumer] = not self._fifo.consumers[consumer].suspended
+                self._fifo_apply(qc.Suspend(consumer[0], consumer[1], now_ms, False), effects)
+            held = tuple(self._fifo.consumers[consumer].checked_out)
+            if held:
+                self._fifo_apply(qc.Return(consumer[0], consumer[1], now_ms, held), effects, [consumer])
+        if incarnations is None and consumers:
+            self._suspected_nodes[node] = sorted({incarnation for c in consumers
+                                                  if (incarnation := owner_incarnation(c[0])) is not None})
+        fifo.step_aside(self._fifo, [c for c in consumers if c in self._fifo.consumers], effects)
+        return list(dict.fromkeys(c[0] for c in consumers))
 
     # --- snapshots -----------------------------------------------------------------------
     def snapshot(self) -> bytes:

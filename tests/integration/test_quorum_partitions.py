@@ -71,23 +71,29 @@ class StreamPublisher(threading.Thread):
 
 
 class StreamConsumer(threading.Thread):
-    """Consumes with manual acks (prefetch 10) until stopped; notes when each message came."""
+    """Consumes with manual acks (prefetch 10; `ack=False`: holds what it gets) until stopped;
+    notes when each message came, and which came redelivered."""
 
-    def __init__(self, server, queue: str, node: str, stop: threading.Event):
+    def __init__(self, server, queue: str, node: str, stop: threading.Event, ack: bool = True, prefetch: int = 10):
         super().__init__(daemon=True, name=f"consumer-{node}")
         self.server, self.queue, self.node, self.stop = server, queue, node, stop
+        self.ack, self.prefetch = ack, prefetch
         self.received: list[tuple[float, bytes]] = []
+        self.redelivered: list[bytes] = []
         self.error: BaseException | None = None
 
     def run(self) -> None:
         try:
             with connect(self.server) as connection:
                 channel = connection.channel()
-                channel.basic_qos(prefetch_count=10)
+                channel.basic_qos(prefetch_count=self.prefetch)
                 for method, _, body in channel.consume(self.queue, inactivity_timeout=0.1):
                     if method is not None:
                         self.received.append((time.monotonic(), body))
-                        channel.basic_ack(method.delivery_tag)
+                        if method.redelivered:
+                            self.redelivered.append(body)
+                        if self.ack:
+                            channel.basic_ack(method.delivery_tag)
                     if self.stop.is_set():
                         break
                 channel.cancel()
@@ -268,5 +274,54 @@ def test_deliveries_lost_in_a_partition_come_again_after_a_leader_change_and_the
         stop.set()
         for consumer in consumers:
             consumer.join(THREAD_JOIN_SECONDS)
+        stop_all(servers)
+        network.close()
+
+
+def test_a_consumer_cut_off_longer_than_the_gone_timeout_goes_on_consuming_after_the_heal(tmp_path):
+    """c is cut off from a and b for longer than `cluster_node_gone_seconds`: the leader gives
+    back what c's consumer holds, and keeps the consumer for c's return (as RabbitMQ keeps
+    consumers on a node it lost the connection to). The consumer's channel lived through the
+    partition: after the heal it gets what it held again (flagged) and what comes next.
+    Dropping the consumer instead left it registered nowhere, getting nothing, for good."""
+    network = Network({name: free_port() for name in NAMES})
+    servers = start_cluster(tmp_path, gone_seconds=2.0, network=network)
+    a, b, c = NAMES
+    stop = threading.Event()
+    consumer = StreamConsumer(servers[c], "gone", c, stop, ack=False, prefetch=20)
+    try:
+        declare_everywhere(servers, a, "gone")
+        consumer.start()
+        wait_for(lambda: (queue_view(servers[a], "gone") or {}).get("consumers") == 1, "c's consumer to be known")
+        held = [b"held-%d" % n for n in range(3)]
+        with connect(servers[b]) as connection:
+            channel = connection.channel()
+            channel.confirm_delivery()
+            for body in held:
+                channel.basic_publish("", "gone", body, pika.BasicProperties(delivery_mode=2))
+        wait_for(lambda: [body for _, body in list(consumer.received)] == held, "c's consumer to hold the first three")
+        network.isolate(c)
+        # the leader (a or b) gives back what c held once c is gone: three ready again
+        wait_for(lambda: any((queue_view(servers[n], "gone") or {}).get("messages_ready") == 3 for n in (a, b)),
+                 "what c's consumer held to go back to the queue", 30)
+        network.heal()
+        for name in NAMES:
+            wait_for(lambda n=name: api(servers[n], "/api/overview")["running_nodes"] == NAMES, f"{name} to see all")
+        after = [b"after-%d" % n for n in range(3)]
+        with connect(servers[b]) as connection:
+            channel = connection.channel()
+            channel.confirm_delivery()
+            for body in after:
+                channel.basic_publish("", "gone", body, pika.BasicProperties(delivery_mode=2))
+        try:
+            wait_for(lambda: set(held + after) <= {body for _, body in list(consumer.received)[3:]},
+                     "c's consumer to get everything again", RESUME_SECONDS)
+        except AssertionError as error:
+            raise AssertionError(f"{error}: got {consumer.received}, error {consumer.error!r}\n"
+                                 + report(servers, [], [], queue="gone")) from None
+        assert set(consumer.redelivered) == set(held), "what it held comes again, flagged redelivered"
+    finally:
+        stop.set()
+        consumer.join(THREAD_JOIN_SECONDS)
         stop_all(servers)
         network.close()

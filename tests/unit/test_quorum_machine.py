@@ -469,6 +469,39 @@ def test_node_gone_without_suspicion_downs_every_owner_on_the_node():
     assert list(replica.machine.state.consumers) == [C2]
 
 
+def test_a_cluster_node_gone_gives_back_what_its_consumers_hold_and_they_resume_when_it_is_back():
+    """As RabbitMQ on `noconnection`: a node away longer than the gone timeout loses what its
+    consumers hold (others take it), not its consumers. Dropping them left a channel that
+    lived through a partition consuming from nowhere, for good (warren-chaos seed 23)."""
+    replica = Replica()
+    replica.consume(C1, prefetch=2)
+    replica.publish(P1, 1)
+    replica.publish(P1, 2)
+    replica.run(qcodec.encode(qc.NodeDown("n1", 0)))
+    reply, effects = replica.run(qcodec.encode(qc.NodeGone("n1", 0, keep_consumers=True)))
+    assert reply == [C1[0]] and deliveries(effects) == []
+    assert replica.machine.ready_count == 2 and replica.machine.unacked_count == 0
+    assert C1 in replica.machine.state.consumers and C1 in replica.machine.suspected_consumers
+    replica.consume(C2, prefetch=1)
+    assert [d.consumer for d in deliveries(replica.publish(P1, 3)[1])] == []   # C2 took message 1 already
+    reply, effects = replica.run(qcodec.encode(qc.NodeUp("n1", "i1", 0)))   # back, the same incarnation
+    assert reply == [] and C1 not in replica.machine.suspected_consumers
+    redelivered = [d for d in deliveries(effects) if d.consumer == C1]
+    assert [(d.seq, d.redelivered) for d in redelivered] == [(3, True), (4, False)], \
+        "its deliveries go on counting after the two it held; the one it held comes again, flagged"
+
+
+def test_a_cluster_node_gone_hands_single_active_consumption_to_the_next_consumer():
+    replica = Replica(single_active_consumer=True)
+    replica.consume(C1, prefetch=1)
+    replica.consume(C2, prefetch=1)
+    replica.publish(P1, 1)
+    replica.run(qcodec.encode(qc.NodeDown("n1", 0)))
+    _, effects = replica.run(qcodec.encode(qc.NodeGone("n1", 0, keep_consumers=True)))
+    assert [(d.consumer, d.redelivered) for d in deliveries(effects)] == [(C2, True)]
+    assert list(replica.machine.state.consumers) == [C2, C1], "C1 waits behind, for its node"
+
+
 def test_a_checkout_from_a_suspected_node_is_not_suspected():
     replica = Replica()
     replica.run(qcodec.encode(qc.NodeDown("n1", 0)))
