@@ -18,6 +18,7 @@ import pika
 import pytest
 
 from tests.integration.partition import Network
+from tests.integration.pika_support import publish_confirmed
 from tests.integration.quorum_cluster import (
     NAMES,
     api,
@@ -295,10 +296,7 @@ def test_a_consumer_cut_off_longer_than_the_gone_timeout_goes_on_consuming_after
         wait_for(lambda: (queue_view(servers[a], "gone") or {}).get("consumers") == 1, "c's consumer to be known")
         held = [b"held-%d" % n for n in range(3)]
         with connect(servers[b]) as connection:
-            channel = connection.channel()
-            channel.confirm_delivery()
-            for body in held:
-                channel.basic_publish("", "gone", body, pika.BasicProperties(delivery_mode=2))
+            publish_confirmed(connection.channel(), "gone", held)
         wait_for(lambda: [body for _, body in list(consumer.received)] == held, "c's consumer to hold the first three")
         network.isolate(c)
         # the leader (a or b) gives back what c held once c is gone: three ready again
@@ -309,10 +307,7 @@ def test_a_consumer_cut_off_longer_than_the_gone_timeout_goes_on_consuming_after
             wait_for(lambda n=name: api(servers[n], "/api/overview")["running_nodes"] == NAMES, f"{name} to see all")
         after = [b"after-%d" % n for n in range(3)]
         with connect(servers[b]) as connection:
-            channel = connection.channel()
-            channel.confirm_delivery()
-            for body in after:
-                channel.basic_publish("", "gone", body, pika.BasicProperties(delivery_mode=2))
+            publish_confirmed(connection.channel(), "gone", after)
         try:
             wait_for(lambda: set(held + after) <= {body for _, body in list(consumer.received)[3:]},
                      "c's consumer to get everything again", RESUME_SECONDS)
