@@ -14,6 +14,8 @@ node to node: `node_of` gives the node a member runs on. A node's name holds no
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 SEPARATOR = "!"
 
 
@@ -23,3 +25,8 @@ def member_id(node: str, epoch: int = 0) -> str:
 
 def node_of(member: str) -> str:
     return member.partition(SEPARATOR)[0]
+
+
+def on_node(members: Iterable[str], node: str) -> str | None:
+    """The member among `members` that runs on `node`, None if none does."""
+    return next((member for member in members if node_of(member) == node), None)

@@ -98,7 +98,7 @@ from warren.raft import frames
 from warren.raft.core import RecoveredState, Status
 from warren.raft.entry_locations import EntryLocations
 from warren.raft.group import GroupId, GroupMetrics
-from warren.raft.member_ids import node_of
+from warren.raft.member_ids import on_node
 from warren.raft.messages import ConfigChangeOp, Entry, HardState, Role, Snapshot
 from warren.raft.persistence import RaftPersistence
 from warren.raft.raft_storage import (
@@ -299,7 +299,7 @@ class RaftRuntime:
     def voter_on(self, group_id: GroupId, node: str) -> str | None:
         """The voter of the group's latest configuration that runs on `node`, if any."""
         configuration = self.configuration(group_id)
-        return next((voter for voter in configuration[0] if node_of(voter) == node), None) if configuration else None
+        return on_node(configuration[0], node) if configuration else None
 
     def member_id(self, group_id: GroupId) -> str | None:
         """This node's replica's member id in the group, None if not hosted."""

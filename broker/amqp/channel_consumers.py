@@ -66,15 +66,13 @@ class ConsumerMethods:
         prefetch = self.prefetch_count
         if self.global_prefetch_count:
             prefetch = min(prefetch or self.global_prefetch_count, self.global_prefetch_count)
-        if not judged:
+        if judged:
+            self.await_reply()   # consume-ok with the verdict (_on_checked_out)
+        else:
             self._consume_ok(consumer)
-            queue.add_consumer((self.owner, tag), self, 0 if method.no_ack else prefetch, priority,
-                               method.no_ack, method.exclusive, active=not self.suspended)
-            return
-        self.await_reply()
         queue.add_consumer((self.owner, tag), self, 0 if method.no_ack else prefetch, priority,
                            method.no_ack, method.exclusive, active=not self.suspended,
-                           on_checked_out=partial(self._on_checked_out, consumer))
+                           on_checked_out=partial(self._on_checked_out, consumer) if judged else None)
 
     def _on_checked_out(self, consumer: Consumer, accepted: bool) -> None:
         """The queue's verdict on a consumer: consume-ok and what it was handed meanwhile, or 403."""

@@ -107,9 +107,7 @@ class RuntimePort:
 
     def leader_of(self, group: str) -> str | None:
         system = self.runtime.system
-        hosted = system.groups.get(group) if system is not None else None
-        leader = hosted.raft.leader_id if hosted is not None else None
-        return leader and node_of(leader)
+        return system.leader_id(group) if system is not None and group in system.groups else None
 
     def hosts(self, group: str) -> bool:
         return group in self.runtime.groups

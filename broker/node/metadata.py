@@ -50,7 +50,7 @@ from warren.broker.queues.queue_factory import Placement, make_queue
 from warren.broker.queues.quorum import QuorumQueue
 from warren.broker.routing import metadata_read_model as read_model
 from warren.protocol.errors import ChannelError
-from warren.raft.member_ids import node_of
+from warren.raft.member_ids import on_node
 
 if TYPE_CHECKING:
     from warren.broker.node.broker import Broker
@@ -214,7 +214,7 @@ class Metadata:
         if cluster.node not in effect.members:
             return
         ids = effect.member_ids or effect.members
-        me = next(member for member in ids if node_of(member) == cluster.node)
+        me = on_node(ids, cluster.node)
         if me == cluster.node:
             cluster.runtime.add_group(effect.group, list(ids), hosted_at=index)
         else:   # added to the group after its start (learnt from a snapshot): it joins
@@ -270,7 +270,7 @@ class Metadata:
         node = self.cluster.node
         if queue is None or node not in queue.members:
             return
-        me = next((member for member in effect.member_ids if node_of(member) == node), node)
+        me = on_node(effect.member_ids, node) or node
         hosted = runtime.member_id(queue.group)
         if hosted == me or (hosted is not None and (runtime.hosted_at(queue.group) or 0) > index):
             return   # hosted already, or by a later entry (a restart applies this one again)
