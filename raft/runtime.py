@@ -120,6 +120,9 @@ log = structlog.get_logger("warren.cluster")
 TICK_SECONDS = 0.05
 ELECTION_TICKS = 10
 HEARTBEAT_TICKS = 2
+# a node whose ticks stopped for this many of its longest election timeouts (paused,
+# its loop held) cannot know it still leads: its leaders step down before applying
+STALL_ELECTION_TIMEOUTS = 2
 
 Apply = Callable[[GroupId, Entry], None]
 
@@ -152,6 +155,7 @@ class RaftRuntime:
         self.transport: ClusterTransport | None = None
         self.failed: BaseException | None = None
         self.stopped = False
+        self.last_tick_at: float | None = None   # the loop's time at the last tick
         self.frames_sent = 0          # frames handed to the transport (Raft and host messages together)
         self.host_frames = 0          # of those, frames with host messages (alone, or beside Raft's)
         self.frames_dropped = 0       # frames the transport refused (peer not linked, queue full)
@@ -492,6 +496,7 @@ class RaftRuntime:
 
     def process_turn(self) -> None:
         try:
+            self.step_down_if_stalled()
             self.system.process_ready()
             if self.persistence.compactions:
                 self.persistence.run_deferred_compactions()
@@ -510,12 +515,39 @@ class RaftRuntime:
         if self.stopped or self.failed is not None:
             return
         try:
+            self.step_down_if_stalled()
+            self.last_tick_at = self._loop.time()
             self.system.tick()
         except Exception as error:  # noqa: BLE001 -- a dead timer would leave Raft half alive: the node's
             log.exception("raft.tick_failed", node=self.node_name)
             self.fail(error)
             return
         self._tick_handle = self._loop.call_later(self.tick_seconds, self.on_tick)
+
+    def step_down_if_stalled(self) -> None:
+        """After a stall of the node (SIGSTOP, a held loop) longer than any follower's
+        election timeout, another leader may have been elected and have committed
+        entries this one has not seen: its own applies would perform stale effects (a
+        delivery of a message the new leader returned from this node's consumer, gone,
+        and gave to another, who settled it). Its leaders step down first (always safe
+        in Raft); whoever wins next resends what is checked out. Groups of one voter
+        cannot be led by anyone else and keep leading."""
+        if self.last_tick_at is None or self._loop is None:
+            return
+        now = self._loop.time()
+        limit = STALL_ELECTION_TIMEOUTS * 2 * self.raft_options["election_ticks"] * self.tick_seconds
+        if now - self.last_tick_at <= limit:
+            return
+        stalled, self.last_tick_at = now - self.last_tick_at, now
+        system = self.system
+        led = [g for g in system.groups.values() if g.raft.role == Role.LEADER and len(g.raft.voters) > 1]
+        for group in led:
+            group.raft.become_follower(group.raft.term, None)
+            system.wake(group)
+            system.touch(group)
+        if led:
+            log.warning("raft.stalled_leaders_stepped_down", node=self.node_name, seconds=round(stalled, 3),
+                        groups=len(led))
 
     def on_group_failed(self, group_id: GroupId, error: BaseException) -> None:
         """The system stopped one group for a failure of its own; the others go on."""

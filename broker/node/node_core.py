@@ -54,6 +54,7 @@ APPLIED = 3    # [APPLIED, group, enqueuer, first_seq, last_seq, [refused seqs]]
 RESEND = 4     # [RESEND, group, owner, tag, after_seq]: a consumer's node lost deliveries
 HELLO = 5      # [HELLO, incarnation]: sent to a peer when its link comes up, and again now and then
 METADATA_APPLIED = 6   # [METADATA_APPLIED, index]: how far the sender applied the metadata group
+RESENT = 7     # [RESENT, group, owner, tag, horizon, [seqs resent]]: a RESEND's answer, after its deliveries
 
 RESEND_SECONDS = 1.0
 HOUSEKEEPING_SECONDS = RESEND_SECONDS / 2
@@ -119,11 +120,15 @@ class QueuePort(Protocol):
 
     def on_link_up(self, peer: str) -> None: ...
 
+    def ask_for_gaps(self) -> None: ...
+
     def resend_enqueues(self, now: float, leader_changed: bool = False) -> None: ...
 
     def on_applied(self, enqueuer: str, first_seq: int, last_seq: int, refused: list) -> None: ...
 
     def on_remote_delivery(self, message: list) -> None: ...
+
+    def on_resent(self, owner: str, tag: str, horizon: int, checked_out: list[int]) -> None: ...
 
     def resend_deliveries(self, owner: str, tag: str, after_seq: int) -> None: ...
 
@@ -350,14 +355,16 @@ class NodeCore:
             self.propose(group, data, origin, token)
         elif kind == DONE:
             self.on_done(message[2], message[3])
-        elif kind in (DELIVER, APPLIED):
+        elif kind in (DELIVER, APPLIED, RESENT):
             queue = self.queues.get(message[1])
             if queue is not None:
                 queue.leader_hint = peer
                 if kind == DELIVER:
                     queue.on_remote_delivery(message)
-                else:
+                elif kind == APPLIED:
                     queue.on_applied(message[2], message[3], message[4], message[5])
+                else:
+                    queue.on_resent(message[2], message[3], message[4], message[5])
         elif kind == RESEND:
             queue = self.queues.get(message[1])
             if queue is not None and self.is_leader(queue.group):
@@ -440,7 +447,9 @@ class NodeCore:
         for good (tests/sim seed 33). The queue's link-up hook asks just that."""
         for queue in list(self.queues.values()):
             leader = queue.leader_hint
-            if leader is not None and leader != self.node and leader not in self.down_since:
+            if leader == self.node:
+                queue.ask_for_gaps()
+            elif leader is not None and leader not in self.down_since:
                 queue.on_link_up(leader)
 
     def check_gone_nodes(self) -> None:

@@ -13,7 +13,8 @@ group's leader, or straight into a replica without a log):
 * consuming: deliveries carry a per-consumer sequence; this node hands them
   to the channel in order, drops what it has seen, holds what comes after a
   gap and asks the leader to send again what it has checked out after the
-  last one seen (RESEND);
+  last one seen (RESEND). The answer ends with the highest seq the leader
+  assigned (RESENT): a seq below it that did not come is checked out no more;
 * closed channels: a channel's DOWN can reach the leader before its CHECKOUT
   (forwarded through a third node that knew an older leader), leaving a
   consumer nobody closes holding a prefetch of messages. The owners this node
@@ -265,6 +266,29 @@ class QueueClient:
             seq = consumer.last_seq + 1
             self._hand_over(consumer, seq, *consumer.held.pop(seq))
 
+    def on_resent(self, owner: str, tag: str, horizon: int, checked_out: list[int]) -> None:
+        """The leader resent what it has checked out to the consumer after the seq it
+        was asked for (`checked_out`, just before this), and it gave seqs up to
+        `horizon`: any other seq up to there is checked out no more (it went back to
+        the queue while this node was cut off, say), and a held copy of one is stale.
+        Waiting for such a gap, which no leader fills, left the window full for good."""
+        consumer = self.local_consumers.get((owner, tag))
+        if consumer is None or horizon <= consumer.last_seq:
+            return
+        live = set(checked_out)
+        held = consumer.held
+        for seq in [s for s in held if s <= horizon and s not in live]:
+            del held[seq]
+        for seq in sorted(s for s in live if s > consumer.last_seq):
+            if seq not in held:   # not here (the held ones were too many): it may come again
+                consumer.last_seq = seq - 1
+                return
+            self._hand_over(consumer, seq, *held.pop(seq))
+        consumer.last_seq = horizon
+        while held and consumer.last_seq + 1 in held:
+            seq = consumer.last_seq + 1
+            self._hand_over(consumer, seq, *consumer.held.pop(seq))
+
     def _hand_over(self, consumer: LocalConsumer, seq: int, msg_id: int, payload: tuple, redelivered: bool,
                    count: int) -> None:
         consumer.last_seq = seq
@@ -280,6 +304,14 @@ class QueueClient:
             return
         consumer.gap_asked_at = now
         self.route.ask_resend(owner, tag, consumer.last_seq)
+
+    def ask_for_gaps(self) -> None:
+        """Now and then: a consumer holding deliveries behind a gap asks again (its
+        leader, on this node, answers at once); the first ask may have gone to an
+        old leader."""
+        for (owner, tag), consumer in self.local_consumers.items():
+            if consumer.held:
+                self._ask_for_gap(owner, tag, consumer)
 
     def ask_for_checked_out(self, leader: str) -> None:
         """A new leader's resend of what its predecessor had checked out to this

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
 
-from warren.broker.node.node_core import APPLIED, DELIVER
+from warren.broker.node.node_core import APPLIED, DELIVER, RESENT
 from warren.broker.queues import queue_codec, queue_snapshots
 from warren.broker.queues import queue_commands as qc
 from warren.broker.queues import quorum_machine as qm
@@ -203,7 +203,19 @@ class QueueReplica:
         return None
 
     def resend_deliveries(self, owner: str, tag: str, after_seq: int) -> None:
-        self.perform(self.machine.deliveries_since((owner, tag), after_seq))
+        """A consumer's node saw seqs up to `after_seq`: what is still checked out to it
+        after that, then (RESENT, behind it on the same link) the highest seq given so
+        far, which tells the node that whatever else it missed went back to the queue."""
+        deliveries = self.machine.deliveries_since((owner, tag), after_seq)
+        self.perform(deliveries)
+        horizon = self.machine.last_seq_of((owner, tag))
+        if horizon is None or horizon <= after_seq:
+            return
+        checked_out = [delivery.seq for delivery in deliveries]
+        if (owner, tag) in self.client.local_consumers:
+            self.client.on_resent(owner, tag, horizon, checked_out)
+        elif not self._is_here(owner):
+            self.send(qc.owner_node(owner), [RESENT, self.group, owner, tag, horizon, checked_out])
 
     def resend_checked_out(self, node: str | None = None) -> None:
         """What a previous leader (or a lost link) may not have delivered: all of it again,

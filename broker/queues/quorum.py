@@ -154,6 +154,12 @@ class QuorumQueue(Queue):
     def on_remote_delivery(self, message: list) -> None:
         self.client.on_remote_delivery(message)
 
+    def on_resent(self, owner: str, tag: str, horizon: int, checked_out: list[int]) -> None:
+        self.client.on_resent(owner, tag, horizon, checked_out)
+
+    def ask_for_gaps(self) -> None:
+        self.client.ask_for_gaps()
+
     def on_delivery(self, owner: str, tag: str, seq: int, msg_id: int, payload: tuple,
                     redelivered: bool, count: int) -> None:
         self.client.on_delivery(owner, tag, seq, msg_id, payload, redelivered, count)

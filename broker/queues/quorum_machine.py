@@ -252,6 +252,11 @@ class QuorumMachine:
         # seq 0: taken by basic.get, answered by its Got, never resent
         return [self._delivery(consumer, msg_id, s) for msg_id, s in state.checked_out.items() if s > seq]
 
+    def last_seq_of(self, consumer: tuple | list) -> int | None:
+        """The highest seq the consumer's deliveries were given (None: no such consumer)."""
+        state = self._fifo.consumers.get(tuple(consumer))
+        return None if state is None else state.last_seq
+
     def _delivery(self, consumer: tuple, msg_id: int, seq: int) -> Delivery:
         payload = self._fifo.messages[msg_id][0]
         count = self._fifo.delivery_counts.get(msg_id, 0)

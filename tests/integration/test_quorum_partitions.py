@@ -284,7 +284,11 @@ def test_a_consumer_cut_off_longer_than_the_gone_timeout_goes_on_consuming_after
     back what c's consumer holds, and keeps the consumer for c's return (as RabbitMQ keeps
     consumers on a node it lost the connection to). The consumer's channel lived through the
     partition: after the heal it gets what it held again (flagged) and what comes next.
-    Dropping the consumer instead left it registered nowhere, getting nothing, for good."""
+    Dropping the consumer instead left it registered nowhere, getting nothing, for good.
+    Three more are published as the cut begins: the leader sends them to c before it
+    notices c is silent, and they are lost with the link. c's consumer then sees a gap in
+    its delivery seqs that no leader fills (those went back to the queue); waiting for it
+    left the consumer holding everything after it, for good (warren-chaos seed 23)."""
     network = Network({name: free_port() for name in NAMES})
     servers = start_cluster(tmp_path, gone_seconds=2.0, network=network)
     a, b, c = NAMES
@@ -295,13 +299,18 @@ def test_a_consumer_cut_off_longer_than_the_gone_timeout_goes_on_consuming_after
         consumer.start()
         wait_for(lambda: (queue_view(servers[a], "gone") or {}).get("consumers") == 1, "c's consumer to be known")
         held = [b"held-%d" % n for n in range(3)]
+        lost = [b"lost-%d" % n for n in range(3)]
         with connect(servers[b]) as connection:
-            publish_confirmed(connection.channel(), "gone", held)
-        wait_for(lambda: [body for _, body in list(consumer.received)] == held, "c's consumer to hold the first three")
-        network.isolate(c)
-        # the leader (a or b) gives back what c held once c is gone: three ready again
-        wait_for(lambda: any((queue_view(servers[n], "gone") or {}).get("messages_ready") == 3 for n in (a, b)),
+            channel = connection.channel()
+            publish_confirmed(channel, "gone", held)
+            wait_for(lambda: [body for _, body in list(consumer.received)] == held,
+                     "c's consumer to hold the first three")
+            network.isolate(c)
+            publish_confirmed(channel, "gone", lost)   # checked out to c, sent into the cut
+        # the leader (a or b) gives back what c held once c is gone: six ready again
+        wait_for(lambda: any((queue_view(servers[n], "gone") or {}).get("messages_ready") == 6 for n in (a, b)),
                  "what c's consumer held to go back to the queue", 30)
+        assert [body for _, body in list(consumer.received)] == held, "nothing crossed the cut"
         network.heal()
         for name in NAMES:
             wait_for(lambda n=name: api(servers[n], "/api/overview")["running_nodes"] == NAMES, f"{name} to see all")
@@ -309,12 +318,12 @@ def test_a_consumer_cut_off_longer_than_the_gone_timeout_goes_on_consuming_after
         with connect(servers[b]) as connection:
             publish_confirmed(connection.channel(), "gone", after)
         try:
-            wait_for(lambda: set(held + after) <= {body for _, body in list(consumer.received)[3:]},
+            wait_for(lambda: set(held + lost + after) <= {body for _, body in list(consumer.received)[3:]},
                      "c's consumer to get everything again", RESUME_SECONDS)
         except AssertionError as error:
             raise AssertionError(f"{error}: got {consumer.received}, error {consumer.error!r}\n"
                                  + report(servers, [], [], queue="gone")) from None
-        assert set(consumer.redelivered) == set(held), "what it held comes again, flagged redelivered"
+        assert set(consumer.redelivered) == set(held + lost), "what it held or was sent comes again, flagged"
     finally:
         stop.set()
         consumer.join(THREAD_JOIN_SECONDS)

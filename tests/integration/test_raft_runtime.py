@@ -31,7 +31,7 @@ from warren.raft.raft_storage import (
     group_record,
     removed_record,
 )
-from warren.raft.runtime import RaftRuntime
+from warren.raft.runtime import STALL_ELECTION_TIMEOUTS, RaftRuntime
 from warren.raft.transport import TransportLimits
 from warren.storage import records
 from warren.storage.group_commit import GroupCommitter
@@ -324,3 +324,40 @@ def test_removed_groups_stay_removed_and_a_hole_is_refused():
         item(entries=[entry(1, 1), entry(1, 3)]))
     with pytest.raises(RaftLogCorrupt, match="hole"):
         list(replay(holed).groups())
+
+
+async def test_leaders_of_a_node_whose_loop_stalled_step_down_and_a_group_of_one_keeps_leading(tmp_path):
+    """The loop held past two of the longest election timeouts (as a SIGSTOP would): on their
+    next tick or turn the runtimes' leaders of groups with other voters step down before
+    applying anything (another leader may have been elected meanwhile); the group whose only
+    voter is here keeps its leader; the groups elect again."""
+    names = ["node-a", "node-b", "node-c"]
+    members = [ClusterNode(name=name, host="127.0.0.1", port=free_port()) for name in names]
+    nodes = [Node(name, members, tmp_path / name, seed) for seed, name in enumerate(names)]
+    shared = GROUPS[:3]
+    try:
+        for node in nodes:
+            await node.start()
+            for group_id in shared:
+                assert node.runtime.add_group(group_id, names)
+        assert nodes[0].runtime.add_group("alone", [names[0]])
+        await until(lambda: leaders(nodes, shared) is not None and nodes[0].role("alone") == "leader",
+                    lambda: describe_leaders(nodes), ELECTION_BOUND_SECONDS)
+        before = leaders(nodes, shared)
+        marks = [len(node.role_changes) for node in nodes]
+        runtime = nodes[0].runtime
+        stall = STALL_ELECTION_TIMEOUTS * 2 * runtime.raft_options["election_ticks"] * runtime.tick_seconds
+        time.sleep(stall + 0.5)   # the fault itself: every node's loop held (no other thread waits on it)
+        await until(lambda: leaders(nodes, shared) is not None, lambda: describe_leaders(nodes),
+                    NEW_LEADERS_BOUND_SECONDS)
+        for group_id, leader in before.items():
+            node = next(n for n in nodes if n.name == leader)
+            changes = [c for c in node.role_changes[marks[nodes.index(node)]:] if c[1] == group_id]
+            assert changes and changes[0][2] == "follower", \
+                f"{leader} kept leading {group_id} through the stall: {node.role_changes[-10:]}"
+        assert not [c for c in nodes[0].role_changes[marks[0]:] if c[1] == "alone"], \
+            f"the group of one stepped down: {nodes[0].role_changes[-10:]}"
+        assert nodes[0].role("alone") == "leader"
+    finally:
+        for node in nodes:
+            await node.stop()

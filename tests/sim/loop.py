@@ -75,6 +75,9 @@ class SimLoop:
         self.timers: list[tuple[float, int, SimHandle]] = []
         self.order = itertools.count()
 
+    def time(self) -> float:
+        return self.clock.now
+
     def call_soon(self, callback: Callable[..., Any], *args: Any) -> SimHandle:
         handle = SimHandle(callback, args)
         self.ready.append(handle)

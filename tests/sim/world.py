@@ -45,6 +45,7 @@ from tests.sim.node import NODE_GONE_SECONDS, SimNode
 from warren.raft.messages import Role
 
 STEP_SECONDS = 0.002
+PAST_GONE_RATE = 0.25   # of crashes, pauses and minority partitions: longer than the gone timeout
 
 
 @dataclass(frozen=True)
@@ -341,9 +342,17 @@ class World:
     def start_fault(self, kind: str) -> None:
         rng, names = self.rng, self.names
         seconds = rng.uniform(0.5, self.scenario.fault_seconds_max)
+        # now and then a node is cut off longer than cluster_node_gone_seconds: the leader
+        # returns what its consumers hold, and they must go on when it is back
+        past_gone = kind in ("minority", "pause") and rng.random() < PAST_GONE_RATE
+        if past_gone:
+            seconds = NODE_GONE_SECONDS + 1
+            self.note(f"{kind} past gone")
         self.fault, self.fault_ends = kind, self.clock.now + seconds
         self.note(kind)
         shuffled = rng.sample(names, len(names))
+        if past_gone:
+            self.history.cut_off(shuffled[0])
         if kind == "minority":   # one node cut off from the majority, both ways
             alone = set(shuffled[:1])
             self.network.cut_links({(a, b) for a in names for b in names if (a in alone) != (b in alone)})
@@ -356,7 +365,7 @@ class World:
         elif kind == "pause":
             self.paused_until[shuffled[0]] = self.clock.now + max(seconds, 1.0)
         elif kind == "crash":   # now and then down longer than cluster_node_gone_seconds
-            long = rng.random() < 0.25
+            long = rng.random() < PAST_GONE_RATE
             self.crash(shuffled[0], NODE_GONE_SECONDS + 1 if long else seconds)
             if long:
                 self.note("crash past gone")

@@ -173,6 +173,60 @@ def test_deliveries_are_handed_over_in_seq_order_once_and_a_gap_is_asked_for():
     assert [delivery_id for _, delivery_id, _ in channel.handed] == [(11, 1), (12, 2), (13, 3)]
 
 
+def test_a_resends_answer_skips_the_seqs_no_longer_checked_out():
+    """Seqs 2 and 3 were delivered while this node was cut off, and went back to the queue
+    (its node was gone). The consumer came back and got 4 and 5: the leader resends nothing
+    below 4 and says it assigned up to 5, so 4 and 5 go to the channel. Waiting for 2 for
+    good left the consumer's window full and the consumer stalled (warren-chaos seed 23)."""
+    client, route, channel = make_client()
+    client.checkout((OWNER, "t"), channel, 10, 0, False, True)
+    payload = ("", "q", b"", b"m")
+    client.on_delivery(KEY, "t", 1, 11, payload, False, 0)
+    client.on_delivery(KEY, "t", 4, 14, payload, True, 1)
+    client.on_delivery(KEY, "t", 5, 15, payload, False, 0)
+    assert route.resends_asked == [(KEY, "t", 1)]
+    client.on_resent(KEY, "t", 5, [4, 5])
+    assert [delivery_id for _, delivery_id, _ in channel.handed] == [(11, 1), (14, 4), (15, 5)]
+    client.on_delivery(KEY, "t", 3, 13, payload, False, 0)      # a late copy of a returned one: dropped
+    client.on_delivery(KEY, "t", 6, 16, payload, False, 0)
+    assert [delivery_id for _, delivery_id, _ in channel.handed][3:] == [(16, 6)]
+
+
+def test_a_resends_answer_leaves_what_comes_after_it_held():
+    client, route, channel = make_client()
+    client.checkout((OWNER, "t"), channel, 10, 0, False, True)
+    payload = ("", "q", b"", b"m")
+    client.on_delivery(KEY, "t", 3, 13, payload, False, 0)
+    client.on_delivery(KEY, "t", 6, 16, payload, False, 0)
+    client.on_resent(KEY, "t", 4, [3])     # 1, 2 and 4 are not checked out; 5 may still come
+    assert [delivery_id for _, delivery_id, _ in channel.handed] == [(13, 3)]
+    client.on_delivery(KEY, "t", 5, 15, payload, False, 0)
+    assert [delivery_id for _, delivery_id, _ in channel.handed] == [(13, 3), (15, 5), (16, 6)]
+
+
+def test_a_held_copy_of_a_delivery_no_longer_checked_out_is_dropped():
+    client, route, channel = make_client()
+    client.checkout((OWNER, "t"), channel, 10, 0, False, True)
+    payload = ("", "q", b"", b"m")
+    client.on_delivery(KEY, "t", 2, 12, payload, False, 0)    # went back to the queue since
+    client.on_delivery(KEY, "t", 3, 13, payload, False, 0)
+    client.on_resent(KEY, "t", 3, [3])
+    assert [delivery_id for _, delivery_id, _ in channel.handed] == [(13, 3)]
+
+
+def test_a_resend_too_large_to_hold_is_not_skipped():
+    """A checked-out seq the client could not hold stops the skip just below it: it comes again."""
+    client, route, channel = make_client()
+    client.checkout((OWNER, "t"), channel, 10, 0, False, True)
+    payload = ("", "q", b"", b"m")
+    client.on_delivery(KEY, "t", 3, 13, payload, False, 0)
+    client.on_resent(KEY, "t", 6, [3, 5, 6])                 # 5 and 6 were not held
+    assert [delivery_id for _, delivery_id, _ in channel.handed] == [(13, 3)]
+    client.on_delivery(KEY, "t", 5, 15, payload, False, 0)
+    client.on_delivery(KEY, "t", 6, 16, payload, False, 0)
+    assert [delivery_id for _, delivery_id, _ in channel.handed] == [(13, 3), (15, 5), (16, 6)]
+
+
 def test_a_consumers_node_asks_a_new_leader_for_what_came_after_the_last_seq_seen():
     client, route, channel = make_client()
     client.checkout((OWNER, "t"), channel, 10, 0, False, True)
