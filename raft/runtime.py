@@ -108,6 +108,7 @@ from warren.raft.raft_storage import (
     log_id_of,
     removed_record,
 )
+from warren.raft.stall import stall_limit_seconds, step_down_leaders
 from warren.raft.system import PersistFailed, RaftSystem
 from warren.raft.transport import ClusterTransport, TransportLimits
 from warren.raft.turns import TurnScheduler
@@ -120,9 +121,6 @@ log = structlog.get_logger("warren.cluster")
 TICK_SECONDS = 0.05
 ELECTION_TICKS = 10
 HEARTBEAT_TICKS = 2
-# a node whose ticks stopped for this many of its longest election timeouts (paused,
-# its loop held) cannot know it still leads: its leaders step down before applying
-STALL_ELECTION_TIMEOUTS = 2
 
 Apply = Callable[[GroupId, Entry], None]
 
@@ -496,7 +494,7 @@ class RaftRuntime:
 
     def process_turn(self) -> None:
         try:
-            self.step_down_if_stalled()
+            self.check_stall()
             self.system.process_ready()
             if self.persistence.compactions:
                 self.persistence.run_deferred_compactions()
@@ -515,7 +513,7 @@ class RaftRuntime:
         if self.stopped or self.failed is not None:
             return
         try:
-            self.step_down_if_stalled()
+            self.check_stall()
             self.last_tick_at = self._loop.time()
             self.system.tick()
         except Exception as error:  # noqa: BLE001 -- a dead timer would leave Raft half alive: the node's
@@ -524,30 +522,21 @@ class RaftRuntime:
             return
         self._tick_handle = self._loop.call_later(self.tick_seconds, self.on_tick)
 
-    def step_down_if_stalled(self) -> None:
-        """After a stall of the node (SIGSTOP, a held loop) longer than any follower's
-        election timeout, another leader may have been elected and have committed
-        entries this one has not seen: its own applies would perform stale effects (a
-        delivery of a message the new leader returned from this node's consumer, gone,
-        and gave to another, who settled it). Its leaders step down first (always safe
-        in Raft); whoever wins next resends what is checked out. Groups of one voter
-        cannot be led by anyone else and keep leading."""
+    def check_stall(self) -> bool:
+        """Whether the node stalled since its last tick; if so its leaders step down and
+        its links are dropped unread, before anything else (raft/stall.py)."""
         if self.last_tick_at is None or self._loop is None:
-            return
+            return False
         now = self._loop.time()
-        limit = STALL_ELECTION_TIMEOUTS * 2 * self.raft_options["election_ticks"] * self.tick_seconds
-        if now - self.last_tick_at <= limit:
-            return
+        if now - self.last_tick_at <= stall_limit_seconds(self.raft_options["election_ticks"], self.tick_seconds):
+            return False
         stalled, self.last_tick_at = now - self.last_tick_at, now
-        system = self.system
-        led = [g for g in system.groups.values() if g.raft.role == Role.LEADER and len(g.raft.voters) > 1]
-        for group in led:
-            group.raft.become_follower(group.raft.term, None)
-            system.wake(group)
-            system.touch(group)
-        if led:
-            log.warning("raft.stalled_leaders_stepped_down", node=self.node_name, seconds=round(stalled, 3),
-                        groups=len(led))
+        stepped_down = step_down_leaders(self.system)
+        log.warning("raft.node_stalled", node=self.node_name, seconds=round(stalled, 3),
+                    leaders_stepped_down=stepped_down)
+        if self.transport is not None:
+            self.transport.drop_links("this node stalled")
+        return True
 
     def on_group_failed(self, group_id: GroupId, error: BaseException) -> None:
         """The system stopped one group for a failure of its own; the others go on."""
@@ -558,7 +547,7 @@ class RaftRuntime:
 
     def on_frame(self, peer: str, frame: Any) -> None:
         """A peer's frame: its Raft items stepped, then the frame handed to the host for the rest."""
-        if self.stopped or self.failed is not None or self.system is None:
+        if self.stopped or self.failed is not None or self.system is None or self.check_stall():
             return
         items = frames.raft_items(frame)
         if items:

@@ -449,6 +449,14 @@ class ClusterTransport:
             del self._links[name]
             self._report_down(name, "connection closed" if exc is None else f"connection lost: {exc}")
 
+    def drop_links(self, reason: str) -> None:
+        """Close every established link at once, discarding what it holds unread (its
+        peers are dialed again as after any lost link)."""
+        for name, link in list(self._links.items()):
+            del self._links[name]
+            self._report_down(name, reason)
+            link.close(reason, abort=True)
+
     def deliver(self, peer_name: str, obj: Any) -> None:
         try:
             self.on_frame(peer_name, obj)

@@ -329,3 +329,58 @@ def test_a_consumer_cut_off_longer_than_the_gone_timeout_goes_on_consuming_after
         consumer.join(THREAD_JOIN_SECONDS)
         stop_all(servers)
         network.close()
+
+
+def test_a_node_paused_past_the_gone_timeout_does_not_hand_its_consumer_what_others_got_since(tmp_path):
+    """c (a follower) is paused with its consumer's deliveries on their way: c's kernel takes
+    them. c stays away past `cluster_node_gone_seconds`, so the leader takes them back and a's
+    consumer gets them, flagged. When c wakes, what its links held was sent before its peers
+    gave up on it: handing it to c's consumer gave a's messages a second time, unflagged (122
+    unflagged duplicates in warren-chaos seed 43, a follower paused 7.3 s). c drops its links
+    unread and dials again (`RaftRuntime.check_stall`). On the old code this fails only when
+    c's loop reads its links before its transport's heartbeat timer drops them as silent:
+    the loop's order on waking, not the test's (tests/sim faults seed 28 is the
+    deterministic case)."""
+    servers = start_cluster(tmp_path, gone_seconds=2.0)
+    a, b, c = NAMES
+    stop = threading.Event()
+    on_a = StreamConsumer(servers[a], "stale", a, stop, prefetch=100)
+    on_c = StreamConsumer(servers[c], "stale", c, stop, prefetch=100)
+    paused = False
+    try:
+        declare_everywhere(servers, a, "stale")
+        assert leader_of(servers, "stale") != c, "c is to be a follower"
+        on_a.start()
+        on_c.start()
+        wait_for(lambda: (queue_view(servers[a], "stale") or {}).get("consumers") == 2, "both consumers to be known")
+        pause(servers, c)
+        paused = True
+        paused_at = time.monotonic()
+        burst = [b"burst-%d" % n for n in range(60)]
+        with connect(servers[b]) as connection:
+            publish_confirmed(connection.channel(), "stale", burst)   # half of it goes to c, into its kernel
+        # past the gone timeout, a's consumer gets what c's held, flagged
+        wait_for(lambda: set(burst) <= {body for _, body in list(on_a.received)},
+                 "a's consumer to get the whole burst", 30)
+        wait_for(lambda: time.monotonic() - paused_at >= 4.0, "the pause to outlast the stall limit", 5)
+        resume(servers, c)
+        paused = False
+        resumed_at = time.monotonic()
+        wait_for(lambda: api(servers[c], "/api/overview")["running_nodes"] == NAMES, "c to see every node again")
+        after = [b"after-%d" % n for n in range(20)]
+        with connect(servers[b]) as connection:
+            publish_confirmed(connection.channel(), "stale", after)
+        wait_for(lambda: set(after) <= {body for _, body in list(on_a.received) + list(on_c.received)},
+                 "the messages published after the resume to be consumed", RESUME_SECONDS)
+        got_on_a = {body for _, body in list(on_a.received)}
+        stale = sorted({body for at, body in list(on_c.received) if at > resumed_at and body in got_on_a}
+                       - set(on_c.redelivered))
+        assert not stale, f"c's consumer got, unflagged, {len(stale)} messages a's got before: {stale[:5]}"
+        assert on_a.error is None and on_c.error is None, (on_a.error, on_c.error)
+    finally:
+        stop.set()
+        if paused:
+            resume(servers, c)   # a stopped process cannot handle SIGTERM
+        on_a.join(THREAD_JOIN_SECONDS)
+        on_c.join(THREAD_JOIN_SECONDS)
+        stop_all(servers)

@@ -31,7 +31,8 @@ from warren.raft.raft_storage import (
     group_record,
     removed_record,
 )
-from warren.raft.runtime import STALL_ELECTION_TIMEOUTS, RaftRuntime
+from warren.raft.runtime import RaftRuntime
+from warren.raft.stall import stall_limit_seconds
 from warren.raft.transport import TransportLimits
 from warren.storage import records
 from warren.storage.group_commit import GroupCommitter
@@ -346,7 +347,7 @@ async def test_leaders_of_a_node_whose_loop_stalled_step_down_and_a_group_of_one
         before = leaders(nodes, shared)
         marks = [len(node.role_changes) for node in nodes]
         runtime = nodes[0].runtime
-        stall = STALL_ELECTION_TIMEOUTS * 2 * runtime.raft_options["election_ticks"] * runtime.tick_seconds
+        stall = stall_limit_seconds(runtime.raft_options["election_ticks"], runtime.tick_seconds)
         time.sleep(stall + 0.5)   # the fault itself: every node's loop held (no other thread waits on it)
         await until(lambda: leaders(nodes, shared) is not None, lambda: describe_leaders(nodes),
                     NEW_LEADERS_BOUND_SECONDS)

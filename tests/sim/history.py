@@ -33,7 +33,7 @@ class History:
         self.settled: set[bytes] = set()   # bodies whose settle the queue applied
         self.settle_sent_by: dict[bytes, tuple] = {}   # body -> the channel and tag that acked it
         self.settle_sent_at: dict[bytes, float] = {}
-        self.cut_off_past_gone: dict[str, list[float]] = defaultdict(list)   # node -> when such a fault began
+        self.cut_off_past_gone: dict[str, list[float]] = defaultdict(list)   # node -> when such a fault ends
         self.declared = 0
         self.counts: dict[str, int] = defaultdict(int)
 
@@ -97,12 +97,13 @@ class History:
         self.settle_sent_by[body] = (consumer.owner, consumer.tag)
         self.settle_sent_at[body] = self.world.clock.now
 
-    def cut_off(self, node: str) -> None:
-        """`node` is paused or cut off for longer than the gone timeout, from now."""
-        self.cut_off_past_gone[node].append(self.world.clock.now)
+    def cut_off(self, node: str, until: float) -> None:
+        """`node` is paused or cut off, from now `until`, for longer than the gone timeout."""
+        self.cut_off_past_gone[node].append(until)
 
     def cut_off_since(self, node: str, since: float) -> bool:
-        return any(at >= since for at in self.cut_off_past_gone.get(node, ()))
+        """Whether `node` was cut off past the gone timeout at `since` or later."""
+        return any(until >= since for until in self.cut_off_past_gone.get(node, ()))
 
     def settle_applied(self, body: bytes) -> None:
         self.settled.add(body)

@@ -16,7 +16,11 @@ heard from it within `DETECT_SECONDS` (nodes send heartbeats every
 `HEARTBEAT_SECONDS` on every link they can); when that changes it calls the
 runtime's `on_peer_down` / `on_peer_up`, as the transport does. A paused
 node sends and hears nothing, so its peers count it down after a while, and
-it counts them down when it wakes, then up again.
+it counts them down when it wakes, then up again. What its peers sent it
+before they counted it down waits for it, as in its kernel's socket buffers,
+and arrives as it wakes, before anything else it does (a real loop handles
+the ready sockets before its timers); a node that finds it stalled drops its
+links unread (`RaftRuntime.check_stall`, `drop_links` here).
 """
 from __future__ import annotations
 
@@ -64,6 +68,9 @@ class Network:
             return False   # the transport drops frames to a peer it does not count linked
         raw = msgpack.packb(frame, use_bin_type=True)
         self.frames += 1
+        if self.into_a_pause(sender, to):
+            self._put(self.world.paused_until[to], sender, to, raw)
+            return True
         if not self.passable(sender, to) or self.rng.random() < self.drop_rate:
             self.dropped += 1
             return True
@@ -72,6 +79,31 @@ class Network:
         if self.rng.random() < self.duplicate_rate:
             self._put(now + self.rng.uniform(0.0002, 4 * self.delay_max), sender, to, raw)
         return True
+
+    def into_a_pause(self, sender: str, to: str) -> bool:
+        """Only `to` is paused: its kernel takes the bytes, it reads them when it wakes."""
+        nodes = self.world.nodes
+        return ((sender, to) not in self.cut and nodes[sender].up and nodes[to].up
+                and not self.world.paused(sender) and self.world.paused(to))
+
+    def wake(self, name: str) -> None:
+        """`name`'s pause ends early (the heal): what waits for it arrives now."""
+        now = self.world.clock.now
+        self.in_flight = [(min(due, now), order, sender, to, raw) if to == name else (due, order, sender, to, raw)
+                          for due, order, sender, to, raw in self.in_flight]
+        heapq.heapify(self.in_flight)
+
+    def drop_links(self, name: str) -> None:
+        """`name` dropped its links unread: what was on its way to it is lost, and it
+        counts every peer down until it hears from it again."""
+        self.in_flight = [item for item in self.in_flight if item[3] != name]
+        heapq.heapify(self.in_flight)
+        node = self.world.nodes[name]
+        for peer in self.world.names:
+            if (name, peer) in self.up:
+                self.up.discard((name, peer))
+                self.heard.pop((name, peer), None)
+                node.cluster.runtime.on_peer_down(peer)
 
     def _forward_delay(self, sender: str, frame: Any) -> float:
         # no draw unless the scenario asks: the other scenarios' seeds replay as before

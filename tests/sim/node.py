@@ -95,6 +95,9 @@ class SimTransport:
     def connected_peers(self) -> list[str]:
         return [peer for peer in sorted(self.peers) if self.network.linked(self.node, peer)]
 
+    def drop_links(self, reason: str) -> None:
+        self.network.drop_links(self.node)
+
     async def stop(self) -> None:
         pass
 

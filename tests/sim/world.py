@@ -301,7 +301,9 @@ class World:
         scenario = self.scenario
         live = [node for node in self.nodes.values() if node.accepting]
         for client in [self.admin, *self.publishers, *self.consumers]:
-            if not client.connected or (self.reconnects and self.rng.random() < scenario.reconnect_rate):
+            # a paused node's clients wait on their sockets, as a real client does
+            if not client.connected or (self.reconnects and not self.paused(client.node.name)
+                                        and self.rng.random() < scenario.reconnect_rate):
                 if isinstance(client, Consumer):
                     client.close()
                 if live:
@@ -345,14 +347,14 @@ class World:
         # now and then a node is cut off longer than cluster_node_gone_seconds: the leader
         # returns what its consumers hold, and they must go on when it is back
         past_gone = kind in ("minority", "pause") and rng.random() < PAST_GONE_RATE
-        if past_gone:
-            seconds = NODE_GONE_SECONDS + 1
+        if past_gone:   # past it by 1.5 to 3.5 s: time for what it held to go to others first
+            seconds += NODE_GONE_SECONDS + 1
             self.note(f"{kind} past gone")
         self.fault, self.fault_ends = kind, self.clock.now + seconds
         self.note(kind)
         shuffled = rng.sample(names, len(names))
         if past_gone:
-            self.history.cut_off(shuffled[0])
+            self.history.cut_off(shuffled[0], self.fault_ends)
         if kind == "minority":   # one node cut off from the majority, both ways
             alone = set(shuffled[:1])
             self.network.cut_links({(a, b) for a in names for b in names if (a in alone) != (b in alone)})
@@ -380,6 +382,9 @@ class World:
 
     def heal(self) -> None:
         self.end_fault()
+        for name in list(self.paused_until):
+            if self.paused(name):
+                self.network.wake(name)
         self.paused_until.clear()
         # a fault like the others: the final round allows 2 s for a CHECKOUT, not held-back resends
         self.network.forward_delay_rate = 0.0
