@@ -13,7 +13,10 @@ WAL writer makes some batches durable, the clients act, and the scenario's
 faults strike: drops, delays, duplicates (and so reorders), partitions
 (majority/minority, bridge, one-way), pauses longer than the failure
 detector, crashes that lose what was not synced, disk errors (the node
-fails, and is restarted as by a supervisor).
+fails, and is restarted as by a supervisor). A quarter of the crashes,
+pauses and minority partitions last past the gone timeout (`PAST_GONE_RATE`):
+the leader takes back what the node's consumers held, and they must go on
+when it is back. A paused node's clients wait on their sockets.
 
 Raft's safety is checked as it happens: at most one leader per group and
 term; every node applies, at each index of a group, the entry every other
