@@ -262,9 +262,7 @@ class QueueClient:
             self._ask_for_gap(owner, tag, consumer)
             return
         self._hand_over(consumer, seq, msg_id, payload, redelivered, count)
-        while consumer.held and consumer.last_seq + 1 in consumer.held:
-            seq = consumer.last_seq + 1
-            self._hand_over(consumer, seq, *consumer.held.pop(seq))
+        self._hand_over_held(consumer)
 
     def on_resent(self, owner: str, tag: str, horizon: int, checked_out: list[int]) -> None:
         """The leader resent what it has checked out to the consumer after the seq it
@@ -285,9 +283,14 @@ class QueueClient:
                 return
             self._hand_over(consumer, seq, *held.pop(seq))
         consumer.last_seq = horizon
+        self._hand_over_held(consumer)
+
+    def _hand_over_held(self, consumer: LocalConsumer) -> None:
+        """The held deliveries that follow the last seq handed over, in order."""
+        held = consumer.held
         while held and consumer.last_seq + 1 in held:
             seq = consumer.last_seq + 1
-            self._hand_over(consumer, seq, *consumer.held.pop(seq))
+            self._hand_over(consumer, seq, *held.pop(seq))
 
     def _hand_over(self, consumer: LocalConsumer, seq: int, msg_id: int, payload: tuple, redelivered: bool,
                    count: int) -> None:

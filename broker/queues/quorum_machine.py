@@ -438,17 +438,19 @@ class QuorumMachine:
     def _on_node_down(self, command: qc.NodeDown, effects: list) -> list[tuple]:
         """Suspect the node: its consumers keep what they hold and get nothing new."""
         node = command.node
-        suspected = []
-        for consumer in self._consumers_on(node):
-            if consumer in self._suspected:
-                continue
-            self._suspected[consumer] = not self._fifo.consumers[consumer].suspended
-            self._fifo_apply(qc.Suspend(consumer[0], consumer[1], command.now_ms, False), effects)
-            suspected.append(consumer)
+        suspected = [c for c in self._consumers_on(node) if self._suspect(c, command.now_ms, effects)]
         incarnations = set(self._suspected_nodes.get(node, ()))
         incarnations.update(owner_incarnation(c[0]) for c in self._consumers_on(node))
         self._suspected_nodes[node] = sorted(incarnations)
         return suspected
+
+    def _suspect(self, consumer: tuple, now_ms: int, effects: list) -> bool:
+        """Suspend a suspected node's consumer, noting if it was active (for NodeUp); False if done already."""
+        if consumer in self._suspected:
+            return False
+        self._suspected[consumer] = not self._fifo.consumers[consumer].suspended
+        self._fifo_apply(qc.Suspend(consumer[0], consumer[1], now_ms, False), effects)
+        return True
 
     def _on_node_up(self, command: qc.NodeUp, effects: list) -> list[str]:
         """The node answers as `incarnation`: older incarnations died, so their
@@ -520,9 +522,7 @@ class QuorumMachine:
         consumers = [c for c in self._consumers_on(node)
                      if incarnations is None or owner_incarnation(c[0]) in incarnations]
         for consumer in consumers:
-            if consumer not in self._suspected:
-                self._suspected[consumer] = not self._fifo.consumers[consumer].suspended
-                self._fifo_apply(qc.Suspend(consumer[0], consumer[1], now_ms, False), effects)
+            self._suspect(consumer, now_ms, effects)
             held = tuple(self._fifo.consumers[consumer].checked_out)
             if held:
                 self._fifo_apply(qc.Return(consumer[0], consumer[1], now_ms, held), effects, [consumer])
