@@ -134,6 +134,10 @@ class Node:
     def role(self, group_id: str) -> str:
         return self.runtime.group_metrics(group_id).role
 
+    def reported_role(self, group_id: str) -> str | None:
+        """The role of the last role-change callback for the group (None before the first)."""
+        return next((c[2] for c in reversed(self.role_changes) if c[1] == group_id), None)
+
 
 def leaders(nodes: list, groups: list[str] = GROUPS) -> dict[str, str] | None:
     """Each group's leader if every group has one that all `nodes` agree on."""
@@ -342,7 +346,12 @@ async def test_leaders_of_a_node_whose_loop_stalled_step_down_and_a_group_of_one
             for group_id in shared:
                 assert node.runtime.add_group(group_id, names)
         assert nodes[0].runtime.add_group("alone", [names[0]])
-        await until(lambda: leaders(nodes, shared) is not None and nodes[0].role("alone") == "leader",
+        # The role-change callback comes after the vote is durable, later than role() shows it:
+        # mark the changes only once every leader's own callback has been heard.
+        await until(lambda: leaders(nodes, shared) is not None and nodes[0].role("alone") == "leader"
+                    and nodes[0].reported_role("alone") == "leader"
+                    and all(next(n for n in nodes if n.name == leader).reported_role(group_id) == "leader"
+                            for group_id, leader in leaders(nodes, shared).items()),
                     lambda: describe_leaders(nodes), ELECTION_BOUND_SECONDS)
         before = leaders(nodes, shared)
         marks = [len(node.role_changes) for node in nodes]
