@@ -1,9 +1,13 @@
 """A channel's methods on exchanges, queues and bindings (AMQP 0-9-1 §3.1).
 
-Mixed into ``broker.channel.Channel``. A durable change goes through the
-metadata Raft group and is answered once applied (broker/node/metadata.py), as
-RabbitMQ answers only after its metadata store has committed; a transient or
-exclusive one is made here, in memory, and answered at once. Until a durable
+Mixed into ``broker.channel.Channel``. Every change is a metadata command,
+decided by the metadata machine; each method has one decision point
+(`_change_exchange`, `_change_binding`, `_change_queue`): a durable change
+goes through the metadata Raft group and is answered once applied
+(broker/node/metadata.py), as RabbitMQ answers only after its metadata store
+has committed; a transient or exclusive one is applied by the node's own
+machine (broker/node/local_topology.py), in memory, and answered at once
+(on a node of several processes, once every shard has it). Until a durable
 change is applied the channel takes no further method (the connection holds
 them, as RabbitMQ's channel process blocks on its metadata store call): a
 publish sent right behind a declare or bind, nowait or not, is routed by it.
@@ -20,8 +24,9 @@ from warren.broker.admin.auth import refused_text
 from warren.broker.node import metadata_commands as mc
 from warren.broker.node.metadata import raise_if_error
 from warren.broker.queues.queue import Queue
+from warren.broker.queues.queue_factory import is_replicated
 from warren.broker.routing.exchanges import Binding
-from warren.protocol.constants import ACCESS_REFUSED, NOT_FOUND
+from warren.protocol.constants import ACCESS_REFUSED, NOT_FOUND, RESOURCE_LOCKED
 from warren.protocol.errors import ChannelError
 
 REPLY_TO_QUEUE = "amq.rabbitmq.reply-to"
@@ -97,38 +102,52 @@ class TopologyMethods:
         finally:
             self.reply_arrived()
 
+    def _own(self, command: mc.Command) -> Any:
+        """A change of the node's own objects: the machine decides it here, at once."""
+        result = self.broker.local_topology.apply(command)
+        raise_if_error(result)
+        return result
+
     def on_exchange_declare(self, method: spec.Exchange.Declare) -> None:
         if not method.passive and method.exchange:
             self.check_access("configure", "exchange", method.exchange, 40, 10)
-        replicate = None
         reply = None if method.nowait else spec.Exchange.DeclareOk()
-        if self.broker.metadata.replicates_exchange(method.durable):
-            replicate = self._replicate(mc.DeclareExchange(self.vhost.name, method.exchange, method.exchange_type,
-                                                           method.auto_delete, method.internal,
-                                                           method.arguments or {}), reply)
-        new = method.exchange not in self.vhost.exchanges
-        exchange = self.vhost.declare_exchange(method, replicate)
+        command = mc.DeclareExchange(self.vhost.name, method.exchange, method.exchange_type, method.auto_delete,
+                                     method.internal, method.arguments or {}, method.durable)
+        made = []
+        exchange = self.vhost.declare_exchange(method, lambda: made.append(self._change_exchange(command, reply)))
         if exchange is None:
-            return
+            return   # the metadata group makes it, then answers
         link = self.broker.shard_link
-        if link is not None and new and not exchange.durable:   # a transient exchange: once every shard has it
+        if link is not None and made and not exchange.durable:   # a transient exchange: once every shard has it
             self.await_reply()
             link.exchange_declared(self.vhost.name, exchange, partial(self._on_replicated, reply, None, None))
             return
         self._reply(reply)
 
+    def _change_exchange(self, command: mc.DeclareExchange | mc.DeleteExchange, reply: Any | None,
+                         durable: bool | None = None) -> bool:
+        """The decision point for exchanges: a durable one is the metadata group's (True:
+        answered once applied), a transient one the node's own (applied now)."""
+        durable = command.durable if isinstance(command, mc.DeclareExchange) else durable
+        if durable:
+            self._replicate(command, reply)()
+            return True
+        self._own(command)
+        return False
+
     def on_exchange_delete(self, method: spec.Exchange.Delete) -> None:
         if method.exchange:
             self.check_access("configure", "exchange", method.exchange, 40, 20)
         reply = None if method.nowait else spec.Exchange.DeleteOk()
-        replicate = None
-        if self.broker.metadata.replicates_exchange(True):
-            replicate = self._replicate(mc.DeleteExchange(self.vhost.name, method.exchange, method.if_unused), reply)
-        deleted = self.vhost.exchanges.get(method.exchange)
-        self.vhost.delete_exchange(method.exchange, method.if_unused, replicate)
-        if self.broker.shard_link is not None and deleted is not None and not deleted.durable:
+        command = mc.DeleteExchange(self.vhost.name, method.exchange, method.if_unused)
+        replicated = []
+        self.vhost.delete_exchange(method.exchange, method.if_unused,
+                                   lambda exchange: replicated.append(
+                                       self._change_exchange(command, reply, exchange.durable)))
+        if replicated == [False] and self.broker.shard_link is not None:
             self.broker.shard_link.exchange_deleted(self.vhost.name, method.exchange)
-        if replicate is None or deleted is None or not deleted.durable:
+        if replicated != [True]:
             self._reply(reply)
 
     def _bind(self, bound: bool, source: str, kind: str, destination: str, routing_key: str,
@@ -136,21 +155,31 @@ class TopologyMethods:
         # as RabbitMQ's binding_action: write on the destination, read on the source
         self.check_access("write", kind, destination, class_id, method_id)
         self.check_access("read", "exchange", source, class_id, method_id)
-        replicate = None
-        if self.broker.metadata.replicates_binding(self.vhost, source, kind, destination):
-            change = mc.Bind if bound else mc.Unbind
-            replicate = self._replicate(change(self.vhost.name, source, kind, destination, routing_key,
-                                              arguments or {}, class_id, method_id), reply)
+        command = (mc.Bind if bound else mc.Unbind)(self.vhost.name, source, kind, destination, routing_key,
+                                                     arguments or {}, class_id, method_id)
         change = self.vhost.bind if bound else self.vhost.unbind
-        change(source, (kind, destination), routing_key, arguments, self.connection.id, class_id, method_id,
-               replicate)
-        link = self.broker.shard_link
-        if replicate is None and link is not None:   # every shard routes by it: answered once each has it
-            self.await_reply()
-            link.binding_changed(self.vhost.name, Binding.make(source, (kind, destination), routing_key, arguments),
-                                 bound, partial(self._on_replicated, reply, None, None))
-        elif replicate is None:
+        changed: list = []
+        change(source, (kind, destination), self.connection.id, class_id, method_id,
+               lambda: changed.append(self._change_binding(command, reply)))
+        if not changed:   # unbinding what is already gone: nothing to change
             self._reply(reply)
+
+    def _change_binding(self, command: mc.Bind | mc.Unbind, reply: Any | None) -> None:
+        """The decision point for bindings: the metadata group's when both ends are its,
+        else the node's own (and, on a node of several processes, every shard's)."""
+        source, kind, destination = command.source, command.destination_kind, command.destination
+        if self.broker.metadata.replicates_binding(self.vhost, source, kind, destination):
+            self._replicate(command, reply)()
+            return
+        self._own(command)
+        link = self.broker.shard_link
+        if link is not None:   # every shard routes by it: answered once each has it
+            self.await_reply()
+            binding = Binding.make(source, (kind, destination), command.routing_key, command.arguments)
+            link.binding_changed(self.vhost.name, binding, isinstance(command, mc.Bind),
+                                 partial(self._on_replicated, reply, None, None))
+            return
+        self._reply(reply)
 
     def on_exchange_bind(self, method: spec.Exchange.Bind) -> None:
         self._bind(True, method.source, "exchange", method.destination, method.routing_key, method.arguments,
@@ -164,7 +193,7 @@ class TopologyMethods:
         if method.queue.startswith(REPLY_TO_QUEUE):
             self._declare_reply_to_queue(method)
             return
-        queue = self.vhost.declare_queue(method, self.connection.id, partial(self._declare_quorum_queue, method),
+        queue = self.vhost.declare_queue(method, self.connection.id, partial(self._change_queue, method),
                                          partial(self.check_access, "configure", "queue", class_id=50, method_id=10))
         if queue is None:
             return  # a new quorum queue: declare-ok once the metadata group made it
@@ -212,13 +241,23 @@ class TopologyMethods:
         replying = self.broker._reply_channels.get(token)
         return replying is not None and not replying.closed
 
-    def _declare_quorum_queue(self, method: spec.Queue.Declare, name: str, arguments: dict) -> bool:
-        """Have the metadata group create the queue (True: it takes it). A quorum
-        queue is placed on its members; every other durable queue that is not
-        exclusive (classic, auto-delete ones too: the group deletes it when
-        unused; a stream, which Warren serves as a classic queue) is the same
-        machine on a Raft group of one on this node, on a single node too,
-        reachable from every node. Nothing durable lives outside a Raft group."""
+    def _change_queue(self, method: spec.Queue.Declare, name: str, arguments: dict) -> Queue | None:
+        """The decision point for a new queue. The metadata group makes a replicated
+        one (None: declare-ok once applied): a quorum queue is placed on its members;
+        every other durable queue that is not exclusive (classic, auto-delete ones
+        too: the group deletes it when unused; a stream, which Warren serves as a
+        classic queue) is the same machine on a Raft group of one on this node, on a
+        single node too, reachable from every node. Nothing durable lives outside a
+        Raft group. A transient or exclusive queue, one without a log, is the
+        node's own: made now."""
+        if not is_replicated(method.durable, method.exclusive, arguments):
+            owner = self.connection.id if method.exclusive else None
+            self._own(mc.DeclareQueue(self.vhost.name, name, arguments, (), self.broker.cluster.node,
+                                      method.auto_delete, method.durable, owner))
+            queue = self.vhost.queues.get(name)
+            if queue is None:   # a replicated queue of that name not yet in the read model
+                raise ChannelError(RESOURCE_LOCKED, self.vhost.locked_text(name), 50, 10)
+            return queue
         cluster = self.broker.cluster
         members = cluster.place_members(arguments)
         self.last_queue_name = name
@@ -230,7 +269,7 @@ class TopologyMethods:
             return None if method.nowait else spec.Queue.DeclareOk(name, queue.message_count, queue.consumer_count)
         self._replicate(mc.DeclareQueue(self.vhost.name, name, arguments, tuple(members), cluster.node,
                                         method.auto_delete), None, declared)()
-        return True
+        return None
 
     def on_queue_bind(self, method: spec.Queue.Bind) -> None:
         name = self._queue_name(method.queue, 50, 20)

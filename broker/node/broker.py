@@ -12,7 +12,9 @@ import structlog
 from warren.broker.admin.auth import AccessControl
 from warren.broker.admin.definitions import Definitions
 from warren.broker.admin.wal_stats import WalStats
+from warren.broker.node import metadata_commands as mc
 from warren.broker.node.cluster import Cluster
+from warren.broker.node.local_topology import LocalTopology
 from warren.broker.node.metadata import Metadata
 from warren.broker.node.shard_link import REPLY, ShardLink
 from warren.broker.node.shard_queues import local_queue_factory
@@ -64,6 +66,8 @@ class Broker:
         self.cluster = Cluster(self)
         self.node_log.rollover_source = self.cluster.runtime.prepare_rollover
         self.metadata = Metadata(self, self.cluster)
+        # transient and exclusive objects: the metadata machine, applied here alone
+        self.local_topology = LocalTopology(self.vhosts, lambda: self.metadata.state, self._propose)
         self.definitions = Definitions(self, self.metadata)
         self.recovery_seconds = 0.0   # WAL replay to every group re-applied (`start`)
         self.connections: set["AMQPConnection"] = set()
@@ -106,11 +110,17 @@ class Broker:
         vhost = VirtualHost(name)
         if self.shard_link is not None:
             vhost.make_local_queue = local_queue_factory(self.shard_link)
+        vhost.drop_own_queue = lambda queue_name: self.local_topology.apply(mc.DeleteQueue(name, queue_name))
         return vhost
+
+    def _propose(self, command: mc.Command) -> None:
+        """A change the node's own machine hands to the metadata group; no one waits for its reply."""
+        self.metadata.submit(command, lambda _: None)
 
     def remove_vhost(self, name: str) -> None:
         """Forget a vhost and its permissions (its queues were deleted first)."""
         self.vhosts.pop(name, None)
+        self.local_topology.forget_vhost(name)
         self.access.delete_vhost(name)
 
     def close_connections(self, which: Callable[["AMQPConnection"], bool], reply_text: str,

@@ -117,9 +117,6 @@ class Metadata:
             return False
         return True
 
-    def replicates_exchange(self, durable: bool) -> bool:
-        return durable
-
     def replicates_binding(self, vhost: "VirtualHost", source: str, kind: str, destination: str) -> bool:
         return read_model.owns_binding(vhost, source, kind, destination)
 
@@ -164,17 +161,20 @@ class Metadata:
         """Perform one effect of the entry (or snapshot) at `index`."""
         match effect:
             case fx.ExchangeDeclared():
-                read_model.exchange_declared(self.broker, effect)
+                read_model.exchange_declared(self.broker.vhosts, effect)
             case fx.ExchangeDeleted():
-                read_model.exchange_deleted(self.broker, effect)
+                read_model.exchange_deleted(self.broker.vhosts, effect)
+                self.broker.local_topology.forget(effect.vhost, "exchange", effect.name)
             case fx.BindingChanged():
-                read_model.binding_changed(self.broker, effect)
+                read_model.binding_changed(self.broker.vhosts, effect)
             case fx.QueueDeclared():
                 self._queue_declared(effect, index)
             case fx.Campaign():
                 self._campaign_first(effect)
             case fx.QueueDeleted():
-                return self._queue_deleted(effect)
+                count = self._queue_deleted(effect)
+                self.broker.local_topology.forget(effect.vhost, "queue", effect.name)
+                return count
             case fx.MembersChanged():
                 self._members_changed(effect, index)
             case fx.HostIfMember():

@@ -38,7 +38,8 @@ class _Command:
 # -- queues, exchanges, bindings ------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class DeclareQueue(_Command):
-    """A replicated queue (quorum, or a durable classic queue on a group of one)."""
+    """A replicated queue (quorum, or a durable classic queue on a group of one); applied
+    by a node's own machine, a queue without a log (no members; transient or exclusive)."""
     TAG: ClassVar[str] = "qdecl"
     TUPLE_FIELDS: ClassVar[tuple[str, ...]] = ("members",)
     vhost: str
@@ -47,6 +48,8 @@ class DeclareQueue(_Command):
     members: tuple[str, ...]
     origin: str   # the declaring node: the first leader under x-queue-leader-locator client-local
     auto_delete: bool = False   # a durable auto-delete classic queue (deleted through the group when unused)
+    durable: bool = True   # the two fields a node's own queue adds; never on the log
+    exclusive_owner: Any = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +61,8 @@ class DeleteQueue(_Command):
 
 @dataclass(frozen=True, slots=True)
 class DeclareExchange(_Command):
-    """A durable exchange (every durable exchange is the group's)."""
+    """A durable exchange (every durable exchange is the group's); a transient one
+    (durable False) is applied by a node's own machine only."""
     TAG: ClassVar[str] = "xdecl"
     vhost: str
     name: str
@@ -66,6 +70,7 @@ class DeclareExchange(_Command):
     auto_delete: bool
     internal: bool
     arguments: dict
+    durable: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +106,17 @@ class Unbind(_Command):
     arguments: dict
     class_id: int
     method_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class ForgetEnd(_Command):
+    """A node's own machine only: an object of the shared state went (applied from the
+    metadata group); the node's bindings with it as an end go, and an auto-delete
+    source of its own left without any."""
+    TAG: ClassVar[str] = "forget_end"
+    vhost: str
+    kind: str   # "queue" | "exchange"
+    name: str
 
 
 # -- quorum queue membership ------------------------------------------------------------
@@ -222,10 +238,11 @@ class ClearPermissions(_Command):
     vhost: str
 
 
-Command = (DeclareQueue | DeleteQueue | DeclareExchange | DeleteExchange | Bind | Unbind | SetMembers
+Command = (DeclareQueue | DeleteQueue | DeclareExchange | DeleteExchange | Bind | Unbind | ForgetEnd | SetMembers
            | ReleaseReplica | NoteLeaving | TransferLeaders | Sync | AddUser | DeleteUser | ChangePassword
            | SetUserTags | AddVhost | DeleteVhost | SetPermissions | ClearPermissions | SeedDefinitions)
-COMMANDS: dict[str, type] = {cls.TAG: cls for cls in Command.__args__}
+# what the log may hold (ForgetEnd never is: a node's own machine only)
+COMMANDS: dict[str, type] = {cls.TAG: cls for cls in Command.__args__ if cls is not ForgetEnd}
 
 
 class BadCommand(ValueError):

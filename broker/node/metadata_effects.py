@@ -26,13 +26,16 @@ class ExchangeDeclared:
     auto_delete: bool
     internal: bool
     arguments: dict
+    durable: bool = True
 
 
 @dataclass(frozen=True, slots=True)
 class ExchangeDeleted:
-    """Also for an auto-delete exchange that lost its last binding."""
+    """Also for an auto-delete exchange that lost its last binding. `durable`: which
+    one (a node's own transient exchange may hide a durable one of the same name)."""
     vhost: str
     name: str
+    durable: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +62,8 @@ class QueueDeclared:
     members: tuple[str, ...]
     auto_delete: bool = False
     member_ids: tuple[str, ...] = ()
+    durable: bool = True   # False, or an owner: a node's own queue (group "", no members)
+    exclusive_owner: object = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,9 +17,13 @@ messages, not this machine).
 
 `meta` carries what the entry itself does not: its log index (a new queue's
 group id is `q:<vhost>:<name>:<index>`, unique when a name is reused, and the
-`balanced` leader locator picks by it) and the cluster's nodes (a membership
-change must name one). The machine reads no clock and does no I/O; it updates
-`state` in place and returns it (the fold of a log is cheap that way).
+`balanced` leader locator picks by it), the cluster's nodes (a membership
+change must name one), and whether this is a node's own machine: exclusive
+and transient objects go through the same commands and checks, applied
+locally to the node's own state (broker/node/local_topology.py), where a
+queue is one without a log (no group, no members, no first leader). The
+machine reads no clock and does no I/O; it updates `state` in place and
+returns it (the fold of a log is cheap that way).
 """
 from __future__ import annotations
 
@@ -40,6 +44,7 @@ from warren.protocol.errors import ChannelError
 class Meta:
     index: int
     nodes: tuple[str, ...] = ()
+    local: bool = False   # applied by a node's own machine (broker/node/local_topology.py), not from the log
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +82,8 @@ def apply(meta: Meta, command: mc.Command, state: MetaState) -> tuple[MetaState,
             reply, effects = _bind(command, state)
         case mc.Unbind():
             reply, effects = _unbind(command, state)
+        case mc.ForgetEnd():
+            reply, effects = None, _forget_end(command, state)
         case mc.SetMembers():
             reply, effects = _set_members(meta, command, state)
         case mc.ReleaseReplica():
@@ -124,8 +131,13 @@ def first_leader(arguments: dict, members: tuple[str, ...], origin: str, index: 
 
 def _declare_queue(meta: Meta, command: mc.DeclareQueue, state: MetaState) -> tuple[object, list]:
     vhost = state.vhosts.get(command.vhost)
-    if vhost is None or command.name in vhost.queues or not command.members:
+    if vhost is None or command.name in vhost.queues or not (command.members or meta.local):
         return None, []   # declared already (a resend), or its vhost is gone
+    if meta.local:
+        vhost.queues[command.name] = QueueRecord(dict(command.arguments), "", [], command.auto_delete,
+                                                 durable=command.durable, exclusive_owner=command.exclusive_owner)
+        return None, [fx.QueueDeclared(command.vhost, command.name, command.arguments, "", (), command.auto_delete,
+                                       durable=command.durable, exclusive_owner=command.exclusive_owner)]
     group = f"q:{command.vhost}:{command.name}:{meta.index}"
     vhost.queues[command.name] = QueueRecord(dict(command.arguments), group, list(command.members),
                                              command.auto_delete)
@@ -179,9 +191,9 @@ def _declare_exchange(command: mc.DeclareExchange, state: MetaState) -> tuple[ob
     if command.name in vhost.exchanges:
         return None, []
     vhost.exchanges[command.name] = ExchangeRecord(command.type, command.auto_delete, command.internal,
-                                                   dict(command.arguments))
+                                                   dict(command.arguments), command.durable)
     return None, [fx.ExchangeDeclared(command.vhost, command.name, command.type, command.auto_delete,
-                                      command.internal, command.arguments)]
+                                      command.internal, command.arguments, command.durable)]
 
 
 def _check_exchange_declare(command: mc.DeclareExchange, vhost: VhostRecord) -> None:
@@ -197,7 +209,8 @@ def _check_exchange_declare(command: mc.DeclareExchange, vhost: VhostRecord) -> 
         if name.startswith("amq."):
             raise ChannelError(ACCESS_REFUSED, f"exchange name '{name}' contains reserved prefix 'amq.*'", 40, 10)
         return
-    for field, received, current in (("type", command.type, existing.type), ("durable", True, True),
+    for field, received, current in (("type", command.type, existing.type),
+                                     ("durable", command.durable, existing.durable),
                                      ("auto_delete", command.auto_delete, existing.auto_delete),
                                      ("internal", command.internal, existing.internal)):
         if received != current:
@@ -224,9 +237,19 @@ def _delete_exchange(command: mc.DeleteExchange, state: MetaState) -> tuple[obje
 
 
 def _remove_exchange(vhost_name: str, vhost: VhostRecord, name: str) -> list:
+    durable = vhost.exchanges[name].durable
     del vhost.exchanges[name]
     vhost.bindings.difference_update(vhost.bindings_from(name))
-    return [fx.ExchangeDeleted(vhost_name, name)] + _remove_bindings_to(vhost_name, vhost, ("exchange", name))
+    return [fx.ExchangeDeleted(vhost_name, name, durable)] + _remove_bindings_to(vhost_name, vhost, ("exchange", name))
+
+
+def _forget_end(command: mc.ForgetEnd, state: MetaState) -> list:
+    vhost = state.vhosts.get(command.vhost)
+    if vhost is None:
+        return []
+    if command.kind == "exchange":
+        vhost.bindings.difference_update(vhost.bindings_from(command.name))
+    return _remove_bindings_to(command.vhost, vhost, (command.kind, command.name))
 
 
 # -- bindings --------------------------------------------------------------------------------

@@ -5,8 +5,13 @@ their durable exchanges, replicated queues with their members and group
 ids, the bindings between those, and room for policies), users with their
 password hashes and tags, permissions, and for each group in a membership
 change the nodes removed from its members that may still hold a replica
-(`leaving`). Exclusive, auto-delete and transient objects are not here:
-they live only on the node that made them (`VirtualHost`).
+(`leaving`).
+
+The same records hold a node's own objects (transient exchanges, exclusive
+and transient queues, the bindings with such an end): the machine applies
+their commands to a second state of each node's, never replicated nor
+snapshotted (broker/node/local_topology.py); only there is a record's
+`durable` False or its `exclusive_owner` set.
 
 `snapshot(state)` is msgpack of a plain structure with a version number,
 rows sorted so that equal states give equal bytes; `restore(bytes)` is its
@@ -32,6 +37,7 @@ class ExchangeRecord:
     auto_delete: bool = False
     internal: bool = False
     arguments: dict = field(default_factory=dict)
+    durable: bool = True   # False: a node's own transient exchange
 
 
 @dataclass(slots=True)
@@ -42,6 +48,8 @@ class QueueRecord:
     auto_delete: bool = False   # a durable auto-delete classic queue (on a group of one)
     # node -> the metadata index of the change that last added it; the first members are not here
     joined: dict[str, int] = field(default_factory=dict)
+    durable: bool = True   # False, or an exclusive owner: a node's own queue (no group, no members)
+    exclusive_owner: object = None
 
     @property
     def queue_type(self) -> str:

@@ -30,9 +30,10 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from warren.broker.node import metadata_commands as mc
 from warren.broker.node import shard_queues
 from warren.broker.queues import queue_codec
-from warren.broker.routing.exchanges import Binding, Exchange, make_exchange
+from warren.broker.routing.exchanges import Binding, Exchange
 from warren.protocol.errors import ChannelError
 
 if TYPE_CHECKING:
@@ -210,11 +211,9 @@ class ShardLink:
             if proxy.home == peer:
                 self._drop_proxy(group)
         for (vhost, name), home in list(self.exchange_homes.items()):
-            exchange = self.broker.vhosts[vhost].exchanges.get(name) if vhost in self.broker.vhosts else None
             if home == peer:
                 del self.exchange_homes[(vhost, name)]
-                if exchange is not None:
-                    self.broker.vhosts[vhost].remove_exchange(exchange)
+                self._own(mc.DeleteExchange(vhost, name, False))
         for queue in list(self.home.values()):
             queue.peer_gone(peer)
         for token in list(self.acks):
@@ -280,30 +279,27 @@ class ShardLink:
         if token:
             self.send(peer, [ACK, token])
 
+    # Another shard's objects are this shard's own too: its machine applies them (broker/node/local_topology.py).
+    def _own(self, command: mc.Command) -> None:
+        reply = self.broker.local_topology.apply(command)
+        if isinstance(reply, list):
+            log.warning("shards.change_refused", command=type(command).__name__, reply=reply)
+
     def _on_exchange(self, peer: str, vhost_name: str, name: str, type_: str, auto_delete: bool, internal: bool,
                      arguments: dict) -> None:
         vhost = self.broker.vhosts.get(vhost_name)
         if vhost is not None and name not in vhost.exchanges:
             self.exchange_homes[(vhost_name, name)] = peer
-            vhost.add_exchange(make_exchange(name, type_, False, auto_delete, internal, arguments))
+            self._own(mc.DeclareExchange(vhost_name, name, type_, auto_delete, internal, arguments, False))
 
     def _on_exchange_delete(self, vhost_name: str, name: str) -> None:
-        vhost = self.broker.vhosts.get(vhost_name)
-        exchange = vhost.exchanges.get(name) if vhost is not None else None
-        if self.exchange_homes.pop((vhost_name, name), None) is not None and exchange is not None:
-            vhost.remove_exchange(exchange)
+        if self.exchange_homes.pop((vhost_name, name), None) is not None:
+            self._own(mc.DeleteExchange(vhost_name, name, False))
 
     def _on_bind(self, vhost_name: str, source: str, kind: str, destination: str, routing_key: str,
                  arguments: dict, bound: bool) -> None:
-        vhost = self.broker.vhosts.get(vhost_name)
-        exchange = vhost.exchanges.get(source) if vhost is not None else None
-        if exchange is None:
-            return
-        binding = Binding.make(source, (kind, destination), routing_key, arguments)
-        if bound:
-            vhost.add_binding(exchange, binding)
-        else:
-            vhost.unbind_now(exchange, binding)
+        change = mc.Bind if bound else mc.Unbind
+        self._own(change(vhost_name, source, kind, destination, routing_key, arguments, 0, 0))
 
     def _on_declare(self, peer: str, record: list) -> None:
         group = record[2]
@@ -314,6 +310,9 @@ class ShardLink:
             return
         self.proxies[group] = proxy
         self.broker.cluster.queues[group] = proxy   # the cluster's DELIVER and APPLIED find it
+        # the machine records it (the read model has its proxy: the effect makes nothing)
+        self._own(mc.DeclareQueue(proxy.vhost.name, proxy.name, proxy.arguments, (), peer, proxy.auto_delete,
+                                  proxy.durable, proxy.exclusive_owner))
 
     def _on_command(self, peer: str, group: str, data: bytes, token: int) -> None:
         queue = self.home.get(group)

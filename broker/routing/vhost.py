@@ -3,6 +3,14 @@
 Every operation raises ``ChannelError`` with the reply code and text RabbitMQ
 sends for the same mistake. No I/O here: the channel calls in, queues call
 back for dead-lettering and auto-delete.
+
+Two halves: the checks a channel's method meets here, against every object
+the node routes to (its own and the shared ones), and the routing read model
+(`add_*`, `remove_*`) that the metadata machine's effects update, the
+metadata group's and the node's own alike (broker/routing/metadata_read_model.py).
+A change that passes the checks is handed to the channel's `change` callback,
+the one place that decides whether the metadata group or the node's own
+machine (broker/node/local_topology.py) makes it.
 """
 from __future__ import annotations
 
@@ -14,7 +22,7 @@ from typing import Any
 from pamqp import commands as spec
 
 from warren.broker.queues.queue import Queue
-from warren.broker.queues.queue_factory import is_replicated, make_queue
+from warren.broker.queues.queue_factory import make_queue
 from warren.broker.routing import arguments as queue_arguments
 from warren.broker.routing.exchanges import (
     DEFAULT_EXCHANGES,
@@ -47,6 +55,8 @@ class VirtualHost:
         self.queues: dict[str, Queue] = {}
         # makes a queue without a log (a shard's: broker/node/shard_queues.py); else a local one
         self.make_local_queue: Callable[..., Queue] = make_queue
+        # a queue without a log goes through the node's own machine (set by the broker)
+        self.drop_own_queue: Callable[[str], None] | None = None
 
     # -- exchanges --------------------------------------------------------
     def exchange(self, name: str, class_id: int = 40, method_id: int = 10) -> Exchange:
@@ -55,10 +65,9 @@ class VirtualHost:
             raise ChannelError(NOT_FOUND, f"no exchange '{name}' in vhost '{self.name}'", class_id, method_id)
         return found
 
-    def declare_exchange(self, method: spec.Exchange.Declare,
-                         replicate: Callable[[], None] | None = None) -> Exchange | None:
-        """The exchange; or None when `replicate` (given for a change the
-        metadata group makes) was called to create it everywhere."""
+    def declare_exchange(self, method: spec.Exchange.Declare, change: Callable[[], None]) -> Exchange | None:
+        """The exchange; a new one is `change()`d: made at once by the node's own
+        machine, or None while the metadata group makes it."""
         name = method.exchange
         if method.passive:
             _check_not_default_exchange(name, 40, 10)  # as RabbitMQ: a passive declare too
@@ -75,13 +84,8 @@ class VirtualHost:
         if existing is not None:
             self._check_exchange_equivalent(existing, method)
             return existing
-        if replicate is not None:
-            replicate()
-            return None
-        exchange = make_exchange(name, method.exchange_type, method.durable, method.auto_delete,
-                                 method.internal, method.arguments or {})
-        self.add_exchange(exchange)
-        return exchange
+        change()
+        return self.exchanges.get(name)
 
     def add_exchange(self, exchange: Exchange) -> None:
         """The read model's update: no checks (made where asked, or by the metadata machine)."""
@@ -100,7 +104,7 @@ class VirtualHost:
                     f"inequivalent arg '{field}' for exchange '{existing.name}' in vhost '{self.name}': "
                     f"received '{_erl(received)}' but current is '{_erl(current)}'", 40, 10)
 
-    def delete_exchange(self, name: str, if_unused: bool, replicate: Callable[[], None] | None = None) -> None:
+    def delete_exchange(self, name: str, if_unused: bool, change: Callable[[Exchange], None]) -> None:
         if name == "" or name.startswith("amq."):
             raise ChannelError(ACCESS_REFUSED, "operation not permitted on the default exchange"
                                if name == "" else f"exchange '{name}' in vhost '{self.name}' is built in", 40, 20)
@@ -109,10 +113,7 @@ class VirtualHost:
             return  # deleting what does not exist succeeds, as in RabbitMQ 3.x
         if if_unused and exchange.bindings:  # as RabbitMQ: only bindings with it as source count
             raise ChannelError(PRECONDITION_FAILED, f"exchange '{name}' in vhost '{self.name}' in use", 40, 20)
-        if replicate is not None and exchange.durable:
-            replicate()
-            return
-        self.remove_exchange(exchange)
+        change(exchange)
 
     def remove_exchange(self, exchange: Exchange) -> None:
         del self.exchanges[exchange.name]
@@ -134,18 +135,18 @@ class VirtualHost:
 
     def _check_exclusive(self, queue: Queue, owner: Hashable | None, class_id: int, method_id: int) -> None:
         if queue.exclusive_owner is not None and queue.exclusive_owner != owner:
-            raise ChannelError(RESOURCE_LOCKED, self._locked_text(queue), class_id, method_id)
+            raise ChannelError(RESOURCE_LOCKED, self.locked_text(queue.name), class_id, method_id)
 
-    def _locked_text(self, queue: Queue) -> str:
-        return (f"cannot obtain exclusive access to locked queue '{queue.name}' in vhost '{self.name}'. "
+    def locked_text(self, name: str) -> str:
+        return (f"cannot obtain exclusive access to locked queue '{name}' in vhost '{self.name}'. "
                 "It could be originally declared on another connection or the exclusive property value "
                 "does not match that of the original declaration.")
 
     def declare_queue(self, method: spec.Queue.Declare, owner: Hashable,
-                      replicate: Callable[[str, dict], bool] | None = None,
+                      change: Callable[[str, dict], Queue | None],
                       authorize: Callable[[str], None] | None = None) -> Queue | None:
-        """The queue; or None when a new quorum (or replicable durable) queue was
-        taken by `replicate(name, arguments)` (the metadata group creates it).
+        """The queue; a new one is `change(name, arguments)`d: made at once by the
+        node's own machine, or None while the metadata group makes it.
         `authorize(name)` raises if the user may not configure the queue (called,
         as RabbitMQ does, once a server-named queue has its name)."""
         name = method.queue
@@ -165,14 +166,7 @@ class VirtualHost:
             existing.touch()
             return existing
         self._check_queue_type_properties(method, arguments, name)
-        if replicate is not None and is_replicated(method.durable, method.exclusive, arguments):
-            if replicate(name, arguments):
-                return None
-        queue = self.make_local_queue(self, name, arguments, durable=method.durable,
-                                      exclusive_owner=owner if method.exclusive else None,
-                                      auto_delete=method.auto_delete)
-        self.add_queue(queue)
-        return queue
+        return change(name, arguments)
 
     def _check_queue_equivalent(self, existing: Queue, method: spec.Queue.Declare, arguments: dict,
                                 owner: Hashable) -> None:
@@ -188,7 +182,7 @@ class VirtualHost:
                     f"received '{_erl(received)}' but current is '{_erl(current)}'", 50, 10)
         queue_arguments.check_equivalent(existing.arguments, arguments, existing.name, self.name)
         if existing.exclusive_owner != (owner if method.exclusive else None):
-            raise ChannelError(RESOURCE_LOCKED, self._locked_text(existing), 50, 10)
+            raise ChannelError(RESOURCE_LOCKED, self.locked_text(existing.name), 50, 10)
 
     def add_queue(self, queue: Queue) -> None:
         self.queues[queue.name] = queue
@@ -207,6 +201,7 @@ class VirtualHost:
     def delete_queue(self, name: str, owner: Hashable, if_unused: bool, if_empty: bool,
                      replicate: Callable[[str], None] | None = None,
                      forward: Callable[[Queue], None] | None = None) -> int | None:
+        # a queue without a log goes through the node's own machine (`delete_queue_now`)
         """The message count; None when a replicated queue was handed to `replicate(name)`,
         or another shard's queue to `forward(queue)` (its home checks and deletes it)."""
         queue = self.queues.get(name)
@@ -228,6 +223,16 @@ class VirtualHost:
         return count
 
     def delete_queue_now(self, queue: Queue) -> None:
+        """The queue goes (deleted, auto-deleted, expired, its exclusive owner gone):
+        one without a log through the node's own machine."""
+        if self.queues.get(queue.name) is not queue:
+            return
+        if not queue.replicated and self.drop_own_queue is not None:
+            self.drop_own_queue(queue.name)
+        self.remove_queue(queue)
+
+    def remove_queue(self, queue: Queue) -> None:
+        """The read model's update; the bindings to it go, and an auto-delete source left without any."""
         if self.queues.get(queue.name) is not queue:
             return
         del self.queues[queue.name]
@@ -241,14 +246,11 @@ class VirtualHost:
             self.delete_queue_now(queue)
 
     # -- bindings ---------------------------------------------------------
-    def bind(self, source: str, destination: Destination, routing_key: str, arguments: dict | None,
-             owner: Hashable, class_id: int, method_id: int, replicate: Callable[[], None] | None = None) -> None:
-        exchange = self._binding_source(source, class_id, method_id)
+    def bind(self, source: str, destination: Destination, owner: Hashable, class_id: int, method_id: int,
+             change: Callable[[], None]) -> None:
+        self._binding_source(source, class_id, method_id)
         self._binding_destination(destination, owner, class_id, method_id)
-        if replicate is not None:
-            replicate()
-            return
-        self.add_binding(exchange, Binding.make(source, destination, routing_key, arguments))
+        change()
 
     def add_binding(self, exchange: Exchange, binding: Binding) -> None:
         """The read model's update: no checks."""
@@ -261,8 +263,8 @@ class VirtualHost:
             return False
         return True
 
-    def unbind(self, source: str, destination: Destination, routing_key: str, arguments: dict | None,
-               owner: Hashable, class_id: int, method_id: int, replicate: Callable[[], None] | None = None) -> None:
+    def unbind(self, source: str, destination: Destination, owner: Hashable, class_id: int, method_id: int,
+               change: Callable[[], None]) -> None:
         _check_not_default_exchange(source, class_id, method_id)
         exchange = self.exchanges.get(source)
         kind, name = destination
@@ -271,10 +273,7 @@ class VirtualHost:
             return  # as RabbitMQ: unbinding what is already gone succeeds
         if kind == "queue":
             self._check_exclusive(target, owner, class_id, method_id)
-        if replicate is not None:
-            replicate()
-            return
-        self.unbind_now(exchange, Binding.make(source, destination, routing_key, arguments))
+        change()
 
     def unbind_now(self, exchange: Exchange, binding: Binding) -> None:
         """Remove the binding; its source goes if it is auto-delete and that was its last."""

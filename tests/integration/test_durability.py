@@ -596,3 +596,22 @@ def test_transient_messages_published_right_after_a_durable_queue_is_declared_ar
                     acked = ack.delivery_tag if ack.multiple else acked + 1
             with connect(server) as connection:
                 assert message_count(connection, queue) == count, f"round {round_}: confirmed transient messages lost"
+
+
+def test_a_durable_auto_delete_exchange_whose_last_binding_was_an_exclusive_queues_stays_deleted(tmp_path):
+    """As RabbitMQ: the exclusive queue goes with its connection, its binding with it, and the
+    auto-delete exchange with its last binding; a durable exchange's deletion is the metadata
+    group's, so it does not come back with a restart."""
+    with running(tmp_path) as server:
+        with connect(server) as connection:
+            channel = connection.channel()
+            channel.exchange_declare("adx", "fanout", durable=True, auto_delete=True)
+            queue = channel.queue_declare("", exclusive=True).method.queue
+            channel.queue_bind(queue, "adx")
+        with connect(server) as connection:
+            pump_until(connection, lambda: not passive_exchange_exists(connection, "adx"),
+                       "the auto-delete exchange to go with its last binding")
+            barrier(connection)
+        restart(server, "sigterm")
+        with connect(server) as connection:
+            assert not passive_exchange_exists(connection, "adx"), "the auto-deleted durable exchange came back"

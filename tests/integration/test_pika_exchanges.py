@@ -233,3 +233,36 @@ def test_amq_match_is_a_headers_exchange(connection, name, cleanup):
     channel.basic_publish("amq.match", "", b"miss", pika.BasicProperties(headers={"k": "other"}))
     assert get_one(channel, name, auto_ack=True)[2] == b"hit"
     assert drain(channel, name) == []
+
+
+def test_a_transient_exchange_binds_again_to_a_durable_queue_declared_again(connection, name, cleanup):
+    """The binding of a transient exchange is the node's own; the durable queue's deletion (the
+    metadata group's) takes it: a bind to the queue declared again is a new binding and routes."""
+    channel = connection.channel()
+    exchange = cleanup.exchange(name + "-tx")
+    channel.exchange_declare(exchange, "direct", durable=False)
+    for attempt in ("first", "again"):
+        channel.queue_declare(cleanup.queue(name), durable=True)
+        channel.queue_bind(name, exchange, routing_key="k")
+        channel.basic_publish(exchange, "k", attempt.encode())
+        assert get_one(channel, name, auto_ack=True)[2] == attempt.encode(), \
+            f"a publish to the transient exchange did not reach the queue declared {attempt}"
+        channel.queue_delete(name)
+
+
+def test_deleting_an_exclusive_queue_auto_deletes_its_transient_source_and_keeps_a_shared_one(connection, name,
+                                                                                              cleanup):
+    channel = connection.channel()
+    transient, shared = cleanup.exchange(name + "-tx"), cleanup.exchange(name + "-dx")
+    channel.exchange_declare(transient, "fanout", durable=False, auto_delete=True)
+    channel.exchange_declare(shared, "fanout", durable=True, auto_delete=True)
+    channel.queue_declare(cleanup.queue(name + "-kept"), durable=True)
+    channel.queue_bind(name + "-kept", shared)
+    queue = channel.queue_declare("", exclusive=True).method.queue
+    channel.queue_bind(queue, transient)
+    channel.queue_bind(queue, shared)
+    channel.queue_delete(queue)
+    channel.exchange_declare(shared, passive=True)   # a shared binding is left: it stays
+    with pytest.raises(ChannelClosedByBroker) as excinfo:
+        channel.exchange_declare(transient, passive=True)
+    assert_closed_by(excinfo.value, 404, f"no exchange '{transient}' in vhost '/'")

@@ -27,6 +27,7 @@ from tests.unit.faultyfiles import FaultyFiles
 from warren.broker.admin.auth import AccessControl
 from warren.broker.node import metadata_commands as mc
 from warren.broker.node.cluster import Cluster
+from warren.broker.node.local_topology import LocalTopology
 from warren.broker.node.metadata import Metadata
 from warren.broker.routing.vhost import VirtualHost
 from warren.config.settings import ClusterNode, Settings
@@ -141,6 +142,8 @@ class SimNode:
         cluster = Cluster(broker, rng=rng, incarnation=f"{self.name}i{self.incarnations}")
         broker.cluster = cluster
         broker.metadata = Metadata(broker, cluster)
+        broker.local_topology = LocalTopology(broker.vhosts, lambda: broker.metadata.state,
+                                              lambda command: broker.metadata.submit(command, lambda _: None))
         world.watch(self, cluster)
         cluster.runtime.recover()
         peers = [peer for peer in self.names if peer != self.name]
