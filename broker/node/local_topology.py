@@ -30,7 +30,7 @@ import structlog
 from warren.broker.node import metadata_commands as mc
 from warren.broker.node import metadata_effects as fx
 from warren.broker.node import metadata_machine as machine
-from warren.broker.node.metadata_state import MetaState, VhostRecord
+from warren.broker.node.metadata_state import BindingSet, MetaState, VhostRecord
 from warren.broker.routing import metadata_read_model as read_model
 from warren.broker.routing.exchanges import Binding
 
@@ -54,12 +54,14 @@ class _Overlay(ChainMap):
 
 @dataclass(slots=True)
 class _OverlayVhost(VhostRecord):
-    shared_bindings: set[Binding] = field(default_factory=set)
+    shared_bindings: BindingSet = field(default_factory=BindingSet)
 
     def bindings_from(self, source: str) -> list[Binding]:
         """An auto-delete or if-unused check counts the shared bindings too."""
-        return [binding for bindings in (self.bindings, self.shared_bindings) for binding in bindings
-                if binding.source == source]
+        return self.bindings.from_source(source) + self.shared_bindings.from_source(source)
+
+    def has_bindings_from(self, source: str) -> bool:
+        return self.bindings.any_from(source) or self.shared_bindings.any_from(source)
 
 
 class LocalTopology:

@@ -164,7 +164,7 @@ def _remove_queue(state: MetaState, vhost_name: str, name: str) -> list:
 
 def _remove_bindings_to(vhost_name: str, vhost: VhostRecord, destination: tuple[str, str]) -> list:
     """Drop the bindings to `destination`; an auto-delete source left without any goes too."""
-    removed = [binding for binding in vhost.bindings if binding.destination == destination]
+    removed = vhost.bindings_to(destination)
     vhost.bindings.difference_update(removed)
     effects: list = []
     for source in sorted({binding.source for binding in removed}):
@@ -174,7 +174,7 @@ def _remove_bindings_to(vhost_name: str, vhost: VhostRecord, destination: tuple[
 
 def _auto_delete(vhost_name: str, vhost: VhostRecord, source: str) -> list:
     exchange = vhost.exchanges.get(source)
-    if exchange is None or not exchange.auto_delete or vhost.bindings_from(source):
+    if exchange is None or not exchange.auto_delete or vhost.has_bindings_from(source):
         return []
     return _remove_exchange(vhost_name, vhost, source)
 
@@ -230,7 +230,7 @@ def _delete_exchange(command: mc.DeleteExchange, state: MetaState) -> tuple[obje
         return error_reply(ChannelError(ACCESS_REFUSED, text, 40, 20)), []
     if name not in vhost.exchanges:
         return None, []   # deleting what does not exist succeeds, as in RabbitMQ 3.x
-    if command.if_unused and vhost.bindings_from(name):   # as RabbitMQ: bindings with it as source
+    if command.if_unused and vhost.has_bindings_from(name):   # as RabbitMQ: bindings with it as source
         return error_reply(ChannelError(PRECONDITION_FAILED, f"exchange '{name}' in vhost '{command.vhost}' in use",
                                         40, 20)), []
     return None, _remove_exchange(command.vhost, vhost, name)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import msgpack
 
@@ -61,11 +62,67 @@ class QueueRecord:
         return [member_id(node, self.joined.get(node, 0)) for node in self.members]
 
 
+class BindingSet(set[Binding]):
+    """A vhost's bindings, found by source and by destination without a scan: deleting
+    one of thousands of queues bound to one exchange touches only its own bindings.
+    The machine changes it only through add, discard and difference_update."""
+
+    __slots__ = ("_from", "_to")
+
+    def __init__(self, bindings: Iterable[Binding] = ()) -> None:
+        super().__init__()
+        self._from: dict[str, set[Binding]] = {}
+        self._to: dict[tuple[str, str], set[Binding]] = {}
+        for binding in bindings:
+            self.add(binding)
+
+    def add(self, binding: Binding) -> None:
+        if binding in self:
+            return
+        super().add(binding)
+        self._from.setdefault(binding.source, set()).add(binding)
+        self._to.setdefault(binding.destination, set()).add(binding)
+
+    def discard(self, binding: object) -> None:
+        if not isinstance(binding, Binding) or binding not in self:
+            return
+        super().discard(binding)
+        _unindex(self._from, binding.source, binding)
+        _unindex(self._to, binding.destination, binding)
+
+    def difference_update(self, *others: Iterable[object]) -> None:
+        for other in others:
+            for binding in list(other):
+                self.discard(binding)
+
+    def from_source(self, source: str) -> list[Binding]:
+        return list(self._from.get(source, ()))
+
+    def any_from(self, source: str) -> bool:
+        return source in self._from
+
+    def to_destination(self, destination: tuple[str, str]) -> list[Binding]:
+        return list(self._to.get(destination, ()))
+
+    def _unindexed(self, *_: object) -> Any:
+        raise TypeError("a BindingSet changes only through add, discard and difference_update")
+
+    remove = pop = clear = update = intersection_update = symmetric_difference_update = _unindexed
+    __ior__ = __iand__ = __isub__ = __ixor__ = _unindexed
+
+
+def _unindex(index: dict[Any, set[Binding]], key: Any, binding: Binding) -> None:
+    found = index[key]
+    found.discard(binding)
+    if not found:
+        del index[key]
+
+
 @dataclass(slots=True)
 class VhostRecord:
     exchanges: dict[str, ExchangeRecord] = field(default_factory=dict)   # durable ones, built-ins too
     queues: dict[str, QueueRecord] = field(default_factory=dict)
-    bindings: set[Binding] = field(default_factory=set)
+    bindings: BindingSet = field(default_factory=BindingSet)
     policies: dict[str, dict] = field(default_factory=dict)   # none yet: no command sets one
 
     @staticmethod
@@ -73,7 +130,13 @@ class VhostRecord:
         return VhostRecord({name: ExchangeRecord(type_) for name, type_ in DEFAULT_EXCHANGES})
 
     def bindings_from(self, source: str) -> list[Binding]:
-        return [binding for binding in self.bindings if binding.source == source]
+        return self.bindings.from_source(source)
+
+    def has_bindings_from(self, source: str) -> bool:
+        return self.bindings.any_from(source)
+
+    def bindings_to(self, destination: tuple[str, str]) -> list[Binding]:
+        return self.bindings.to_destination(destination)
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,7 +213,7 @@ def _restore_vhost(rows: dict) -> VhostRecord:
          for name, type_, auto_delete, internal, arguments in rows["exchanges"]},
         {name: QueueRecord(arguments, group, list(members), auto_delete, dict(joined[0]) if joined else {})
          for name, arguments, group, members, auto_delete, *joined in rows["queues"]},
-        {Binding.make(source, (kind, destination), routing_key, table)
-         for source, kind, destination, routing_key, table in rows["bindings"]},
+        BindingSet(Binding.make(source, (kind, destination), routing_key, table)
+                   for source, kind, destination, routing_key, table in rows["bindings"]),
         dict(rows["policies"]),
     )

@@ -50,6 +50,9 @@ class Exchange:
     internal: bool = False
     arguments: dict = field(default_factory=dict)
     bindings: set[Binding] = field(default_factory=set)
+    # destination -> its bindings here: a queue's deletion unbinds it without a scan
+    # (thousands of exclusive queues bound to one fanout exchange is a common shape)
+    by_destination: dict[Destination, set[Binding]] = field(default_factory=dict)
 
     @property
     def alternate_exchange(self) -> str | None:
@@ -58,15 +61,20 @@ class Exchange:
 
     def bind(self, binding: Binding) -> None:
         self.bindings.add(binding)
+        self.by_destination.setdefault(binding.destination, set()).add(binding)
 
     def unbind(self, binding: Binding) -> bool:
         if binding in self.bindings:
             self.bindings.discard(binding)
+            to_destination = self.by_destination[binding.destination]
+            to_destination.discard(binding)
+            if not to_destination:
+                del self.by_destination[binding.destination]
             return True
         return False
 
     def unbind_destination(self, destination: Destination) -> int:
-        gone = [b for b in self.bindings if b.destination == destination]
+        gone = list(self.by_destination.get(destination, ()))
         for binding in gone:
             self.unbind(binding)
         return len(gone)
@@ -91,8 +99,7 @@ class DirectExchange(Exchange):
     def unbind(self, binding: Binding) -> bool:
         if not super().unbind(binding):
             return False
-        if not any(b.routing_key == binding.routing_key and b.destination == binding.destination
-                   for b in self.bindings):
+        if not any(b.routing_key == binding.routing_key for b in self.by_destination.get(binding.destination, ())):
             targets = self._by_key[binding.routing_key]
             targets.discard(binding.destination)
             if not targets:
@@ -107,7 +114,7 @@ class FanoutExchange(Exchange):
     __slots__ = ()
 
     def route(self, routing_key: str, headers: dict | None) -> set[Destination]:
-        return {b.destination for b in self.bindings}
+        return set(self.by_destination)
 
 
 class TopicExchange(Exchange):

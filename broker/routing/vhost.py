@@ -53,6 +53,8 @@ class VirtualHost:
         for exchange_name, exchange_type in DEFAULT_EXCHANGES:
             self.exchanges[exchange_name] = make_exchange(exchange_name, exchange_type)
         self.queues: dict[str, Queue] = {}
+        # owner -> its exclusive queues: a connection's close finds them without a scan
+        self.exclusive_queues: dict[Hashable, dict[str, Queue]] = {}
         # makes a queue without a log (a shard's: broker/node/shard_queues.py); else a local one
         self.make_local_queue: Callable[..., Queue] = make_queue
         # a queue without a log goes through the node's own machine (set by the broker)
@@ -186,6 +188,8 @@ class VirtualHost:
 
     def add_queue(self, queue: Queue) -> None:
         self.queues[queue.name] = queue
+        if queue.exclusive_owner is not None:
+            self.exclusive_queues.setdefault(queue.exclusive_owner, {})[queue.name] = queue
         self.exchanges[""].bind(Binding.make("", ("queue", queue.name), queue.name, None))
 
     def _check_queue_type_properties(self, method: spec.Queue.Declare, arguments: dict, name: str) -> None:
@@ -236,13 +240,18 @@ class VirtualHost:
         if self.queues.get(queue.name) is not queue:
             return
         del self.queues[queue.name]
+        owned = self.exclusive_queues.get(queue.exclusive_owner) if queue.exclusive_owner is not None else None
+        if owned is not None:
+            owned.pop(queue.name, None)
+            if not owned:
+                del self.exclusive_queues[queue.exclusive_owner]
         for exchange in list(self.exchanges.values()):
             if exchange.unbind_destination(("queue", queue.name)):
                 self._maybe_auto_delete_exchange(exchange)
         queue.notify_deleted()
 
     def delete_exclusive_queues(self, owner: Hashable) -> None:
-        for queue in [q for q in self.queues.values() if q.exclusive_owner == owner]:
+        for queue in list(self.exclusive_queues.get(owner, {}).values()):
             self.delete_queue_now(queue)
 
     # -- bindings ---------------------------------------------------------

@@ -301,3 +301,34 @@ def test_exchange_types_are_built_by_name():
         assert exchange.type == type_, f"make_exchange({type_!r}) built a {exchange.type}"
         assert exchange.alternate_exchange == "ae", "alternate-exchange argument not read"
     assert isinstance(make_exchange("t", "topic"), TopicExchange)
+
+
+binding_ops = st.lists(st.tuples(st.sampled_from(["bind", "unbind", "unbind_destination"]),
+                                 st.sampled_from(["q1", "q2", "q3"]), st.sampled_from(["a", "b", "a.b"])),
+                       max_size=40)
+
+
+@pytest.mark.parametrize("exchange_type", ["direct", "fanout", "topic"])
+@given(ops=binding_ops)
+@settings(max_examples=150, deadline=None)
+def test_the_destination_index_always_agrees_with_the_bindings(exchange_type, ops):
+    """`by_destination` lets a queue's deletion unbind it without a scan; it must name
+    exactly the bindings there are, and routing must follow them."""
+    exchange = make_exchange("x", exchange_type)
+    for op, queue, key in ops:
+        binding = Binding.make("x", ("queue", queue), key, None)
+        if op == "bind":
+            exchange.bind(binding)
+        elif op == "unbind":
+            exchange.unbind(binding)
+        else:
+            exchange.unbind_destination(("queue", queue))
+        expected: dict = {}
+        for b in exchange.bindings:
+            expected.setdefault(b.destination, set()).add(b)
+        assert exchange.by_destination == expected, f"after {op} {queue} {key}"
+        for key_routed in ("a", "b", "a.b"):
+            routed = exchange.route(key_routed, None)
+            wanted = {b.destination for b in exchange.bindings
+                      if exchange_type == "fanout" or b.routing_key == key_routed}
+            assert set(routed) == wanted, f"{exchange_type} routed {key_routed} to {routed}: {exchange.bindings}"

@@ -5,12 +5,15 @@ machine's cascades, and the two crossings (a shared auto-delete exchange, a shar
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from warren.broker.node import metadata_commands as mc
 from warren.broker.node import metadata_machine as machine
 from warren.broker.node.local_topology import LocalTopology
-from warren.broker.node.metadata_state import initial_state, snapshot
+from warren.broker.node.metadata_state import BindingSet, MetaState, VhostRecord, initial_state, restore, snapshot
 from warren.broker.routing import metadata_read_model as read_model
+from warren.broker.routing.exchanges import Binding
 from warren.broker.routing.vhost import VirtualHost
 from warren.protocol.constants import NOT_FOUND, PRECONDITION_FAILED
 
@@ -181,3 +184,48 @@ def test_the_node_own_machine_never_deletes_a_shared_object(command):
 def test_forget_end_is_never_read_from_the_log():
     with pytest.raises(mc.BadCommand):
         mc.from_wire(["forget_end", V, "queue", "q"])
+
+
+@given(ops=st.lists(st.tuples(st.sampled_from(["add", "discard", "drop_to", "drop_from"]),
+                              st.sampled_from(["x", "y"]), st.sampled_from(["q1", "q2", "x", "y"])), max_size=40))
+@settings(max_examples=200, deadline=None)
+def test_the_binding_set_indexes_agree_with_a_scan(ops):
+    """The machine finds a vhost's bindings by source or destination through indexes (no
+    scan per deletion): after any changes they must name what a scan finds."""
+    bindings = BindingSet()
+    for op, source, end in ops:
+        destination = ("exchange" if end in ("x", "y") else "queue", end)
+        if op == "add":
+            bindings.add(Binding.make(source, destination, "k", None))
+        elif op == "discard":
+            bindings.discard(Binding.make(source, destination, "k", None))
+        elif op == "drop_to":
+            bindings.difference_update(bindings.to_destination(destination))
+        else:
+            bindings.difference_update(bindings.from_source(source))
+        for name in ("x", "y"):
+            assert sorted(map(repr, bindings.from_source(name))) == sorted(repr(b) for b in bindings
+                                                                           if b.source == name)
+            assert bindings.any_from(name) == any(b.source == name for b in bindings)
+        for kind, name in (("queue", "q1"), ("queue", "q2"), ("exchange", "x"), ("exchange", "y")):
+            assert set(bindings.to_destination((kind, name))) == {b for b in bindings if b.destination == (kind, name)}
+
+
+def test_a_binding_set_refuses_changes_that_would_pass_its_indexes():
+    bindings = BindingSet([Binding.make("x", ("queue", "q"), "k", None)])
+    for change in (bindings.clear, bindings.pop, lambda: bindings.update(set()), lambda: bindings.remove(None)):
+        with pytest.raises(TypeError):
+            change()
+    assert len(bindings) == 1 and restore(snapshot(MetaState({V: VhostRecord(bindings=bindings)}))).vhosts[V].bindings \
+        == bindings
+
+
+def test_closing_a_connection_deletes_its_exclusive_queues_only():
+    node = Node()
+    for name, owner in (("a1", "conn-a"), ("a2", "conn-a"), ("b1", "conn-b")):
+        node.own.apply(own_queue(name, owner=owner))
+    node.own.apply(own_queue("shared-transient"))
+    node.vhost.delete_exclusive_queues("conn-a")
+    assert sorted(node.vhost.queues) == ["b1", "shared-transient"]
+    assert sorted(node.own.own[V].queues) == ["b1", "shared-transient"]
+    assert list(node.vhost.exclusive_queues) == ["conn-b"]
