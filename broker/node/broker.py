@@ -66,8 +66,11 @@ class Broker:
         self.cluster = Cluster(self)
         self.node_log.rollover_source = self.cluster.runtime.prepare_rollover
         self.metadata = Metadata(self, self.cluster)
-        # transient and exclusive objects: the metadata machine, applied here alone
-        self.local_topology = LocalTopology(self.vhosts, lambda: self.metadata.state, self._propose)
+        # transient and exclusive objects: the metadata machine, applied here alone; it deletes
+        # a shared auto-delete exchange only where no other node or shard may bind from it
+        alone = len(settings.cluster_nodes) <= 1 and settings.node_shard is None
+        self.local_topology = LocalTopology(self.vhosts, lambda: self.metadata.state,
+                                            self._propose if alone else None)
         self.definitions = Definitions(self, self.metadata)
         self.recovery_seconds = 0.0   # WAL replay to every group re-applied (`start`)
         self.connections: set["AMQPConnection"] = set()

@@ -14,7 +14,11 @@ The two name spaces overlay: the machine sees the node's own objects over
 the shared ones (a transient queue bound to a durable exchange finds its
 source), and writes only its own. Two things cross over:
 * an auto-delete durable exchange that lost its last binding to a node's own
-  queue is deleted through the metadata group (`propose`, if unused);
+  queue is deleted through the metadata group (`propose`, if unused), on a
+  node that is the whole cluster in one process; where other nodes or shards
+  may hold bindings of their own from it, which no one state knows, it stays
+  (`propose` None): a leftover exchange rather than one taken from under
+  another node's queue;
 * a shared object the group deleted takes the node's bindings to or from it
   with it (`forget`, from broker/node/metadata.py).
 """
@@ -66,7 +70,7 @@ class _OverlayVhost(VhostRecord):
 
 class LocalTopology:
     def __init__(self, vhosts: dict[str, "VirtualHost"], shared: Callable[[], MetaState],
-                 propose: Callable[[mc.Command], None]) -> None:
+                 propose: Callable[[mc.Command], None] | None) -> None:
         self.vhosts = vhosts                 # the routing read model (the broker's)
         self.shared = shared                 # the metadata group's state as this node applied it
         self.propose = propose               # a change for the metadata group (no reply awaited)
@@ -130,8 +134,9 @@ class LocalTopology:
             case fx.ExchangeDeclared():
                 read_model.exchange_declared(self.vhosts, effect)
             case fx.ExchangeDeleted() if effect.durable:
-                # a shared auto-delete exchange whose last binding was one of ours
-                self.propose(mc.DeleteExchange(effect.vhost, effect.name, True))
+                # a shared auto-delete exchange whose last binding here was one of ours
+                if self.propose is not None:
+                    self.propose(mc.DeleteExchange(effect.vhost, effect.name, True))
             case fx.ExchangeDeleted():
                 read_model.exchange_deleted(self.vhosts, effect)
             case fx.BindingChanged():

@@ -124,7 +124,10 @@ class VirtualHost:
                 self._maybe_auto_delete_exchange(other)
 
     def _maybe_auto_delete_exchange(self, exchange: Exchange) -> None:
-        if exchange.auto_delete and not exchange.bindings and exchange.name in self.exchanges:
+        """A transient auto-delete exchange goes with its last binding here; a durable one
+        only by the metadata group's effect (its machine decides, knowing every node's
+        shared bindings: removed here alone, it would come back at restart)."""
+        if exchange.auto_delete and not exchange.durable and not exchange.bindings and exchange.name in self.exchanges:
             self.remove_exchange(exchange)
 
     # -- queues -----------------------------------------------------------

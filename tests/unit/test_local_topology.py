@@ -229,3 +229,16 @@ def test_closing_a_connection_deletes_its_exclusive_queues_only():
     assert sorted(node.vhost.queues) == ["b1", "shared-transient"]
     assert sorted(node.own.own[V].queues) == ["b1", "shared-transient"]
     assert list(node.vhost.exclusive_queues) == ["conn-b"]
+
+
+def test_where_other_nodes_may_bind_from_it_a_shared_auto_delete_exchange_stays():
+    """No one state knows the bindings other nodes or shards hold of their own from a shared
+    exchange: a node that is not the whole cluster proposes no deletion, and its read model
+    keeps the exchange (removed here alone, it came back at restart)."""
+    node = Node()
+    node.own.propose = None
+    node.shared_apply(mc.DeclareExchange(V, "adx", "direct", True, False, {}))
+    node.own.apply(own_queue(owner="conn-1"))
+    node.own.apply(bind("adx", "tq"))
+    node.vhost.delete_exclusive_queues("conn-1")
+    assert node.proposed == [] and "adx" in node.vhost.exchanges
