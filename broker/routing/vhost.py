@@ -287,11 +287,6 @@ class VirtualHost:
             self._check_exclusive(target, owner, class_id, method_id)
         change()
 
-    def unbind_now(self, exchange: Exchange, binding: Binding) -> None:
-        """Remove the binding; its source goes if it is auto-delete and that was its last."""
-        if self.remove_binding(exchange, binding):
-            self._maybe_auto_delete_exchange(exchange)
-
     def _binding_source(self, source: str, class_id: int, method_id: int) -> Exchange:
         _check_not_default_exchange(source, class_id, method_id)
         return self.exchange(source, class_id, method_id)
