@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import os
-import random
 import signal
 import socket
 import subprocess
@@ -12,32 +11,15 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from warren.verification.ports import listen_port
+
 STARTUP_TIMEOUT_SECONDS = 20.0
 STOP_TIMEOUT_SECONDS = 10.0
 
 
-# Below the kernel's ephemeral range (32768-60999 on Linux): a port the kernel hands out
-# for bind(0) is also one it may give a client's outgoing connection (a pika client, a
-# cluster link) before the server binds it, so listeners take theirs from here.
-LISTEN_PORTS = range(20000, 32768)
-_ports = random.Random(os.getpid())
-_handed_out: set[int] = set()
-
-
 def free_port() -> int:
-    """A loopback port nothing listens on, not handed out before in this process."""
-    for _ in range(1000):
-        port = _ports.choice(LISTEN_PORTS)
-        if port in _handed_out:
-            continue
-        with socket.socket() as sock:
-            try:
-                sock.bind(("0.0.0.0", port))   # free on every address: a container binds them all
-            except OSError:
-                continue
-        _handed_out.add(port)
-        return port
-    raise RuntimeError(f"no free port in {LISTEN_PORTS}")
+    """A port nothing listens on, on every address (a container binds them all)."""
+    return listen_port("0.0.0.0")
 
 
 @dataclass

@@ -6,53 +6,27 @@ import asyncio
 import base64
 import json
 import os
-import random
 import signal
-import socket
 import sys
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from warren.verification.chaos.proxy import LinkProxy
+from warren.verification.ports import listen_port
 
 SECRET = "warren-chaos local secret"
 LISTEN_TIMEOUT_SECONDS = 60.0
 STOP_TIMEOUT_SECONDS = 10.0
 
 
-# Below Linux's ephemeral range (32768-60999): a port bind(0) gives is one the kernel may
-# also give a node's shard its cluster link (a node of several processes binds those
-# itself, from bind(0)) or a client's outgoing connection, before the node that was
-# handed it binds it (seed 49 of 5 nodes: a node could never start).
-LISTEN_PORTS = range(20000, 32768)
-_ports = random.Random(os.getpid())
-_handed_out: set[int] = set()
-
-
-def free_port() -> int:
-    """A loopback port nothing listens on now, not handed out before by this harness."""
-    for _ in range(1000):
-        port = _ports.choice(LISTEN_PORTS)
-        if port in _handed_out:
-            continue
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        _handed_out.add(port)
-        return port
-    raise RuntimeError(f"no free port in {LISTEN_PORTS}")
-
-
 @dataclass
 class Node:
     name: str
     directory: Path
-    amqp_port: int = field(default_factory=free_port)
-    metrics_port: int = field(default_factory=free_port)
-    cluster_port: int = field(default_factory=free_port)
+    amqp_port: int = field(default_factory=listen_port)
+    metrics_port: int = field(default_factory=listen_port)
+    cluster_port: int = field(default_factory=listen_port)
     process: asyncio.subprocess.Process | None = None
     paused: bool = False
 
