@@ -145,8 +145,11 @@ class TopologyMethods:
         self.vhost.delete_exchange(method.exchange, method.if_unused,
                                    lambda exchange: replicated.append(
                                        self._change_exchange(command, reply, exchange.durable)))
-        if replicated == [False] and self.broker.shard_link is not None:
-            self.broker.shard_link.exchange_deleted(self.vhost.name, method.exchange)
+        if replicated == [False] and self.broker.shard_link is not None:   # answered once every shard dropped it
+            self.await_reply()
+            self.broker.shard_link.exchange_deleted(self.vhost.name, method.exchange,
+                                                    partial(self._on_replicated, reply, None, None))
+            return
         if replicated != [True]:
             self._reply(reply)
 

@@ -52,7 +52,7 @@ DONE = 5         # [DONE, token, reply]
 RESEND = 6       # [RESEND, group, owner, tag, after_seq]
 DELETE_ASK = 7   # [DELETE_ASK, group, if_unused, if_empty, token]: answered DONE count or [code, text]
 EXCHANGE = 8     # [EXCHANGE, vhost, name, type, auto_delete, internal, arguments, token]: a transient exchange
-EXCHANGE_DELETE = 9   # [EXCHANGE_DELETE, vhost, name]
+EXCHANGE_DELETE = 9   # [EXCHANGE_DELETE, vhost, name, token]
 BIND = 10        # [BIND, vhost, source, kind, destination, routing_key, arguments, bound, token]
 COUNTS = 11      # [COUNTS, group, token]: answered DONE [message_count, consumer_count]
 TOKEN_SEPARATOR = "_"
@@ -154,10 +154,13 @@ class ShardLink:
         self.exchange_homes[(vhost, exchange.name)] = self.node
         self.broadcast(_exchange_message(vhost, exchange), then)
 
-    def exchange_deleted(self, vhost: str, name: str) -> None:
-        if self.exchange_homes.pop((vhost, name), None) is not None:
-            for peer in self.running_peers():
-                self.send(peer, [EXCHANGE_DELETE, vhost, name])
+    def exchange_deleted(self, vhost: str, name: str, then: Callable[[], None]) -> None:
+        """`then()` once every running shard dropped it: a client told delete-ok finds it
+        gone on every connection."""
+        if self.exchange_homes.pop((vhost, name), None) is None:
+            then()   # no other shard was told of it
+            return
+        self.broadcast([EXCHANGE_DELETE, vhost, name], then)
 
     def binding_changed(self, vhost: str, binding: Binding, bound: bool, then: Callable[[], None]) -> None:
         self.broadcast(_bind_message(vhost, binding, bound), then)
@@ -271,6 +274,7 @@ class ShardLink:
             self._ack(peer, message[7])
         elif kind == EXCHANGE_DELETE:
             self._on_exchange_delete(message[1], message[2])
+            self._ack(peer, message[3])
         elif kind == BIND:
             self._on_bind(*message[1:8])
             self._ack(peer, message[8])

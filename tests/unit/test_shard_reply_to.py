@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from warren.broker.node.shard_link import ShardLink
+from warren.broker.node.shard_link import ACK, EXCHANGE_DELETE, ShardLink
 from warren.config import ClusterNode
 
 
@@ -22,3 +22,25 @@ def test_a_reply_address_leads_to_the_shard_that_made_it():
 def test_an_address_of_no_shard_is_not_forwarded():
     for token in ("plain", "abc_9", "abc_", "abc_x1"):
         assert link(0).reply_peer(token) is None
+
+
+def test_a_transient_exchange_deleted_is_answered_only_once_every_running_shard_dropped_it():
+    # exchange.delete-ok before the other shards dropped it let a passive declare on another
+    # shard's connection, made after the delete-ok, still find the exchange (seen in CI)
+    home = link(0, count=2)
+    home.broker.cluster = SimpleNamespace(running_peers=lambda: ["w@h#1"], frame_soon=lambda: None)
+    home.exchange_homes[("/", "rpc-x")] = home.node
+    answered = []
+    home.exchange_deleted("/", "rpc-x", lambda: answered.append(True))
+    [message] = home.take_outbox()["w@h#1"]
+    assert message[:3] == [EXCHANGE_DELETE, "/", "rpc-x"] and not answered
+    home.on_messages("w@h#1", [[ACK, message[3]]])
+    assert answered == [True]
+
+
+def test_deleting_an_exchange_no_other_shard_knows_is_answered_at_once():
+    home = link(0, count=2)
+    home.broker.cluster = SimpleNamespace(running_peers=lambda: ["w@h#1"], frame_soon=lambda: None)
+    answered = []
+    home.exchange_deleted("/", "never-shared", lambda: answered.append(True))
+    assert answered == [True] and home.take_outbox() == {}
