@@ -295,8 +295,14 @@ class TopologyMethods:
                                     lambda count: None if method.nowait else spec.Queue.DeleteOk(count or 0))
         count = self.vhost.delete_queue(name, self.connection.id, method.if_unused, method.if_empty, replicate,
                                         partial(self._delete_at_home, method))
-        if count is not None:
-            self._reply(None if method.nowait else spec.Queue.DeleteOk(count))
+        if count is None:
+            return
+        reply = None if method.nowait else spec.Queue.DeleteOk(count)
+        if self.broker.shard_link is not None:   # answered once every shard dropped its proxy
+            self.await_reply()
+            self.broker.shard_link.synced(partial(self._on_replicated, reply, None, None))
+            return
+        self._reply(reply)
 
     def _delete_at_home(self, method: spec.Queue.Delete, queue: Queue) -> None:
         """Another shard's queue: its home shard checks and deletes it (broker/node/shard_queues.py)."""

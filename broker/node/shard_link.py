@@ -16,7 +16,8 @@ a connection on any shard uses. Nothing here goes through a Raft group or the WA
   shard's), and again to a shard whose link comes up; the others route to a proxy
   whose commands come here (CMD, answered DONE); the home's deliveries and
   confirms go back as the cluster's DELIVER and APPLIED messages; a deletion is
-  announced (DELETE) or asked of the home (DELETE_ASK, answered DONE).
+  announced (DELETE) or asked of the home (DELETE_ASK, answered DONE); a
+  delete-ok waits for every running shard's ACK of a SYNC sent after it.
 
 Messages go in the node's one frame per peer per turn, under "s" beside the
 Raft items and the node core's messages (raft/frames.py).
@@ -55,6 +56,7 @@ EXCHANGE = 8     # [EXCHANGE, vhost, name, type, auto_delete, internal, argument
 EXCHANGE_DELETE = 9   # [EXCHANGE_DELETE, vhost, name, token]
 BIND = 10        # [BIND, vhost, source, kind, destination, routing_key, arguments, bound, token]
 COUNTS = 11      # [COUNTS, group, token]: answered DONE [message_count, consumer_count]
+SYNC = 12        # [SYNC, token]: answered ACK once all sent before it was handled
 TOKEN_SEPARATOR = "_"
 
 
@@ -148,6 +150,11 @@ class ShardLink:
         self.acks[token] = (peers, then)
         for peer in peers:
             self.send(peer, [*message, token])
+
+    def synced(self, then: Callable[[], None]) -> None:
+        """`then()` once every running shard handled all sent to it so far (each
+        peer's messages arrive in order): a queue deleted here is gone there too."""
+        self.broadcast([SYNC], then)
 
     # -- transient exchanges and bindings --------------------------------------------------
     def exchange_declared(self, vhost: str, exchange: Exchange, then: Callable[[], None]) -> None:
@@ -275,6 +282,8 @@ class ShardLink:
         elif kind == EXCHANGE_DELETE:
             self._on_exchange_delete(message[1], message[2])
             self._ack(peer, message[3])
+        elif kind == SYNC:
+            self._ack(peer, message[1])
         elif kind == BIND:
             self._on_bind(*message[1:8])
             self._ack(peer, message[8])

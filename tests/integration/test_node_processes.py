@@ -450,6 +450,15 @@ def test_a_transient_exchange_and_its_bindings_route_on_every_shard(two_shards):
     assert closed.value.reply_code == 404
 
 
+def test_a_transient_queue_deleted_on_its_home_shard_is_gone_on_the_other_at_delete_ok(two_shards):
+    home, other = two_shards
+    for round_ in range(20):   # the race is narrow (a proxy outliving the delete-ok); the link tests pin the order
+        name = f"gone-{round_}"
+        home.channel().queue_declare(name, durable=False)
+        home.channel().queue_delete(name)
+        assert _declare_passive_fails(other, name), f"{name}: still found on the other shard after delete-ok"
+
+
 def test_a_restarted_shard_learns_the_transient_queues_and_its_consumers_give_back(node):
     found = one_connection_per_shard(node)
     home, doomed = found[0], found[1]

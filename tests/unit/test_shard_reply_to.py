@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from warren.broker.node.shard_link import ACK, EXCHANGE_DELETE, ShardLink
+from warren.broker.node.shard_link import ACK, EXCHANGE_DELETE, SYNC, ShardLink
 from warren.config import ClusterNode
 
 
@@ -44,3 +44,23 @@ def test_deleting_an_exchange_no_other_shard_knows_is_answered_at_once():
     answered = []
     home.exchange_deleted("/", "never-shared", lambda: answered.append(True))
     assert answered == [True] and home.take_outbox() == {}
+
+
+def test_synced_waits_for_every_running_shard_to_have_handled_what_was_sent_before():
+    home = link(0, count=3)
+    home.broker.cluster = SimpleNamespace(running_peers=lambda: ["w@h#1", "w@h#2"], frame_soon=lambda: None)
+    synced = []
+    home.synced(lambda: synced.append(True))
+    sent = home.take_outbox()
+    assert sorted(sent) == ["w@h#1", "w@h#2"] and not synced
+    home.on_messages("w@h#1", [[ACK, sent["w@h#1"][-1][-1]]])
+    assert not synced, "answered before shard 2 handled the deletion"
+    home.on_messages("w@h#2", [[ACK, sent["w@h#2"][-1][-1]]])
+    assert synced == [True]
+
+
+def test_a_shard_acks_a_sync_after_handling_what_came_before_it():
+    peer = link(1, count=2)
+    peer.broker.cluster = SimpleNamespace(running_peers=lambda: ["w@h#0"], frame_soon=lambda: None)
+    peer.on_messages("w@h#0", [[SYNC, 7]])
+    assert peer.take_outbox() == {"w@h#0": [[ACK, 7]]}
