@@ -19,6 +19,7 @@ from pathlib import Path
 
 import structlog
 
+from warren.storage import records
 from warren.storage.wal import LogStore, Relocation
 
 log = structlog.get_logger("warren.storage")
@@ -61,9 +62,10 @@ class GroupCommitter:
         self.last_offset_in_batch = 0
         self._pending: list[bytes] = []
         self._pending_bytes = 0
-        self._pending_entries = 0
-        # batches cut at BATCH_MAX_BYTES, waiting for the writer: (number, (bytes, entries))
-        self._sealed: list[tuple[int, tuple[bytes, int]]] = []
+        # (log_id, index, length) of each pending record: the store notes where they went (storage/wal_heads.py)
+        self._pending_heads: list[tuple[int, int, int]] = []
+        # batches cut at BATCH_MAX_BYTES, waiting for the writer: (number, (bytes, heads))
+        self._sealed: list[tuple[int, tuple[bytes, list[tuple[int, int, int]]]]] = []
         self.open_batch = 1  # the batch new appends go into
         self._callbacks: dict[int, list[DurableCallback]] = {}
         # one thread writes: batches reach the file in order
@@ -80,7 +82,7 @@ class GroupCommitter:
         self._pending.append(encoded_record)
         self.last_offset_in_batch = self._pending_bytes
         self._pending_bytes += len(encoded_record)
-        self._pending_entries += 1
+        self._pending_heads.append(records.head_of(encoded_record))
         if not self._busy and self._kick is None:
             # the rest of this turn joins the batch
             self._kick = asyncio.get_running_loop().call_soon(self._on_kick)
@@ -106,13 +108,13 @@ class GroupCommitter:
         if on_relocated is not None:
             self._relocated_listeners.append(on_relocated)
 
-    def _take(self) -> tuple[bytes, int]:
+    def _take(self) -> tuple[bytes, list[tuple[int, int, int]]]:
         data = b"".join(self._pending)
-        entries = self._pending_entries
+        heads = self._pending_heads
         self._pending.clear()
         self._pending_bytes = 0
-        self._pending_entries = 0
-        return data, entries
+        self._pending_heads = []
+        return data, heads
 
     def when_durable(self, batch: int, callback: DurableCallback) -> None:
         self._callbacks.setdefault(batch, []).append(callback)
@@ -125,11 +127,11 @@ class GroupCommitter:
     def _write_next(self) -> None:
         """Hand the next batch (a sealed one, else the open one) to the writer thread."""
         if self._sealed:
-            batch, (data, entries) = self._sealed.pop(0)
+            batch, (data, heads) = self._sealed.pop(0)
         elif self._pending:
             batch = self.open_batch
             self.open_batch += 1
-            data, entries = self._take()
+            data, heads = self._take()
         else:
             self._notify_idle()
             return
@@ -138,9 +140,10 @@ class GroupCommitter:
         started = time.perf_counter()
         future = self._writer.submit(self.store.write_batch, data)
         future.add_done_callback(lambda done: loop.call_soon_threadsafe(
-            self._on_written, batch, entries, len(data), started, done))
+            self._on_written, batch, heads, len(data), started, done))
 
-    def _on_written(self, batch: int, entries: int, size: int, started: float, done: Future) -> None:
+    def _on_written(self, batch: int, heads: list[tuple[int, int, int]], size: int, started: float,
+                    done: Future) -> None:
         """On the loop: the batch is durable (or failed). Listeners, then its
         callbacks; then a rollover if the WAL is full, else the next batch."""
         error = done.exception()
@@ -153,9 +156,11 @@ class GroupCommitter:
                 log.error("wal.write_failed", batch=batch, bytes=size, error=repr(error),
                           exc_info=(type(error), error, error.__traceback__))
         try:
-            if ok and self._written_listeners:
+            if ok:
                 path, start = done.result()
-                written = BatchWritten(batch, path, start, entries, size, time.perf_counter() - started)
+                self.store.note_written(path, start, heads)   # before a rollover may move the file
+            if ok and self._written_listeners:
+                written = BatchWritten(batch, path, start, len(heads), size, time.perf_counter() - started)
                 for listener in self._written_listeners:
                     listener(written)
             for callback in self._callbacks.pop(batch, ()):

@@ -78,6 +78,26 @@ def encode(log_id: int, term: int, index: int, payload: bytes) -> bytes:
     return b"".join((marker_length, crcs, head, payload))
 
 
+def head_of(record: bytes) -> tuple[int, int, int]:
+    """(log_id, index, length) of one encoded record (as `encode` made it)."""
+    log_id, _term, index = _entry_head_unpack(record, PREFIX_SIZE)
+    return log_id, index, len(record)
+
+
+def heads_of_batch(data: bytes) -> list[tuple[int, int, int]]:
+    """(log_id, index, length) of each record of a batch this process encoded:
+    lengths read from the prefixes, checksums not computed (the batch has not
+    left memory yet)."""
+    heads = []
+    offset = 0
+    while offset < len(data):
+        _marker, length = _marker_length.unpack_from(data, offset)
+        log_id, _term, index = _entry_head_unpack(data, offset + PREFIX_SIZE)
+        heads.append((log_id, index, PREFIX_SIZE + length))
+        offset += PREFIX_SIZE + length
+    return heads
+
+
 @dataclass(frozen=True, slots=True)
 class ScanResult:
     records: list[Record]

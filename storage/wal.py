@@ -19,11 +19,14 @@ from __future__ import annotations
 from array import array
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import accumulate, compress
+from operator import add, ne
 from pathlib import Path
 from typing import NamedTuple
 
 from warren.storage import records
 from warren.storage.files import RealFiles
+from warren.storage.wal_heads import LogHeads, WalHeads
 
 WAL_DIR = "wal"
 SEGMENTS_DIR = "segments"
@@ -76,34 +79,17 @@ class Relocation:
 
 def _record_runs(data: memoryview, offsets: array, lengths: array, start: int, stop: int) -> list[memoryview]:
     """The records ``start..stop`` of ``data`` as slices, one per run of records
-    that lie back to back in the WAL file (most of a log's): nothing is copied."""
+    that lie back to back in the WAL file (most of a log's): nothing is copied.
+    The runs' breaks are found by C iterators, not a Python loop per record."""
+    ends = map(add, offsets[start:stop - 1], lengths[start:stop - 1])
+    breaks = compress(range(start + 1, stop), map(ne, ends, offsets[start + 1:stop]))
     pieces = []
-    run_start = offsets[start]
-    run_end = run_start + lengths[start]
-    for i in range(start + 1, stop):
-        offset = offsets[i]
-        if offset != run_end:
-            pieces.append(data[run_start:run_end])
-            run_start = offset
-        run_end = offset + lengths[i]
-    pieces.append(data[run_start:run_end])
+    run_start = start
+    for run_break in breaks:
+        pieces.append(data[offsets[run_start]:offsets[run_break - 1] + lengths[run_break - 1]])
+        run_start = run_break
+    pieces.append(data[offsets[run_start]:offsets[stop - 1] + lengths[stop - 1]])
     return pieces
-
-
-class _Picked:
-    """Records of one log picked from a WAL file: index, offset, length."""
-
-    __slots__ = ("indexes", "offsets", "lengths")
-
-    def __init__(self) -> None:
-        self.indexes = array("q")
-        self.offsets = array("q")
-        self.lengths = array("q")
-
-    def add(self, index: int, offset: int, length: int) -> None:
-        self.indexes.append(index)
-        self.offsets.append(offset)
-        self.lengths.append(length)
 
 
 # Called for every record recovered, segments first, then WAL files, in file order.
@@ -130,6 +116,8 @@ class LogStore:
         self._wal_number = 0
         self._wal = None
         self._old_wals: list[Path] = []
+        # per WAL file written in this run: where each log's records lie (storage/wal_heads.py)
+        self._heads: dict[Path, WalHeads] = {}
         # set when a failed batch could not be cut off: no more appends are accepted
         self._broken: OSError | None = None
         # read by the metrics endpoint on the loop while a rollover runs on a thread
@@ -201,6 +189,7 @@ class LogStore:
         self._wal_number += 1
         path = self.wal_dir / f"{self._wal_number:08d}.wal"
         self._wal = self.files.open_append(path)
+        self._heads[path] = WalHeads()
         self._wal.write(records.FILE_HEADER)
         self._wal.sync()
         self.files.sync_directory(self.wal_dir)
@@ -228,6 +217,14 @@ class LogStore:
         self.fsyncs += 1
         self.bytes_written += len(data)
         return self._wal.path, size_before
+
+    def note_written(self, path: Path, start: int, heads: list[tuple[int, int, int]]) -> None:
+        """The batch `write_batch` wrote at `start` of `path` held records (log_id,
+        index, length) `heads`, in order: a rollover picks from these notes
+        instead of reading the file's heads back (storage/wal_heads.py)."""
+        noted = self._heads.get(path)
+        if noted is not None:
+            noted.note_batch(start, heads)
 
     def read_payload(self, location: Location) -> bytes:
         """The payload of the record at ``location`` (checked against its checksums)."""
@@ -271,7 +268,8 @@ class LogStore:
         old.close()
         self._open_new_wal()
         if first_batch:
-            self.write_batch(first_batch)
+            path, start = self.write_batch(first_batch)
+            self.note_written(path, start, records.heads_of_batch(first_batch))
 
     def move_to_segments(self, cursors: dict[int, int]) -> list[Relocation]:
         """Copy what is still needed from the old WAL files into segments. Returns
@@ -293,6 +291,7 @@ class LogStore:
         for path in done:
             self.files.remove(path)
             self.files.forget(path)
+            self._heads.pop(path, None)
         self.files.sync_directory(self.wal_dir)
         self._old_wals = [p for p in self._old_wals if p not in done]
         self.truncate_segments(cursors)
@@ -301,23 +300,16 @@ class LogStore:
 
     def _move_to_segments(self, wal_path: Path, cursors: dict[int, int], moved: list[Relocation]) -> None:
         data = self.files.read_bytes(wal_path)
-        heads, _ = records.scan_heads(data, str(wal_path))
-        # per log: where its needed records lie in this WAL file (arrays: a few bytes each)
-        by_log: dict[int, _Picked] = {}
-        for log_id, index, offset, length in heads:
-            cursor = cursors.get(log_id)
-            if cursor is None or index < cursor:
-                continue
-            picked = by_log.get(log_id)
-            if picked is None:
-                picked = by_log[log_id] = _Picked()
-            picked.add(index, offset, length)
-        del heads
+        noted = self._heads.get(wal_path)
+        if noted is not None and noted.complete(len(data)):
+            by_log = noted.pick(cursors)
+        else:   # a file recovered at start, or written past the notes: its heads are read back
+            by_log = _pick_by_scan(data, wal_path, cursors)
         view = memoryview(data)
         for log_id, picked in by_log.items():
             self._append_segment(log_id, view, picked, moved)
 
-    def _append_segment(self, log_id: int, data: memoryview, picked: "_Picked", moved: list[Relocation]) -> None:
+    def _append_segment(self, log_id: int, data: memoryview, picked: LogHeads, moved: list[Relocation]) -> None:
         """Copy the picked records (in index order) from ``data`` to the log's segments,
         their bytes unchanged (segments use the WAL's record format).
 
@@ -340,10 +332,8 @@ class LogStore:
                 current = SegmentFile(log_dir / f"{number:08d}.seg", indexes[start], indexes[start], 0)
             stop = min(len(indexes), start + self.segment_max_entries - current.entries)
             offset = self._write_segment(current, new_file, _record_runs(data, offsets, lengths, start, stop))
-            new_offsets = array("q")
-            for i in range(start, stop):
-                new_offsets.append(offset)
-                offset += lengths[i]
+            # back to back from `offset`, summed in C (a rollover may move millions of records)
+            new_offsets = array("q", accumulate(lengths[start:stop - 1], initial=offset))
             moved.append(Relocation(log_id, current.path, indexes[start:stop], new_offsets, lengths[start:stop]))
             if new_file:
                 files.append(current)
@@ -412,6 +402,21 @@ class LogStore:
         if self._wal is not None:
             self._wal.close()
             self._wal = None
+
+
+def _pick_by_scan(data: bytes, path: Path, cursors: dict[int, int]) -> dict[int, LogHeads]:
+    """Per live log, its records at or above its cursor, read from the file's heads."""
+    heads, _ = records.scan_heads(data, str(path))
+    by_log: dict[int, LogHeads] = {}
+    for log_id, index, offset, length in heads:
+        cursor = cursors.get(log_id)
+        if cursor is None or index < cursor:
+            continue
+        picked = by_log.get(log_id)
+        if picked is None:
+            picked = by_log[log_id] = LogHeads()
+        picked.add(index, offset, length)
+    return by_log
 
 
 def _visit_all(result: records.ScanResult, path: Path, visit: RecordVisitor) -> None:

@@ -19,6 +19,7 @@ import random
 from collections.abc import Callable
 from pathlib import Path
 
+from warren.storage import records
 from warren.storage.group_commit import BatchWritten
 from warren.storage.wal import LogStore
 
@@ -74,6 +75,7 @@ class SimCommitter:
             batch, data, count = self.handed.pop(0)
             try:
                 path, start = self.store.write_batch(data)
+                self.store.note_written(path, start, records.heads_of_batch(data))   # as GroupCommitter
             except OSError:
                 self.failed_batches += 1
                 for callback in self._callbacks.pop(batch, ()):
