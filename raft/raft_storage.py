@@ -209,6 +209,7 @@ class GroupStorage:
     locations: dict[int, Location] = field(default_factory=dict)
     hosted_at: int = 0   # the host's mark of what made it host this replica (GROUP record)
     me: str = ""         # this replica's member id, "" for the node's name (GROUP record)
+    pruned_below: int = 0   # no location below this is left (`prune_locations`)
 
     def records_for(self, item: PersistItem) -> list[bytes]:
         """The records for one group's Ready, in the order the core asks."""
@@ -233,10 +234,19 @@ class GroupStorage:
         return (self.snapshot.index if self.snapshot is not None else 0) + 1
 
     def prune_locations(self) -> None:
-        """Forget where the entries below the cursor lie (a rollover drops them)."""
+        """Forget where the entries below the cursor lie (a rollover drops them).
+        Only what fell below since the last prune is touched (each location is a cold
+        object on a big heap: looking at all of them cost a compaction milliseconds),
+        unless a far jump (a snapshot from the leader) makes one pass cheaper."""
         cursor = self.cursor()
-        if self.locations and min(self.locations) < cursor:
-            self.locations = {index: at for index, at in self.locations.items() if index >= cursor}
+        locations = self.locations
+        if cursor - self.pruned_below > len(locations):
+            if locations and min(locations) < cursor:
+                self.locations = {index: at for index, at in locations.items() if index >= cursor}
+        else:
+            for index in range(self.pruned_below, cursor):
+                locations.pop(index, None)
+        self.pruned_below = cursor
 
     def rollover_records(self) -> list[bytes]:
         """The group's control records for the start of a new WAL file, as

@@ -5,7 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from warren.raft.log import RaftLog
-from warren.raft.messages import Entry, EntryKind, Snapshot
+from warren.raft.messages import ConfigChange, ConfigChangeOp, Entry, EntryKind, Snapshot
 
 OPERATIONS = st.lists(st.tuples(st.sampled_from(["append", "commit", "apply", "compact", "persist"]),
                                 st.integers(0, 30), st.integers(1, 4)), max_size=60)
@@ -53,3 +53,50 @@ def check(log: RaftLog, model: list[tuple[int, bytes]]) -> None:
         sliced = log.slice(log.snapshot_index + 1, 0)
         assert len(sliced) == 1                       # at least one entry, even over the limit
     assert log.slice(log.snapshot_index, 1 << 20) is None if log.snapshot_index else True
+
+
+CONFIG_OPERATIONS = st.lists(st.tuples(st.sampled_from(["append", "append-config", "commit", "apply", "compact",
+                                                        "persist", "restore"]),
+                                       st.integers(0, 30), st.integers(1, 4)), max_size=60)
+
+
+def config_entry(term: int, index: int) -> Entry:
+    change = ConfigChange(ConfigChangeOp.ADD, f"n{index}", ("a", f"n{index}"))
+    return Entry(term, index, EntryKind.CONFIG, change.encode())
+
+
+@settings(max_examples=300, deadline=None)
+@given(CONFIG_OPERATIONS)
+def test_the_configuration_in_force_is_the_latest_config_entry_at_or_before_an_index(operations):
+    # config_at keeps the indexes of CONFIG entries instead of walking the log back: check it against a walk
+    log = RaftLog(Snapshot(0, 0, ("a",), b""), [], 0)
+    term = 1
+    for op, number, count in operations:
+        if op.startswith("append"):
+            term += 1
+            first = max(log.commit_index + 1, log.snapshot_index + 1, min(number, log.last_index() + 1))
+            make = config_entry if op == "append-config" else (
+                lambda t, i: Entry(t, i, EntryKind.NORMAL, b"%d" % i))
+            log.append([make(term, first + i) for i in range(count)])
+        elif op == "commit":
+            log.commit_to(min(number, log.last_index()))
+        elif op == "apply":
+            log.applied_index = max(log.applied_index, min(number, log.commit_index, log.stable_index))
+        elif op == "compact" and log.snapshot_index < log.applied_index:
+            index = log.applied_index
+            log.compact(Snapshot(index, log.term(index), log.config_at(index)[1], b""))
+        elif op == "persist" and log.entries:
+            log.stable_to(log.last_index(), log.last_term())
+        elif op == "restore" and number > log.commit_index:
+            log.restore(Snapshot(number, term, ("a", f"r{number}"), b""))
+            log.applied_index = number
+        for index in range(log.snapshot_index, log.last_index() + 3):
+            assert log.config_at(index) == walked_config_at(log, index), f"config_at({index})"
+
+
+def walked_config_at(log: RaftLog, index: int) -> tuple[int, tuple[str, ...]]:
+    for at in range(min(index, log.last_index()), log.snapshot_index, -1):
+        entry = log.entry(at)
+        if entry.kind == EntryKind.CONFIG:
+            return at, ConfigChange.decode(entry.data).voters
+    return log.snapshot_index, log.snapshot.voters
