@@ -32,6 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-id")
     p.add_argument("--heartbeat", type=float, default=0.25, help="WARREN_CLUSTER_HEARTBEAT_SECONDS")
     p.add_argument("--node-gone-seconds", type=float, default=5.0)
+    p.add_argument("--wal-max-bytes", type=int, default=0,
+                   help="WARREN_WAL_MAX_SIZE_BYTES of every node (0: the default); small makes rollovers frequent")
     p.add_argument("--warmup", type=float, default=5.0, help="seconds of load before the first fault")
     p.add_argument("--fault-min", type=float, default=3.0)
     p.add_argument("--fault-max", type=float, default=8.0)
