@@ -26,17 +26,23 @@ def test_the_log_behaves_like_a_list_with_a_compacted_prefix(operations):
             log.append(entries)
             del model[first - 1:]
             model += [(term, e.data) for e in entries]
-        elif op == "commit":
-            log.commit_to(min(number, log.last_index()))
-        elif op == "apply":
-            # entries are applied once persisted (persist, send, apply)
-            log.applied_index = max(log.applied_index, min(number, log.commit_index, log.stable_index))
-        elif op == "compact" and log.snapshot_index < log.applied_index:
-            index = log.applied_index
-            log.compact(Snapshot(index, log.term(index), ("a",), b""))
-        elif op == "persist" and log.entries:
-            log.stable_to(log.last_index(), log.last_term())
+        else:
+            step(log, op, number)
         check(log, model)
+
+
+def step(log: RaftLog, op: str, number: int) -> None:
+    """One of the operations other than an append."""
+    if op == "commit":
+        log.commit_to(min(number, log.last_index()))
+    elif op == "apply":
+        # entries are applied once persisted (persist, send, apply)
+        log.applied_index = max(log.applied_index, min(number, log.commit_index, log.stable_index))
+    elif op == "compact" and log.snapshot_index < log.applied_index:
+        index = log.applied_index
+        log.compact(Snapshot(index, log.term(index), log.config_at(index)[1], b""))
+    elif op == "persist" and log.entries:
+        log.stable_to(log.last_index(), log.last_term())
 
 
 def check(log: RaftLog, model: list[tuple[int, bytes]]) -> None:
@@ -78,18 +84,12 @@ def test_the_configuration_in_force_is_the_latest_config_entry_at_or_before_an_i
             make = config_entry if op == "append-config" else (
                 lambda t, i: Entry(t, i, EntryKind.NORMAL, b"%d" % i))
             log.append([make(term, first + i) for i in range(count)])
-        elif op == "commit":
-            log.commit_to(min(number, log.last_index()))
-        elif op == "apply":
-            log.applied_index = max(log.applied_index, min(number, log.commit_index, log.stable_index))
-        elif op == "compact" and log.snapshot_index < log.applied_index:
-            index = log.applied_index
-            log.compact(Snapshot(index, log.term(index), log.config_at(index)[1], b""))
-        elif op == "persist" and log.entries:
-            log.stable_to(log.last_index(), log.last_term())
-        elif op == "restore" and number > log.commit_index:
-            log.restore(Snapshot(number, term, ("a", f"r{number}"), b""))
-            log.applied_index = number
+        elif op == "restore":
+            if number > log.commit_index:
+                log.restore(Snapshot(number, term, ("a", f"r{number}"), b""))
+                log.applied_index = number
+        else:
+            step(log, op, number)
         for index in range(log.snapshot_index, log.last_index() + 3):
             assert log.config_at(index) == walked_config_at(log, index), f"config_at({index})"
 
