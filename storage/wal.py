@@ -24,9 +24,13 @@ from operator import add, ne
 from pathlib import Path
 from typing import NamedTuple
 
+import structlog
+
 from warren.storage import records
 from warren.storage.files import RealFiles
 from warren.storage.wal_heads import LogHeads, WalHeads
+
+log = structlog.get_logger("warren.storage")
 
 WAL_DIR = "wal"
 SEGMENTS_DIR = "segments"
@@ -223,8 +227,13 @@ class LogStore:
         index, length) `heads`, in order: a rollover picks from these notes
         instead of reading the file's heads back (storage/wal_heads.py)."""
         noted = self._heads.get(path)
-        if noted is not None:
+        if noted is None:
+            return
+        try:
             noted.note_batch(start, heads)
+        except Exception:   # noqa: BLE001 -- a bad note must not keep the batch's confirms back
+            noted.covered = -1   # so its rollover reads the file's heads back instead
+            log.exception("wal.heads_note_failed", path=str(path))
 
     def read_payload(self, location: Location) -> bytes:
         """The payload of the record at ``location`` (checked against its checksums)."""

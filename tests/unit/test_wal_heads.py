@@ -130,3 +130,12 @@ async def test_the_group_committer_notes_every_batch_so_its_rollovers_read_nothi
     assert store.rollovers >= 3
     store.close()
     assert set(range(cursor["at"], 301)) <= {index for _, index in recovered_payloads(tmp_path)}
+
+
+def test_a_note_that_fails_leaves_the_file_to_be_read_back(tmp_path):
+    store, written = filled_store(tmp_path)
+    store.note_written(store.wal_path, store.wal_size_bytes, [(1, "not an index", 10)])   # cannot be taken
+    assert not store._heads[store.wal_path].complete(store.wal_size_bytes)
+    store.rollover({1: 11})
+    store.close()
+    assert recovered_payloads(tmp_path) == {key: value for key, value in written.items() if key[1] >= 11}
