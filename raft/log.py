@@ -52,6 +52,8 @@ class RaftLog:
         # force without walking the log (a walk touches every entry since the snapshot, and on a
         # big heap each cold entry costs microseconds: a compaction stalled the loop for ~10 ms)
         self.config_indexes: list[int] = [entry.index for entry in self.entries if entry.kind == EntryKind.CONFIG]
+        # what the last compaction dropped, for the host to free at leisure (`take_dropped`, raft/released.py)
+        self.dropped: list[Entry] | None = None
 
     # --- reading -----------------------------------------------------------------
 
@@ -193,9 +195,21 @@ class RaftLog:
         assert snapshot.index <= self.stable_index, "compacting entries not yet persisted"
         assert snapshot.index > self.snapshot.index, "compacting backwards"
         assert self.term(snapshot.index) == snapshot.term
-        del self.entries[:snapshot.index - self.snapshot.index]
+        # The kept (recent) entries are copied out and cut off the old list, which is left
+        # holding only the dropped (cold) ones, untouched, for the host to free in pieces
+        # (a later compaction's replaces it).
+        dropped = self.entries
+        kept_from = snapshot.index - self.snapshot.index
+        self.entries = dropped[kept_from:]
+        del dropped[kept_from:]
+        self.dropped = dropped
         del self.config_indexes[:bisect_right(self.config_indexes, snapshot.index)]
         self.snapshot = snapshot
+
+    def take_dropped(self) -> list[Entry] | None:
+        """The list the last compaction left (it holds the dropped entries), once."""
+        dropped, self.dropped = self.dropped, None
+        return dropped
 
     def evict(self, through: int) -> int:
         """Drop from memory the data of the NORMAL entries up to `through`

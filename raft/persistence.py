@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING
 from warren.raft.group import GroupId, PersistItem
 from warren.raft.messages import Snapshot
 from warren.raft.raft_storage import GroupStorage, snapshot_record
+from warren.raft.released import Released
 
 if TYPE_CHECKING:
     from warren.raft.entry_locations import EntryLocations
@@ -54,6 +55,7 @@ class RaftPersistence:
         self.locations = locations
         self.report_durable = report_durable
         self.request_turn = request_turn
+        self.released = Released()   # dropped entries and locations, freed at the end of turns
         self.system: RaftSystem | None = None
         self.awaited_batches: set[int] = set()
         # compact() calls made inside `apply`, carried out at the end of the turn: group -> (index, data)
@@ -134,7 +136,9 @@ class RaftPersistence:
         assert storage.snapshot is None or snapshot.index > storage.snapshot.index
         self.committer.append(snapshot_record(storage.log_id, snapshot))
         storage.snapshot = snapshot
-        storage.prune_locations()   # O(the log after the snapshot), amortised by the snapshot period
+        # what the compaction dropped is freed a piece per turn (raft/released.py)
+        self.released.drop_keys(storage.locations, storage.prune_locations())
+        self.released.add(self.system.groups[storage.group_id].raft.log.take_dropped())
 
     def run_deferred_compactions(self) -> None:
         """The `compact` calls made inside `apply`, now that the turn's
@@ -165,7 +169,8 @@ class RaftPersistence:
         cursors: dict[int, int] = {}
         encoded: list[bytes] = []
         for storage in self.groups.values():
-            storage.prune_locations()
+            for index in storage.prune_locations():
+                storage.locations.pop(index, None)
             cursors[storage.log_id] = storage.cursor()
             encoded.extend(storage.rollover_records())
         return cursors, b"".join(encoded)

@@ -233,20 +233,21 @@ class GroupStorage:
         """The WAL release cursor: entries below it are not needed any more."""
         return (self.snapshot.index if self.snapshot is not None else 0) + 1
 
-    def prune_locations(self) -> None:
+    def prune_locations(self) -> range:
         """Forget where the entries below the cursor lie (a rollover drops them).
-        Only what fell below since the last prune is touched (each location is a cold
-        object on a big heap: looking at all of them cost a compaction milliseconds),
-        unless a far jump (a snapshot from the leader) makes one pass cheaper."""
+        Returns the indexes whose locations the caller is to pop from `locations`
+        (at leisure: raft/released.py); only those that fell below since the last
+        prune, as each location is a cold object on a big heap, unless a far jump
+        (a snapshot from the leader) makes one pass over the map cheaper."""
         cursor = self.cursor()
         locations = self.locations
-        if cursor - self.pruned_below > len(locations):
+        below = range(self.pruned_below, cursor)
+        if len(below) > len(locations):
             if locations and min(locations) < cursor:
                 self.locations = {index: at for index, at in locations.items() if index >= cursor}
-        else:
-            for index in range(self.pruned_below, cursor):
-                locations.pop(index, None)
-        self.pruned_below = cursor
+            below = range(0)
+        self.pruned_below = max(cursor, self.pruned_below)
+        return below
 
     def rollover_records(self) -> list[bytes]:
         """The group's control records for the start of a new WAL file, as

@@ -500,6 +500,8 @@ class RaftRuntime:
                 self.persistence.run_deferred_compactions()
             if self.locations.applied_any:
                 self.locations.evict_applied(self.system.groups)
+            if self.persistence.released.pending:
+                self.persistence.released.free_some()
         except PersistFailed as error:   # the shared WAL lost a batch
             self.fail(error)
         except Exception as error:  # noqa: BLE001 -- no group owns it (those are contained): the node's
