@@ -414,18 +414,12 @@ class LogStore:
 
 
 def _pick_by_scan(data: bytes, path: Path, cursors: dict[int, int]) -> dict[int, LogHeads]:
-    """Per live log, its records at or above its cursor, read from the file's heads."""
+    """Per live log, its records at or above its cursor, read from the file's heads
+    (which lie back to back from the file header: noted as the writer notes them)."""
     heads, _ = records.scan_heads(data, str(path))
-    by_log: dict[int, LogHeads] = {}
-    for log_id, index, offset, length in heads:
-        cursor = cursors.get(log_id)
-        if cursor is None or index < cursor:
-            continue
-        picked = by_log.get(log_id)
-        if picked is None:
-            picked = by_log[log_id] = LogHeads()
-        picked.add(index, offset, length)
-    return by_log
+    read_back = WalHeads()
+    read_back.note_batch(records.FILE_HEADER_SIZE, [(log_id, index, length) for log_id, index, _, length in heads])
+    return read_back.pick(cursors)
 
 
 def _visit_all(result: records.ScanResult, path: Path, visit: RecordVisitor) -> None:
