@@ -11,7 +11,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from warren.storage import records, wal
-from warren.storage.group_commit import GroupCommitter
 from warren.storage.wal import LogStore
 
 LOGS = (0, 1, 2)
@@ -110,26 +109,6 @@ def test_a_file_written_past_its_notes_has_its_heads_read_back(tmp_path, monkeyp
     store.close()
     assert len(read_back) == 1
     assert recovered_payloads(tmp_path) == {key: value for key, value in written.items() if key[1] >= 11}
-
-
-async def test_the_group_committer_notes_every_batch_so_its_rollovers_read_nothing_back(tmp_path, monkeypatch):
-    store = LogStore(tmp_path, 4096, 8)
-    store.recover()
-    monkeypatch.setattr(records, "scan_heads", lambda *_: pytest.fail("the heads were read back"))
-    cursor = {"at": 1}
-    committer = GroupCommitter(store, lambda: ({1: cursor["at"]}, b""))
-    outcomes = []
-    for index in range(1, 301):
-        committer.when_durable(committer.append(records.encode(1, 1, index, b"m" * 40)), outcomes.append)
-        cursor["at"] = max(1, index - 20)
-        if index % 7 == 0:
-            await committer.drain()
-    await committer.drain()
-    committer.close()
-    assert outcomes == [True] * 300
-    assert store.rollovers >= 3
-    store.close()
-    assert set(range(cursor["at"], 301)) <= {index for _, index in recovered_payloads(tmp_path)}
 
 
 def test_a_note_that_fails_leaves_the_file_to_be_read_back(tmp_path):
