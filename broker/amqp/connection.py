@@ -53,6 +53,10 @@ _connection_ids = itertools.count(1)
 CLOSE_OK_TIMEOUT_SECONDS = 3.0
 # Frames held behind a channel's pending reply before the socket stops being read.
 HELD_EVENTS_MAX = 4096
+# Output of one turn beyond this goes to the socket at once, not at the turn's end:
+# a consumer then reads (and acks) the first deliveries of a long turn while the
+# rest are made, instead of a whole prefetch window at once and one ack for it.
+EARLY_FLUSH_BYTES = 64 * 1024
 
 
 class AMQPConnection(asyncio.Protocol):
@@ -70,6 +74,7 @@ class AMQPConnection(asyncio.Protocol):
         self.client_properties: dict = {}
         self.channels: dict[int, Channel] = {}
         self._out: list[bytes] = []
+        self._out_bytes = 0
         self._in_receive = False
         self._flush_scheduled = False
         self._confirm_channels: set[Channel] = set()
@@ -194,7 +199,10 @@ class AMQPConnection(asyncio.Protocol):
     # -- output -----------------------------------------------------------
     def write(self, data: bytes) -> None:
         self._out.append(data)
-        if not self._in_receive and not self._flush_scheduled:
+        self._out_bytes += len(data)
+        if self._out_bytes >= EARLY_FLUSH_BYTES:
+            self.flush()
+        elif not self._in_receive and not self._flush_scheduled:
             self._schedule_flush()
 
     def want_flush(self, channel: Channel) -> None:
@@ -220,10 +228,12 @@ class AMQPConnection(asyncio.Protocol):
         if self._out and self.transport is not None and not self.transport.is_closing():
             data = b"".join(self._out) if len(self._out) > 1 else self._out[0]
             self._out.clear()
+            self._out_bytes = 0
             self._wrote_since_tick = True
             self.transport.write(data)
         else:
             self._out.clear()
+            self._out_bytes = 0
 
     def _write_now(self, data: bytes) -> None:
         self._out.append(data)
