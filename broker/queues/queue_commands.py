@@ -206,7 +206,10 @@ FROM_LIVE_OWNERS: tuple[type, ...] = (Enqueue, EnqueueBatch, Checkout, Dequeue)
 
 
 # -- effects ---------------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
+# Delivery and Applied are made once per message, so they are not frozen: a frozen
+# dataclass's __init__ (object.__setattr__ per field) costs 0.8 µs against 0.2.
+# Nothing changes an effect after it is made.
+@dataclass(slots=True)
 class Delivery:
     """A message to a consumer. The payload is a reference into the log (an int, see
     quorum_machine.ref_location) or, in a replica without a log, the message itself."""
@@ -219,7 +222,7 @@ class Delivery:
     delivery_count: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Applied:
     """An enqueue was applied (or was a duplicate of one): the publisher's confirm."""
     TAG: ClassVar[int] = 65
