@@ -128,6 +128,16 @@ def test_help_and_version(tmp_path):
     assert version.returncode == 0 and version.stdout.strip(), f"--version: {version.stdout!r} {version.stderr!r}"
 
 
+def test_the_server_process_runs_with_huge_pages_for_malloc_under_the_pid_it_started_with(server):
+    """warren-server executes itself again with glibc's huge-page tunable
+    (broker/node/malloc_tuning.py): same pid, so a supervisor keeps track of it."""
+    pid = server.process.pid
+    environ = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+    tunables = [item for item in environ if item.startswith(b"GLIBC_TUNABLES=")]
+    assert tunables == [b"GLIBC_TUNABLES=glibc.malloc.hugetlb=1"], (
+        f"the server (pid {pid}, listening) should run with glibc.malloc.hugetlb=1, has {tunables}")
+
+
 def test_port_already_in_use_fails_with_a_message(tmp_path, server):
     env = make_server(tmp_path, WARREN_AMQP_PORT=str(server.amqp_port)).env
     result = run_broker(env)
