@@ -1,9 +1,10 @@
 """Transparent huge pages for the node's larger allocations.
 
 A node's working set is large and touched at random: the queue machine's
-message table, the Raft logs' location maps, the bodies of a backlog. In a
-virtual machine a TLB miss costs a walk of two page tables, and with 4 KiB
-pages nearly every touch of an object allocated a while ago misses. glibc
+message table, the Raft logs' location maps, the bodies of a backlog. On the
+machine we measure on (a VM), touching an object allocated a second earlier
+costs microseconds once the node has done heavy work; TLB misses, each a walk
+of the guest's and the host's page tables, are the likely reason. glibc
 (2.35 and later) backs its malloc heap with transparent huge pages when the
 tunable ``glibc.malloc.hugetlb=1`` is set; Python's own small-object
 allocator is left as it is, so memory per message does not change. The
