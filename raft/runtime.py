@@ -467,10 +467,14 @@ class RaftRuntime:
         parts = self.take_host_parts() if self.take_host_parts is not None else {}
         raft, self.raft_outbox = self.raft_outbox, {}
         for peer, frame in frames.assemble(raft, parts):
-            self.frames_sent += 1
-            self.host_frames += frames.has_host_parts(frame)
-            if self.transport is None or not self.transport.send(peer, frame):
-                self.frames_dropped += 1
+            self.send_frame(peer, frame)
+
+    def send_frame(self, peer: str, frame: dict, now: bool = False) -> None:
+        """One frame to `peer`; `now`: written at once, not at the end of the loop's callback."""
+        self.frames_sent += 1
+        self.host_frames += frames.has_host_parts(frame)
+        if self.transport is None or not self.transport.send(peer, frame, now):
+            self.frames_dropped += 1
 
     # --- turns (raft/turns.py) ---------------------------------------------------------------------
 

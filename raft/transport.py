@@ -361,10 +361,10 @@ class ClusterTransport:
                 self._dialers.append(asyncio.create_task(self._dial_forever(name), name=f"cluster-dial-{name}"))
         self._tick = loop.call_later(self.limits.heartbeat_seconds, self._on_tick)
 
-    def send(self, peer_name: str, frame_obj: Any) -> bool:
-        """Queue a msgpack-able object for the peer; False if dropped (not
-        connected, queue full, or over the frame limit). TypeError if the
-        object cannot be encoded: that is the caller's bug."""
+    def send(self, peer_name: str, frame_obj: Any, now: bool = False) -> bool:
+        """Queue a msgpack-able object for the peer (`now`: and write what is queued
+        at once); False if dropped (not connected, queue full, or over the frame
+        limit). TypeError if the object cannot be encoded: that is the caller's bug."""
         link = self._links.get(peer_name)
         if link is None:
             return False
@@ -376,6 +376,8 @@ class ClusterTransport:
         if not link.enqueue(frame):
             return False
         link.sent_since_tick = True
+        if now:
+            link.flush()
         return True
 
     def connected_peers(self) -> set[str]:

@@ -69,6 +69,10 @@ log = structlog.get_logger("warren.cluster")
 
 STARTUP_APPLY_SECONDS = 10.0
 STARTUP_LINKS_SECONDS = 2.0
+# A turn's deliveries to a peer leave in frames of this size as they are made (_maybe_early_frame).
+EARLY_FRAME_BYTES = 64 * 1024
+DELIVER_BODY = 9
+DELIVER_OVERHEAD_BYTES = 96   # a delivery's fields beside its body, roughly, in msgpack
 
 
 class NodeRuntime(RaftRuntime):
@@ -138,6 +142,7 @@ class Cluster:
         # queue groups' snapshots and committed entries recovered before the metadata entry
         # declaring the queue is re-applied: the replica takes them when the queue is made
         self.early_snapshots: dict[str, Snapshot] = {}
+        self.early_frame_bytes: dict[str, int] = {}   # peer -> bodies of deliveries held for it this turn
         self.early_entries: dict[str, list[Entry]] = {}
 
     # the core's state that the queue shell reads
@@ -234,6 +239,7 @@ class Cluster:
     def host_parts(self) -> dict[str, dict[str, list]]:
         """The end of the runtime's turn: the core's messages and the shard link's, per peer,
         to go with Raft's in one frame per peer (raft/frames.py)."""
+        self.early_frame_bytes.clear()
         parts = {HOST_PART: self._input().end_turn()}
         link = self.broker.shard_link
         if link is not None and link.outbox:
@@ -289,7 +295,24 @@ class Cluster:
 
     def app_send(self, peer: str, message: list) -> None:
         self.core.send(peer, message)
+        if message[0] == DELIVER and self.runtime.turns.in_turn:
+            self._maybe_early_frame(peer, len(message[DELIVER_BODY]) + DELIVER_OVERHEAD_BYTES)
         self.after_input()
+
+    def _maybe_early_frame(self, peer: str, size: int) -> None:
+        """A turn that delivers a consumer's window to another node sends it in frames of
+        EARLY_FRAME_BYTES as it is made, not all at the turn's end: the peer hands the
+        first deliveries to its client while this turn makes the rest (as
+        AMQPConnection.write does for a local consumer), so the window's acks come back
+        spread out instead of as one wave."""
+        held = self.early_frame_bytes.get(peer, 0) + size
+        if held < EARLY_FRAME_BYTES:
+            self.early_frame_bytes[peer] = held
+            return
+        self.early_frame_bytes.pop(peer, None)
+        messages = self.core.take_messages_for(peer)
+        if messages:
+            self.runtime.send_frame(peer, {HOST_PART: messages}, now=True)
 
     def running_peers(self) -> list[str]:
         """The other nodes whose link is up."""

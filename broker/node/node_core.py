@@ -316,6 +316,10 @@ class NodeCore:
     def send(self, peer: str, message: list) -> None:
         self.outbox.setdefault(peer, []).append(message)
 
+    def take_messages_for(self, peer: str) -> list[list]:
+        """The messages held for `peer` so far this turn, to go now (in order, before the rest)."""
+        return self.outbox.pop(peer, [])
+
     @property
     def has_output(self) -> bool:
         return bool(self.outbox) or self._meta_applied_noted or bool(self.membership and self.membership.due)

@@ -119,6 +119,19 @@ class CountingTransport:
         return getattr(self.inner, name)
 
 
+@contextlib.asynccontextmanager
+async def two_nodes_counting_writes():
+    """n1 and n2 linked, n1's writes to n2 counted: (n1, n2, the counter)."""
+    config = members("n1", "n2")
+    a, b = (Node(m.name, config) for m in config)
+    async with running(a, b):
+        await cluster_up([a, b])
+        link = a.transport._links["n2"]
+        counter = CountingTransport(link.transport)
+        link.transport = counter
+        yield a, b, counter
+
+
 # --- the tests ---------------------------------------------------------------------
 
 async def test_all_pairs_connect_and_frames_arrive_in_order_per_pair():
@@ -145,13 +158,7 @@ async def test_all_pairs_connect_and_frames_arrive_in_order_per_pair():
 
 
 async def test_many_frames_in_one_turn_are_one_write_and_all_arrive():
-    config = members("n1", "n2")
-    a, b = (Node(m.name, config) for m in config)
-    async with running(a, b):
-        await cluster_up([a, b])
-        link = a.transport._links["n2"]
-        counter = CountingTransport(link.transport)
-        link.transport = counter
+    async with two_nodes_counting_writes() as (a, b, counter):
         frame_count = 5000
         assert all(a.transport.send("n2", ["seq", i]) for i in range(frame_count))
         assert counter.writes == [], "nothing is written before the turn ends"
@@ -159,6 +166,17 @@ async def test_many_frames_in_one_turn_are_one_write_and_all_arrive():
         assert len(counter.writes) == 1, f"one write per turn, got {len(counter.writes)}"
         await until(lambda: len(b.frames["n1"]) == frame_count, "all frames of the turn")
         assert [f[1] for f in b.frames["n1"]] == list(range(frame_count))
+
+
+async def test_a_frame_sent_now_is_written_at_once_with_what_was_queued_before_it():
+    async with two_nodes_counting_writes() as (a, b, counter):
+        assert a.transport.send("n2", ["seq", 0]) and a.transport.send("n2", ["seq", 1], now=True)
+        assert len(counter.writes) == 1, "written in the same callback, the queued frame with it"
+        assert a.transport.send("n2", ["seq", 2])
+        assert len(counter.writes) == 1, "the next frame waits for the turn's end again"
+        await until(lambda: len(b.frames["n1"]) == 3, "all three frames")
+        assert [f[1] for f in b.frames["n1"]] == [0, 1, 2]
+        assert len(counter.writes) == 2
 
 
 async def test_outbound_queue_is_bounded_and_send_drops_when_full_or_not_connected():

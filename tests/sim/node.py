@@ -90,8 +90,8 @@ class SimTransport:
         self.node = node
         self.peers = set(peers)
 
-    def send(self, peer: str, frame: Any) -> bool:
-        return self.network.send(self.node, peer, frame)
+    def send(self, peer: str, frame: Any, now: bool = False) -> bool:
+        return self.network.send(self.node, peer, frame)   # `now`: the simulated network has no loop turn to wait for
 
     def connected_peers(self) -> list[str]:
         return [peer for peer in sorted(self.peers) if self.network.linked(self.node, peer)]

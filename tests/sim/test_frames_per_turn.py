@@ -16,13 +16,13 @@ def count_frames(monkeypatch, scenario: str, seed: int) -> tuple[World, Counter,
     worlds: list[World] = []
     send = SimTransport.send
 
-    def counted(self, peer, frame):
+    def counted(self, peer, frame, now=False):
         node = worlds[0].nodes[self.node]
         turns = node.cluster.runtime.turns
         assert turns.in_turn, f"{self.node} sent a frame to {peer} outside a Raft turn"
         per_turn[(self.node, node.incarnations, peer, turns.turns_run)] += 1
         carrying[tuple(sorted(frame))] += 1
-        return send(self, peer, frame)
+        return send(self, peer, frame, now)
     monkeypatch.setattr(SimTransport, "send", counted)
     worlds.append(World(SCENARIOS[scenario], seed))
     return worlds[0].run(), per_turn, carrying
