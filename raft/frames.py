@@ -10,7 +10,10 @@ with one `send`:
 
     {"r": [raft item, ...], "a": [host message, ...], "s": [...]}
 
-a key left out when it has nothing. A receiver steps the Raft items first,
+a key left out when it has nothing. (One exception: a turn that delivers a
+consumer's window to a peer sends those host messages ahead, in frames of
+their own as they are made: broker/node/cluster.py, `_maybe_early_frame`.)
+A receiver steps the Raft items first,
 then hands the frame to the host for the rest: the order the sender made
 them in (its Raft frame went out before its host frame when they were two).
 Nodes of one cluster run one version: no other form is read.
