@@ -86,7 +86,7 @@ class QueueLimits:
 @dataclass(slots=True)
 class FifoState:
     limits: QueueLimits = field(default_factory=QueueLimits)
-    messages: dict[int, tuple[Any, int]] = field(default_factory=dict)
+    messages: dict[int, Any] = field(default_factory=dict)   # msg_id -> `packed(payload, size)`
     delivery_counts: dict[int, int] = field(default_factory=dict)
     ready: deque[int] = field(default_factory=deque)
     returns: list[int] = field(default_factory=list)
@@ -124,6 +124,36 @@ def apply(command: Any, state: FifoState) -> tuple[Any, list]:
     return handler(command, state, effects), effects
 
 
+# A message is kept in `FifoState.messages` as one int, `payload << SIZE_BITS | size`, when its
+# payload is a replicated queue's reference (an int): a dict that only ever held ints is never
+# tracked by the cyclic collector, which otherwise walks the whole table in every collection
+# of its generation, a pause that grows with the queue (docs/performance.md). Any other
+# payload (a transient queue's message itself) as the tuple (payload, size).
+SIZE_BITS = 40
+SIZE_MASK = (1 << SIZE_BITS) - 1
+
+
+def packed(payload: Any, size: int) -> Any:
+    if type(payload) is int and payload >= 0 and 0 <= size <= SIZE_MASK:
+        return payload << SIZE_BITS | size
+    return (payload, size)
+
+
+def unpacked(held: Any) -> tuple[Any, int]:
+    """(payload, size) of a message as the table holds it."""
+    return (held >> SIZE_BITS, held & SIZE_MASK) if type(held) is int else held
+
+
+def payload_of(state: FifoState, msg_id: int) -> Any:
+    held = state.messages[msg_id]
+    return held >> SIZE_BITS if type(held) is int else held[0]
+
+
+def size_of(state: FifoState, msg_id: int) -> int:
+    held = state.messages[msg_id]
+    return held & SIZE_MASK if type(held) is int else held[1]
+
+
 def enqueue(state: FifoState, msg_id: int, now_ms: int, payload: Any, size: int, ttl_ms: int | None,
             priority: int, effects: list) -> bool:
     """One message, as its enqueuer's session releases it (a function, not a
@@ -135,7 +165,7 @@ def enqueue(state: FifoState, msg_id: int, now_ms: int, payload: Any, size: int,
         if limits.overflow == REJECT_PUBLISH_DLX:
             effects.append(DeadLettered("maxlen", (payload,)))
         return False
-    state.messages[msg_id] = (payload, size)
+    state.messages[msg_id] = packed(payload, size)
     ttl = effective_ttl(limits.message_ttl_ms, ttl_ms)
     if ttl is not None:
         state.expiries[msg_id] = state.now_ms + ttl
@@ -164,7 +194,7 @@ def restore(state: FifoState, messages: list[tuple[int, Any, int]], priorities: 
     assert state.limits.max_length is None and state.limits.max_length_bytes is None
     assert not state.consumers, "restore before any consumer attaches"
     for msg_id, payload, size in messages:
-        state.messages[msg_id] = (payload, size)
+        state.messages[msg_id] = packed(payload, size)
         state.ready_bytes += size
         state.message_bytes += size
     max_priority = state.limits.max_priority
@@ -182,8 +212,8 @@ def drop_ready(state: FifoState, doomed: Callable[[Any], bool]) -> int:
     """Remove every ready message whose payload is `doomed` (a restarted
     node's transient messages); checked-out ones stay with their consumers.
     Returns how many went."""
-    gone = [msg_id for msg_id in state.ready if doomed(state.messages[msg_id][0])]
-    gone += [key & MSG_ID_MASK for key in state.returns if doomed(state.messages[key & MSG_ID_MASK][0])]
+    gone = [msg_id for msg_id in state.ready if doomed(payload_of(state, msg_id))]
+    gone += [key & MSG_ID_MASK for key in state.returns if doomed(payload_of(state, key & MSG_ID_MASK))]
     if not gone:
         return 0
     doomed_ids = set(gone)
@@ -191,7 +221,7 @@ def drop_ready(state: FifoState, doomed: Callable[[Any], bool]) -> int:
     state.returns = [key for key in state.returns if key & MSG_ID_MASK not in doomed_ids]
     heapq.heapify(state.returns)
     for msg_id in gone:
-        state.ready_bytes -= state.messages[msg_id][1]
+        state.ready_bytes -= size_of(state, msg_id)
         _forget(state, msg_id)
     return len(gone)
 
@@ -255,7 +285,7 @@ def _expire_heads(state: FifoState, effects: list) -> None:
 
 def _forget(state: FifoState, msg_id: int) -> Any:
     """Remove a message for good; returns its payload."""
-    payload, size = state.messages.pop(msg_id)
+    payload, size = unpacked(state.messages.pop(msg_id))
     state.message_bytes -= size
     if state.expiries:
         state.expiries.pop(msg_id, None)
@@ -268,13 +298,12 @@ def _forget(state: FifoState, msg_id: int) -> Any:
 
 def _take_next(state: FifoState) -> int:
     msg_id = heapq.heappop(state.returns) & MSG_ID_MASK if state.returns else state.ready.popleft()
-    state.ready_bytes -= state.messages[msg_id][1]
+    state.ready_bytes -= size_of(state, msg_id)
     return msg_id
 
 
 def _service(state: FifoState, effects: list) -> None:
     """Hand ready messages to consumers with credit, by priority, round-robin."""
-    messages = state.messages
     counts = state.delivery_counts
     while state.ready or state.returns:
         if state.expiries:
@@ -286,7 +315,7 @@ def _service(state: FifoState, effects: list) -> None:
             return
         consumer = state.consumers[consumer_id]
         msg_id = _take_next(state)
-        payload = messages[msg_id][0]
+        payload = payload_of(state, msg_id)
         delivery_count = counts.get(msg_id, 0)
         seq = consumer.last_seq = consumer.last_seq + 1
         if consumer.no_ack:
@@ -455,7 +484,7 @@ def _requeue(state: FifoState, consumer: ConsumerState, msg_ids, effects: list) 
             over_limit.append(_forget(state, msg_id))
             continue
         heapq.heappush(state.returns, _heap_key(state, msg_id))
-        state.ready_bytes += state.messages[msg_id][1]
+        state.ready_bytes += size_of(state, msg_id)
     if over_limit:
         effects.append(DeadLettered("delivery_limit", tuple(over_limit)))
 
@@ -481,7 +510,7 @@ def _on_dequeue(command: qc.Dequeue, state: FifoState, effects: list) -> Dequeue
     if not state.ready_count:
         return None
     msg_id = _take_next(state)
-    payload = state.messages[msg_id][0]
+    payload = payload_of(state, msg_id)
     delivery_count = state.delivery_counts.get(msg_id, 0)
     if command.no_ack:
         _forget(state, msg_id)

@@ -210,9 +210,9 @@ class QuorumMachine:
         late = self._late if self._late is not None else self._find_late()
         self._late = late = {msg_id for msg_id in late if msg_id in messages}
         first = next(iter(messages.values()), None)
-        refs = [messages[msg_id][0] for msg_id in late]
+        refs = [fifo.payload_of(self._fifo, msg_id) for msg_id in late]
         if first is not None:
-            refs.append(first[0])
+            refs.append(fifo.unpacked(first)[0])
         refs += [m[1] for session in self._sessions.values() for m in session.held.values()]
         indexes = [ref_location(ref)[0] for ref in refs if type(ref) is int]
         return min(indexes) if indexes else None
@@ -229,8 +229,8 @@ class QuorumMachine:
 
     def _find_late(self) -> set[int]:
         self._late, self._max_ref_index = set(), 0
-        for msg_id, (payload, _) in self._fifo.messages.items():
-            self._note_enqueued(msg_id, payload)
+        for msg_id, held in self._fifo.messages.items():
+            self._note_enqueued(msg_id, fifo.unpacked(held)[0])
         return self._late
 
     def checked_out_deliveries(self) -> list[Delivery]:
@@ -258,7 +258,7 @@ class QuorumMachine:
         return None if state is None else state.last_seq
 
     def _delivery(self, consumer: tuple, msg_id: int, seq: int) -> Delivery:
-        payload = self._fifo.messages[msg_id][0]
+        payload = fifo.payload_of(self._fifo, msg_id)
         count = self._fifo.delivery_counts.get(msg_id, 0)
         return Delivery(consumer, seq, msg_id, payload, count > 0, count)
 

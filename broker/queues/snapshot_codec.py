@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections import deque
-from operator import itemgetter
 from typing import Any
 
 from warren.broker.queues import fifo
@@ -32,24 +31,32 @@ def int_map_from(wire: list) -> dict[int, int]:
 
 
 # -- the message table ---------------------------------------------------------------------
-def _messages_to_wire(messages: dict[int, tuple[Any, int]]) -> list:
+def _messages_to_wire(messages: dict[int, Any]) -> list:
     """[ids, refs, sizes, inline]: columns in the dict's order; an inline
     payload (no log) is [position, list(payload)] in `inline`, 0 in refs."""
-    values = messages.values()
-    refs: list[Any] = list(map(itemgetter(0), values))
+    values = list(messages.values())
     inline: list[list] = []
-    if set(map(type, refs)) - {int}:   # a C-level look first: inline payloads are rare
+    if set(map(type, values)) - {int}:   # a C-level look first: inline payloads are rare
+        pairs = list(map(fifo.unpacked, values))
+        refs: list[Any] = [payload for payload, _ in pairs]
+        sizes = [size for _, size in pairs]
         inline = [[position, list(payload)] for position, payload in enumerate(refs) if type(payload) is not int]
         for position, _ in inline:
             refs[position] = 0
-    return [list(messages.keys()), refs, list(map(itemgetter(1), values)), inline]
+    else:
+        refs = [held >> fifo.SIZE_BITS for held in values]
+        sizes = [held & fifo.SIZE_MASK for held in values]
+    return [list(messages.keys()), refs, sizes, inline]
 
 
-def _messages_from_wire(wire: list) -> dict[int, tuple[Any, int]]:
+def _messages_from_wire(wire: list) -> dict[int, Any]:
     ids, refs, sizes, inline = wire
-    messages = dict(zip(ids, zip(refs, sizes)))
+    if refs and (set(map(type, refs)) - {int} or min(refs) < 0 or max(sizes) > fifo.SIZE_MASK):
+        messages = {msg_id: fifo.packed(ref, size) for msg_id, ref, size in zip(ids, refs, sizes)}
+    else:
+        messages = dict(zip(ids, [ref << fifo.SIZE_BITS | size for ref, size in zip(refs, sizes)]))
     for position, payload in inline:   # the key is there already: its place is kept
-        messages[ids[position]] = (tuple(payload), sizes[position])
+        messages[ids[position]] = fifo.packed(tuple(payload), sizes[position])
     return messages
 
 
@@ -83,7 +90,7 @@ def fifo_from_wire(wire: list, version: int) -> fifo.FifoState:
      consumers, service) = wire
     state = fifo.FifoState(limits=fifo.QueueLimits(**limits))
     if version == 2:
-        state.messages = {msg_id: (payload if type(payload) is int else tuple(payload), size)
+        state.messages = {msg_id: fifo.packed(payload if type(payload) is int else tuple(payload), size)
                           for msg_id, payload, size in messages}
         state.delivery_counts, state.expiries, state.message_priorities = dict(counts), dict(expiries), dict(priorities)
     else:

@@ -18,7 +18,7 @@ from warren.broker.queues.quorum_machine import QuorumMachine
 
 def oldest_ref_index_by_scan(machine: QuorumMachine) -> int | None:
     """The definition: the lowest log index any message kept (or held) refers to."""
-    refs = [payload for payload, _ in machine.state.messages.values()]
+    refs = [fifo.unpacked(held)[0] for held in machine.state.messages.values()]
     refs += [message[1] for session in machine._sessions.values() for message in session.held.values()]
     return min((qm.ref_location(ref)[0] for ref in refs if type(ref) is int), default=None)
 
