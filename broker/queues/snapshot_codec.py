@@ -51,7 +51,7 @@ def _messages_to_wire(messages: dict[int, Any]) -> list:
 
 def _messages_from_wire(wire: list) -> dict[int, Any]:
     ids, refs, sizes, inline = wire
-    if refs and (set(map(type, refs)) - {int} or min(refs) < 0 or max(sizes) > fifo.SIZE_MASK):
+    if refs and (set(map(type, refs)) - {int} or min(refs) < 0 or min(sizes) < 0 or max(sizes) > fifo.SIZE_MASK):
         messages = {msg_id: fifo.packed(ref, size) for msg_id, ref, size in zip(ids, refs, sizes)}
     else:
         messages = dict(zip(ids, [ref << fifo.SIZE_BITS | size for ref, size in zip(refs, sizes)]))
