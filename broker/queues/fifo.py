@@ -154,6 +154,24 @@ def size_of(state: FifoState, msg_id: int) -> int:
     return held & SIZE_MASK if type(held) is int else held[1]
 
 
+def packed_table(ids: list[int], payloads: list[Any], sizes: list[int]) -> dict[int, Any]:
+    """The message table from columns (a snapshot's), as `packed` makes it one message at
+    a time; in C-level loops when every message packs into an int (the usual case)."""
+    if (payloads and not set(map(type, payloads)) - {int} and min(payloads) >= 0
+            and min(sizes) >= 0 and max(sizes) <= SIZE_MASK):
+        return dict(zip(ids, [payload << SIZE_BITS | size for payload, size in zip(payloads, sizes)]))
+    return {msg_id: packed(payload, size) for msg_id, payload, size in zip(ids, payloads, sizes)}
+
+
+def table_columns(messages: dict[int, Any]) -> tuple[list[Any], list[int]]:
+    """(payloads, sizes) of the message table, in its order: `unpacked` for every message."""
+    values = list(messages.values())
+    if set(map(type, values)) - {int}:   # a C-level look first: tuples (a transient queue's) are rare
+        pairs = list(map(unpacked, values))
+        return [payload for payload, _ in pairs], [size for _, size in pairs]
+    return [held >> SIZE_BITS for held in values], [held & SIZE_MASK for held in values]
+
+
 def enqueue(state: FifoState, msg_id: int, now_ms: int, payload: Any, size: int, ttl_ms: int | None,
             priority: int, effects: list) -> bool:
     """One message, as its enqueuer's session releases it (a function, not a

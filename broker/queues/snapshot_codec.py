@@ -34,27 +34,18 @@ def int_map_from(wire: list) -> dict[int, int]:
 def _messages_to_wire(messages: dict[int, Any]) -> list:
     """[ids, refs, sizes, inline]: columns in the dict's order; an inline
     payload (no log) is [position, list(payload)] in `inline`, 0 in refs."""
-    values = list(messages.values())
+    refs, sizes = fifo.table_columns(messages)
     inline: list[list] = []
-    if set(map(type, values)) - {int}:   # a C-level look first: inline payloads are rare
-        pairs = list(map(fifo.unpacked, values))
-        refs: list[Any] = [payload for payload, _ in pairs]
-        sizes = [size for _, size in pairs]
+    if set(map(type, refs)) - {int}:   # a C-level look first: inline payloads are rare
         inline = [[position, list(payload)] for position, payload in enumerate(refs) if type(payload) is not int]
         for position, _ in inline:
             refs[position] = 0
-    else:
-        refs = [held >> fifo.SIZE_BITS for held in values]
-        sizes = [held & fifo.SIZE_MASK for held in values]
     return [list(messages.keys()), refs, sizes, inline]
 
 
 def _messages_from_wire(wire: list) -> dict[int, Any]:
     ids, refs, sizes, inline = wire
-    if refs and (set(map(type, refs)) - {int} or min(refs) < 0 or min(sizes) < 0 or max(sizes) > fifo.SIZE_MASK):
-        messages = {msg_id: fifo.packed(ref, size) for msg_id, ref, size in zip(ids, refs, sizes)}
-    else:
-        messages = dict(zip(ids, [ref << fifo.SIZE_BITS | size for ref, size in zip(refs, sizes)]))
+    messages = fifo.packed_table(ids, refs, sizes)
     for position, payload in inline:   # the key is there already: its place is kept
         messages[ids[position]] = fifo.packed(tuple(payload), sizes[position])
     return messages
