@@ -234,6 +234,29 @@ class Channel(TopologyMethods, ConsumerMethods):
                 self._set_suspended(qos=True)
         self._send_delivery(consumer, queue, msg_id, payload, redelivered)
 
+    def deliver_many(self, queue: Queue, consumer_tag: str, deliveries: list) -> None:
+        """`deliver` for each (msg_id, payload, redelivered) of a queue's turn, with
+        the lookups done once."""
+        consumer = self.consumers[consumer_tag]
+        if consumer.early is not None or (self.global_prefetch_count and not consumer.no_ack):
+            for msg_id, payload, redelivered in deliveries:
+                self.deliver(queue, consumer_tag, msg_id, payload, redelivered)
+            return
+        tag = self.next_delivery_tag
+        self.next_delivery_tag = tag + len(deliveries)
+        self.broker.counters.delivered += len(deliveries)
+        unacked = None if consumer.no_ack else self.unacked
+        if unacked is not None:
+            self._note_delivery_time(tag)
+        frames, number, frame_max = consumer.deliver_frames, self.number, self.connection.frame_max
+        write, encode, consumer_tag = self.connection.write, codec.encode_deliver_between, consumer.tag
+        for msg_id, (exchange, routing_key, properties, body), redelivered in deliveries:
+            if unacked is not None:
+                unacked[tag] = (queue, consumer_tag, msg_id)
+            parts = frames.get((exchange, routing_key)) or self._deliver_frame_parts(consumer, exchange, routing_key)
+            write(encode(parts[0], parts[1], number, tag, redelivered, properties, body, frame_max))
+            tag += 1
+
     def _send_delivery(self, consumer: Consumer, queue: Queue | None, msg_id: int, payload: Any,
                        redelivered: bool) -> None:
         tag = self.next_delivery_tag
@@ -243,15 +266,19 @@ class Channel(TopologyMethods, ConsumerMethods):
             self._note_delivery_time(tag)
         exchange, routing_key, properties, body = payload
         self.broker.counters.delivered += 1
-        frames = consumer.deliver_frames
-        parts = frames.get((exchange, routing_key))
-        if parts is None:
-            if len(frames) >= DELIVER_FRAMES_MAX:
-                frames.clear()
-            parts = frames[exchange, routing_key] = codec.deliver_frame_parts(
-                self.number, consumer.tag_bytes, codec.shortstr(exchange) + codec.shortstr(routing_key))
+        parts = consumer.deliver_frames.get((exchange, routing_key)) or self._deliver_frame_parts(
+            consumer, exchange, routing_key)
         self.connection.write(codec.encode_deliver_between(
             parts[0], parts[1], self.number, tag, redelivered, properties, body, self.connection.frame_max))
+
+    def _deliver_frame_parts(self, consumer: Consumer, exchange: str, routing_key: str) -> tuple[bytes, bytes]:
+        """basic.deliver's frame around the delivery tag, made once per exchange and key."""
+        frames = consumer.deliver_frames
+        if len(frames) >= DELIVER_FRAMES_MAX:
+            frames.clear()
+        parts = frames[exchange, routing_key] = codec.deliver_frame_parts(
+            self.number, consumer.tag_bytes, codec.shortstr(exchange) + codec.shortstr(routing_key))
+        return parts
 
     def deliver_reply(self, properties: bytes, body: bytes, routing_key: str) -> None:
         """Direct reply-to: a message straight to this channel's reply consumer."""

@@ -38,6 +38,12 @@ class ConsumerSink(Protocol):
 
     def deliver(self, queue: "Queue", consumer_tag: str, msg_id: Any, payload: Any, redelivered: bool) -> None: ...
 
+    def deliver_many(self, queue: "Queue", consumer_tag: str, deliveries: list) -> None:
+        """`deliver` for each (msg_id, payload, redelivered), in order (a sink that
+        subclasses this has it as is; a channel does it faster)."""
+        for msg_id, payload, redelivered in deliveries:
+            self.deliver(queue, consumer_tag, msg_id, payload, redelivered)
+
     def on_queue_deleted(self, queue: "Queue", consumer_tag: str) -> None: ...
 
 

@@ -264,6 +264,29 @@ class QueueClient:
         self._hand_over(consumer, seq, msg_id, payload, redelivered, count)
         self._hand_over_held(consumer)
 
+    def on_deliveries(self, owner: str, tag: str, deliveries: list) -> None:
+        """A consumer's deliveries of one turn, (seq, msg_id, payload, redelivered,
+        count) each, in the order made: those that follow in sequence go to its
+        channel in one call; any other takes `on_delivery`'s way, in its place."""
+        consumer = self.local_consumers.get((owner, tag))
+        if consumer is None:
+            self._down_again(owner)   # gone: its messages go back with its cancel or channel close
+            return
+        run: list = []
+        for seq, msg_id, payload, redelivered, count in deliveries:
+            if seq == consumer.last_seq + 1 and not consumer.held:
+                consumer.last_seq = seq
+                if count:
+                    payload = self.queue.delivery_payload(payload, count)
+                run.append(((msg_id, seq), payload, redelivered))
+                continue
+            if run:
+                consumer.sink.deliver_many(self.queue, consumer.consumer_id[1], run)
+                run = []
+            self.on_delivery(owner, tag, seq, msg_id, payload, redelivered, count)
+        if run:
+            consumer.sink.deliver_many(self.queue, consumer.consumer_id[1], run)
+
     def on_resent(self, owner: str, tag: str, horizon: int, checked_out: list[int]) -> None:
         """The leader resent what it has checked out to the consumer after the seq it
         was asked for (`checked_out`, just before this), and it gave seqs up to

@@ -37,6 +37,8 @@ LOCAL_NODE = "local"   # the node of a queue without a log that no other node re
 
 # Owners whose node _is_here remembers (channels come and go: forgotten all at once past this).
 _OWNERS_REMEMBERED = 1024
+# Deliveries to this node's consumers held in `perform` before they go to the channels.
+LOCAL_RUN_MAX = 512
 
 
 class ReplicaLog(Protocol):
@@ -146,26 +148,42 @@ class QueueReplica:
 
     def perform(self, effects: list) -> None:
         applied: list = []
+        local_runs: dict[tuple, list] = {}   # this node's consumers: their deliveries, in order
+        held = 0
+        local = self.client.local_consumers
         for effect in effects:
             kind = type(effect)
             if kind is qc.Delivery:
-                self._deliver(effect)
+                if effect.consumer in local:   # only this node's: no need to parse the owner's node
+                    payload = self.payload_of(effect.payload)
+                    if payload is not None:
+                        local_runs.setdefault(effect.consumer, []).append(
+                            (effect.seq, effect.msg_id, payload, effect.redelivered, effect.delivery_count))
+                        held += 1
+                        if held >= LOCAL_RUN_MAX:   # bounded: an unlimited prefetch may take a whole backlog
+                            self._hand_to_consumers(local_runs)
+                            held = 0
+                else:
+                    self._deliver_elsewhere(effect)
             elif kind is qc.Applied:
                 applied.append(effect)
             elif kind is qc.DeadLettered:
                 payloads = [self.payload_of(p) for p in effect.payloads]
                 self.dead_letter(effect.reason, tuple(tuple(p) for p in payloads if p is not None))
+        self._hand_to_consumers(local_runs)
         if applied:
             self._answer_enqueuers(applied)
 
-    def _deliver(self, effect: qc.Delivery) -> None:
-        owner, tag = consumer = effect.consumer
-        if consumer in self.client.local_consumers:   # only this node's: no need to parse the owner's node
-            payload = self.payload_of(effect.payload)
-            if payload is not None:
-                self.client.on_delivery(owner, tag, effect.seq, effect.msg_id, payload, effect.redelivered,
-                                        effect.delivery_count)
-            return
+    def _hand_to_consumers(self, local_runs: dict[tuple, list]) -> None:
+        """One call per consumer of this node for its deliveries so far: the calls and
+        lookups per delivery down to the channel's frames were a large part of a
+        backlog drain's CPU."""
+        for (owner, tag), deliveries in local_runs.items():
+            self.client.on_deliveries(owner, tag, deliveries)
+        local_runs.clear()
+
+    def _deliver_elsewhere(self, effect: qc.Delivery) -> None:
+        owner, tag = effect.consumer
         if self._is_here(owner):
             return   # gone: its messages return with its cancel or channel close
         payload = self.payload_of(effect.payload)

@@ -27,6 +27,7 @@ from tests.sim.node import VHOST, SimNode
 from warren.broker.node import metadata_commands as mc
 from warren.broker.node.metadata import MembershipError
 from warren.broker.queues import queue_commands as qc
+from warren.broker.queues.queue import ConsumerSink
 from warren.protocol.codec import EMPTY_PROPERTIES
 
 PREFETCH = 8
@@ -92,7 +93,7 @@ class Publisher(Client):
             queue.enqueue_from(self.owner, ("", self.queue_name, EMPTY_PROPERTIES, body), None, 0, on_applied)
 
 
-class Consumer(Client):
+class Consumer(Client, ConsumerSink):
     """A consumer sink (`broker.queue.ConsumerSink`) with manual acks."""
 
     def __init__(self, world: Any, name: str, queue: str) -> None:

@@ -3,6 +3,7 @@ queue, and what it sends again, over a fake route that records every send."""
 from __future__ import annotations
 
 from warren.broker.queues import queue_commands as qc
+from warren.broker.queues.queue import ConsumerSink
 from warren.broker.queues.queue_client import DOWNED_OWNERS_SECONDS, RESEND_SECONDS, QueueClient
 
 OWNER = (7, 1)
@@ -53,7 +54,7 @@ class FakeQueue:
         return payload
 
 
-class Channel:
+class Channel(ConsumerSink):
     def __init__(self) -> None:
         self.handed: list[tuple] = []
 
@@ -171,6 +172,27 @@ def test_deliveries_are_handed_over_in_seq_order_once_and_a_gap_is_asked_for():
     client.on_delivery(KEY, "t", 1, 11, payload, False, 0)      # seen: dropped
     client.on_delivery(KEY, "t", 2, 12, payload, False, 0)      # fills the gap: 2 then 3
     assert [delivery_id for _, delivery_id, _ in channel.handed] == [(11, 1), (12, 2), (13, 3)]
+
+
+def test_a_turns_deliveries_given_together_keep_the_seq_rules_and_the_order():
+    client, route, channel = make_client()
+    client.checkout((OWNER, "t"), channel, 10, 0, False, True)
+    calls: list[list] = []
+    channel.deliver_many = lambda queue, tag, run: (calls.append(run),
+                                                    ConsumerSink.deliver_many(channel, queue, tag, run))
+    payload = ("", "q", b"", b"m")
+    client.on_deliveries(KEY, "t", [(1, 11, payload, False, 0), (2, 12, payload, False, 0),
+                                    (4, 14, payload, False, 0),     # 3 is missing: held, asked for
+                                    (2, 12, payload, False, 0),     # seen: dropped
+                                    (3, 13, payload, False, 0),     # fills the gap: 3 then 4
+                                    (5, 15, payload, False, 0), (6, 16, payload, False, 0)])
+    assert route.resends_asked == [(KEY, "t", 2)]
+    assert [delivery_id for _, delivery_id, _ in channel.handed] == [(11, 1), (12, 2), (13, 3), (14, 4), (15, 5),
+                                                                     (16, 6)]
+    assert [[d[0] for d in run] for run in calls] == [[(11, 1), (12, 2)], [(15, 5), (16, 6)]], \
+        "the deliveries in sequence go in one call per run"
+    client.on_deliveries(KEY, "gone", [(1, 21, payload, False, 0)])
+    assert len(channel.handed) == 6, "a consumer not of this node is given nothing"
 
 
 def test_a_resends_answer_skips_the_seqs_no_longer_checked_out():

@@ -4,7 +4,7 @@ command applied at once on its node, the messages kept in the machine."""
 from __future__ import annotations
 
 from warren.broker.queues import queue_commands as qc
-from warren.broker.queues.queue import Queue
+from warren.broker.queues.queue import ConsumerSink, Queue
 from warren.broker.queues.queue_factory import make_queue
 from warren.broker.queues.queue_routes import LocalRoute
 
@@ -24,7 +24,7 @@ class FakeVhost:
         queue.notify_deleted()
 
 
-class Channel:
+class Channel(ConsumerSink):
     def __init__(self) -> None:
         self.delivered: list[tuple] = []
         self.cancelled: list[str] = []
