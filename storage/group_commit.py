@@ -58,6 +58,7 @@ class GroupCommitter:
         self._prepare_rollover = prepare_rollover
         self._written_listeners = [on_batch_written] if on_batch_written is not None else []
         self._relocated_listeners = [on_relocated] if on_relocated is not None else []
+        self._writing_listeners: list[Callable[[], None]] = []
         # where the record of the latest append() starts inside its batch
         self.last_offset_in_batch = 0
         self._pending: list[bytes] = []
@@ -100,13 +101,17 @@ class GroupCommitter:
             self._write_next()
 
     def subscribe(self, on_batch_written: Callable[[BatchWritten], None] | None = None,
-                  on_relocated: Callable[[list[Relocation]], None] | None = None) -> None:
+                  on_relocated: Callable[[list[Relocation]], None] | None = None,
+                  on_writing: Callable[[], None] | None = None) -> None:
         """One more listener for written batches (called before the batch's
-        `when_durable` callbacks) and for rollover relocations."""
+        `when_durable` callbacks), for rollover relocations, and for a batch handed
+        to the writer thread (the loop may now have nothing to do until it is durable)."""
         if on_batch_written is not None:
             self._written_listeners.append(on_batch_written)
         if on_relocated is not None:
             self._relocated_listeners.append(on_relocated)
+        if on_writing is not None:
+            self._writing_listeners.append(on_writing)
 
     def _take(self) -> tuple[bytes, list[tuple[int, int, int]]]:
         data = b"".join(self._pending)
@@ -141,6 +146,8 @@ class GroupCommitter:
         future = self._writer.submit(self.store.write_batch, data)
         future.add_done_callback(lambda done: loop.call_soon_threadsafe(
             self._on_written, batch, heads, len(data), started, done))
+        for listener in self._writing_listeners:
+            listener()
 
     def _on_written(self, batch: int, heads: list[tuple[int, int, int]], size: int, started: float,
                     done: Future) -> None:

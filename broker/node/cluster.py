@@ -53,6 +53,7 @@ from warren.broker.node.node_core import (  # noqa: F401 -- the message kinds an
 from warren.broker.node.shard_link import FRAME_KEY as SHARD_PART
 from warren.broker.queues import quorum_machine as qm
 from warren.broker.queues.queue_factory import place_members
+from warren.broker.queues.read_back import ReadAhead
 from warren.raft.frames import HOST as HOST_PART
 from warren.raft.member_ids import node_of
 from warren.raft.messages import Entry, EntryKind, Role, Snapshot
@@ -131,6 +132,9 @@ class Cluster:
         self.runtime = NodeRuntime(self, settings, broker.node_log.committer, self.apply, rng,
                                    install_snapshot=self.install_snapshot, on_role_change=self.on_role_change,
                                    transport_limits=limits, vital_groups=frozenset({META}))
+        # queues reading a backlog back from the log read ahead while the WAL writer works
+        self.read_ahead = ReadAhead(lambda callback: self.runtime.turns.loop.call_soon(callback))
+        broker.node_log.committer.subscribe(self.read_ahead.on_written, on_writing=self.read_ahead.on_writing)
         nodes = {n.name for n in settings.cluster_nodes} | {self.node}
         self.core = NodeCore(self.node, incarnation or secrets.token_hex(4), nodes, RuntimePort(self.runtime),
                              settings.cluster_node_gone_seconds, time.monotonic(),

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import structlog
 
 from warren.broker.node.node_core import APPLIED, DELIVER, RESENT
-from warren.broker.queues import queue_codec, queue_snapshots
+from warren.broker.queues import queue_codec, queue_snapshots, read_back
 from warren.broker.queues import queue_commands as qc
 from warren.broker.queues import quorum_machine as qm
 
@@ -48,6 +48,13 @@ class ReplicaLog(Protocol):
 
     def compact(self, index: int, snapshot: bytes) -> None: ...
 
+    def read_ahead_later(self, read_ahead: Callable[[], bool]) -> None:
+        """Have `read_ahead()` run (until it returns False) while the node waits for its disk."""
+
+
+def _no_entry(index: int) -> None:
+    return None
+
 
 class QueueReplica:
     def __init__(self, machine: qm.QuorumMachine, node: str, group: str, log_: ReplicaLog | None,
@@ -63,8 +70,9 @@ class QueueReplica:
         self.applied_since_snapshot = 0
         self.bytes_since_snapshot = 0
         self.truncation = queue_snapshots.ReleaseCursor()
-        # payload_of's cache: (index, the messages of the Enqueue or EnqueueBatch there)
-        self._recent_enqueue: tuple[int, list] | None = None
+        # payload_of's entries, decoded (broker/queues/read_back.py)
+        self.decoded = read_back.DecodedEntries(log_.entry_data if log_ is not None else _no_entry)
+        self.reading_back = False   # this turn delivered from entries read back from the log
         self._here_by_owner: dict[Any, bool] = {}   # _is_here's answers, per owner seen lately
 
     # -- applying ---------------------------------------------------------------------
@@ -78,7 +86,7 @@ class QueueReplica:
             log.exception("quorum.bad_command", group=self.group, index=index)
             return None, None
         if type(command) in (qc.EnqueueBatch, qc.Enqueue):
-            self._recent_enqueue = (index, qm.entry_messages(command))   # the next delivery is likely from it
+            self.decoded.remember(index, qm.entry_messages(command), len(data))   # the next delivery is likely from it
         if leading and effects:
             self.perform(effects)
         self.applied_since_snapshot += 1
@@ -122,17 +130,22 @@ class QueueReplica:
         if type(payload) is not int:
             return payload
         index, slot = qm.ref_location(payload)
-        recent = self._recent_enqueue
-        if recent is not None and recent[0] == index:
-            messages = recent[1]
-        else:
-            data = self.log.entry_data(index) if self.log is not None else None
-            if data is None:
-                log.warning("quorum.message_gone", group=self.group, index=index)
-                return None
-            messages = qm.entry_messages(queue_codec.decode(data))
-            self._recent_enqueue = (index, messages)
+        held = self.decoded.entries.get(index)
+        if held is not None:
+            if held[2]:
+                self.reading_back = True
+            return tuple(held[0][slot][:4])
+        messages = self.decoded.read(index)
+        if messages is None:
+            log.warning("quorum.message_gone", group=self.group, index=index)
+            return None
+        self.reading_back = True
         return tuple(messages[slot][:4])
+
+    def read_ahead(self) -> bool:
+        """Decode the entry of the next ready messages not decoded yet; False if none
+        (read_back.ReadAhead runs it while the node waits for its disk)."""
+        return self.decoded.read_ahead(read_back.upcoming_entries(self.machine.state))
 
     def _is_here(self, owner: Any) -> bool:
         if self.log is None and self.node == LOCAL_NODE:
@@ -173,6 +186,10 @@ class QueueReplica:
         self._hand_to_consumers(local_runs)
         if applied:
             self._answer_enqueuers(applied)
+        if self.reading_back:   # delivering a backlog read back from the log: the next entries are read ahead
+            self.reading_back = False
+            if self.log is not None:
+                self.log.read_ahead_later(self.read_ahead)
 
     def _hand_to_consumers(self, local_runs: dict[tuple, list]) -> None:
         """One call per consumer of this node for its deliveries so far: the calls and

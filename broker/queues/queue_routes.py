@@ -157,6 +157,7 @@ class RaftLogView:
     """A replica's view of its group's log in the node's Raft runtime."""
 
     def __init__(self, cluster: "Cluster", group: str) -> None:
+        self.cluster = cluster
         self.runtime = cluster.runtime
         self.group = group
 
@@ -165,3 +166,6 @@ class RaftLogView:
 
     def compact(self, index: int, snapshot: bytes) -> None:
         self.runtime.compact(self.group, index, snapshot)
+
+    def read_ahead_later(self, read_ahead: Callable[[], bool]) -> None:
+        self.cluster.read_ahead.want(self.group, read_ahead)

@@ -39,6 +39,7 @@ class SimCommitter:
         self._callbacks: dict[int, list[Callable[[bool], None]]] = {}
         self._written_listeners: list = []
         self._relocated_listeners: list = []
+        self._writing_listeners: list = []
         self.failed_batches = 0
 
     def append(self, encoded_record: bytes) -> int:
@@ -59,12 +60,16 @@ class SimCommitter:
         self.handed.append((batch, b"".join(self._pending), len(self._pending)))
         self._pending.clear()
         self._pending_bytes = 0
+        for listener in self._writing_listeners:
+            listener()
 
-    def subscribe(self, on_batch_written=None, on_relocated=None) -> None:
+    def subscribe(self, on_batch_written=None, on_relocated=None, on_writing=None) -> None:
         if on_batch_written is not None:
             self._written_listeners.append(on_batch_written)
         if on_relocated is not None:
             self._relocated_listeners.append(on_relocated)
+        if on_writing is not None:
+            self._writing_listeners.append(on_writing)
 
     def when_durable(self, batch: int, callback: Callable[[bool], None]) -> None:
         self._callbacks.setdefault(batch, []).append(callback)
