@@ -89,6 +89,8 @@ class QueueReplica:
             self.decoded.remember(index, qm.entry_messages(command), len(data))   # the next delivery is likely from it
         if leading and effects:
             self.perform(effects)
+        if len(self.decoded.entries) > 1 and not self.machine.state.ready:
+            self.decoded.forget_read_back()   # the backlog is delivered: an idle queue holds no entries read back
         self.applied_since_snapshot += 1
         self.bytes_since_snapshot += len(data)
         if (self.applied_since_snapshot >= queue_snapshots.SNAPSHOT_ENTRIES_MIN

@@ -30,7 +30,7 @@ from warren.broker.queues import quorum_machine as qm
 log = structlog.get_logger("warren.quorum")
 
 DECODED_ENTRIES_MAX = 8          # decoded entries a queue keeps...
-DECODED_BYTES_MAX = 8 << 20      # ...and their encoded bytes at most (the newest one is always kept)
+DECODED_BYTES_MAX = 4 << 20      # ...and their encoded bytes at most (the newest one is always kept)
 READ_AHEAD_MESSAGES = 512        # how far down the ready messages a read-ahead looks
 READ_AHEAD_ENTRIES = DECODED_ENTRIES_MAX // 2   # the entries it reads at most: the one being delivered from stays
 READ_AHEAD_STRIDE = 16           # it looks at every 16th message (a loop pass each: cheap)
@@ -57,17 +57,27 @@ class DecodedEntries:
         return messages
 
     def remember(self, index: int, messages: list, size: int, read_back: bool = False) -> None:
-        """An entry decoded (read back, or the enqueue just applied). The one kept longest
-        goes first (not the lowest index: while a backlog drains, the entries of the
-        latest enqueues are the highest and the least needed)."""
+        """An entry decoded (read back, or the enqueue just applied). An enqueue applied
+        replaces the one applied before it (a queue whose consumers keep up delivers
+        each from its own apply: an idle queue holds one entry, as before reading
+        ahead); past the bounds the one kept longest goes first (not the lowest index:
+        while a backlog drains, the entries of the latest enqueues are the highest and
+        the least needed)."""
         entries = self.entries
         old = entries.pop(index, None)
         if old is not None:
             self.held_bytes -= old[1]
+        if not read_back:
+            for applied in [i for i, held in entries.items() if not held[2]]:
+                self.held_bytes -= entries.pop(applied)[1]
         entries[index] = (messages, size, read_back)
         self.held_bytes += size
         while len(entries) > DECODED_ENTRIES_MAX or (self.held_bytes > DECODED_BYTES_MAX and len(entries) > 1):
             self.held_bytes -= entries.pop(next(iter(entries)))[1]
+
+    def forget_read_back(self) -> None:
+        for index in [i for i, held in self.entries.items() if held[2]]:
+            self.held_bytes -= self.entries.pop(index)[1]
 
     def read_ahead(self, indexes: Iterator[int]) -> bool:
         """Read the first entry at `indexes` (READ_AHEAD_ENTRIES of them at most) not

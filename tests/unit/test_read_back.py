@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from warren.broker.queues import queue_codec, read_back
 from warren.broker.queues import queue_commands as qc
+from warren.broker.queues.queue_replica import QueueReplica
 from warren.broker.queues.quorum_machine import QuorumMachine
 from warren.broker.queues.read_back import DECODED_ENTRIES_MAX, DecodedEntries, ReadAhead, upcoming_entries
 
@@ -36,15 +37,30 @@ def test_an_entry_read_back_is_decoded_once_and_marked_as_read_back():
     assert decoded.read(4) is None and 4 not in decoded.entries, "an entry the log no longer has"
 
 
-def test_the_entry_kept_longest_goes_first_not_the_lowest_index():
-    log = Log({2: batch(2, 1)})
+def test_an_enqueue_applied_replaces_the_one_applied_before_it_not_those_read_back():
+    log = Log({2: batch(2, 1), 3: batch(3, 1)})
     decoded = DecodedEntries(log.entry_data)
-    for index in range(100, 100 + DECODED_ENTRIES_MAX):   # a publish phase's entries, high indexes
+    for index in range(100, 105):                         # a publish phase: one entry held at a time
         decoded.remember(index, [], 10)
-    decoded.read(2)                                        # the drain reads the oldest back
-    assert 2 in decoded.entries and 100 not in decoded.entries
-    assert len(decoded.entries) == DECODED_ENTRIES_MAX and decoded.held_bytes == 10 * (DECODED_ENTRIES_MAX - 1) + \
-        len(log.data[2])
+    assert list(decoded.entries) == [104] and decoded.held_bytes == 10
+    decoded.read(2)
+    decoded.read(3)
+    decoded.remember(105, [], 10)
+    assert list(decoded.entries) == [2, 3, 105], "a drain's entries stay"
+    assert decoded.held_bytes == len(log.data[2]) + len(log.data[3]) + 10
+    decoded.forget_read_back()
+    assert list(decoded.entries) == [105] and decoded.held_bytes == 10, "until the backlog is delivered"
+
+
+def test_the_entry_kept_longest_goes_first_not_the_lowest_index():
+    log = Log({index: batch(index, 1) for index in range(1, 20)})
+    decoded = DecodedEntries(log.entry_data)
+    decoded.remember(100, [], 10)                          # the last enqueue applied, the highest index
+    for index in range(10, 10 + DECODED_ENTRIES_MAX):     # a drain reads entries back
+        decoded.read(index)
+    assert 100 not in decoded.entries, "the entry kept longest went first"
+    decoded.read(2)                                        # a lower index read later stays
+    assert 2 in decoded.entries and 10 not in decoded.entries and len(decoded.entries) == DECODED_ENTRIES_MAX
 
 
 def test_past_the_byte_bound_only_the_newest_entry_stays():
@@ -144,3 +160,48 @@ def test_a_queue_whose_read_ahead_fails_drops_out_and_the_others_go_on():
     for _ in range(4):
         loop.run_pass()
     assert runs == ["a"] and not loop.ready
+
+
+class Client:
+    """This node's sessions with the queue, as QueueReplica uses them: one local consumer."""
+
+    def __init__(self, consumer: tuple) -> None:
+        self.local_consumers = {consumer: object()}
+        self.delivered: list[bytes] = []
+
+    def on_deliveries(self, owner, tag, deliveries) -> None:
+        self.delivered += [payload[3] for _, _, payload, _, _ in deliveries]
+
+    def on_applied(self, enqueuer, first_seq, last_seq, refused) -> None:
+        pass
+
+
+class ReplicaLog(Log):
+    def __init__(self, entries: dict[int, qc.EnqueueBatch]) -> None:
+        super().__init__(entries)
+        self.read_ahead_asked: list = []
+
+    def compact(self, index: int, snapshot: bytes) -> None:
+        pass
+
+    def read_ahead_later(self, read_ahead) -> None:
+        self.read_ahead_asked.append(read_ahead)
+
+
+def test_a_leader_delivering_from_entries_read_back_asks_to_read_ahead_and_lets_go_once_delivered():
+    owner, consumer = "n1/i1/ch", ("n1/i1/ch", "t")
+    entries = {2: batch(2, 3, first_seq=1), 3: batch(3, 3, first_seq=4)}
+    log, client = ReplicaLog(entries), Client(consumer)
+    replica = QueueReplica(QuorumMachine(), "n1", "g", log, client, lambda node, message: None,
+                           lambda reason, payloads: None)
+
+    def apply(index: int, command) -> None:
+        replica.apply_entry(index, queue_codec.encode(command), leading=True)
+
+    apply(2, entries[2])
+    apply(3, entries[3])                          # replaces 2: entry 2 is now read back when delivered
+    assert list(replica.decoded.entries) == [3] and not log.read_ahead_asked
+    apply(4, qc.Checkout(owner, "t", 0, 0))       # unlimited prefetch: all six delivered
+    assert client.delivered == [b"2.%dxxxxxxxxxx" % n for n in range(3)] + [b"3.%dxxxxxxxxxx" % n for n in range(3)]
+    assert log.reads == [2] and log.read_ahead_asked == [replica.read_ahead], "read back: the next are read ahead"
+    assert set(replica.decoded.entries) == {3}, "nothing ready any more: the entry read back is let go"
