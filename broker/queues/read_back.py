@@ -46,6 +46,7 @@ class DecodedEntries:
         self._read = read                                  # the log's entry at an index, or None
         self.entries: dict[int, tuple[list, int, bool]] = {}
         self.held_bytes = 0
+        self.evicted = 0   # entries let go past the bounds, so far
 
     def read(self, index: int) -> list | None:
         """The entry's messages, read from the log and kept; None if the log no longer has it."""
@@ -74,6 +75,7 @@ class DecodedEntries:
         self.held_bytes += size
         while len(entries) > DECODED_ENTRIES_MAX or (self.held_bytes > DECODED_BYTES_MAX and len(entries) > 1):
             self.held_bytes -= entries.pop(next(iter(entries)))[1]
+            self.evicted += 1
 
     def forget_read_back(self) -> None:
         for index in [i for i, held in self.entries.items() if held[2]]:
@@ -81,10 +83,17 @@ class DecodedEntries:
 
     def read_ahead(self, indexes: Iterator[int]) -> bool:
         """Read the first entry at `indexes` (READ_AHEAD_ENTRIES of them at most) not
-        held yet; False if there was none to read."""
+        held yet; False if there was none to read, or no more should be: past half the
+        byte bound, or once a read let an entry go (large entries: reading on would
+        evict the ones about to be delivered, and read them again, each pass)."""
+        if self.held_bytes >= DECODED_BYTES_MAX // 2:
+            return False
         for index in islice(indexes, READ_AHEAD_ENTRIES):
-            if index not in self.entries and self.read(index) is not None:
-                return True
+            if index in self.entries:
+                continue
+            evicted = self.evicted
+            if self.read(index) is not None:
+                return self.evicted == evicted
         return False
 
 

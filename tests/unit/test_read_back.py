@@ -101,6 +101,23 @@ def test_a_read_ahead_reads_the_first_upcoming_entry_not_held_one_at_a_time():
     assert set(decoded.entries) == {10, 11, 12, 13}
 
 
+def test_large_entries_are_not_read_ahead_past_half_the_byte_bound_nor_evicting():
+    big = read_back.DECODED_BYTES_MAX // 3
+    entries = {index: batch(index, 1, size=big) for index in range(10, 14)}
+    log = Log(entries)
+    decoded = DecodedEntries(log.entry_data)
+    machine = machine_with({index: 1 for index in entries})
+    decoded.read(10)                                      # being delivered from
+    assert decoded.read_ahead(upcoming_entries(machine.state, stride=1)) is True     # 11: two thirds held
+    assert decoded.read_ahead(upcoming_entries(machine.state, stride=1)) is False, "past half the bound"
+    assert log.reads == [10, 11] and set(decoded.entries) == {10, 11}
+    huge = Log({index: batch(index, 1, size=read_back.DECODED_BYTES_MAX // 2 + 10) for index in range(10, 14)})
+    evicting = DecodedEntries(huge.entry_data)
+    evicting.remember(9, [], read_back.DECODED_BYTES_MAX // 2 - 1)
+    assert evicting.read_ahead(upcoming_entries(machine.state, stride=1)) is False, "a read that evicted: no more"
+    assert evicting.evicted == 1 and list(evicting.entries) == [10] and huge.reads == [10]
+
+
 class Loop:
     def __init__(self) -> None:
         self.ready: list = []
