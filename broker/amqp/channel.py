@@ -242,6 +242,15 @@ class Channel(TopologyMethods, ConsumerMethods):
             for msg_id, payload, redelivered in deliveries:
                 self.deliver(queue, consumer_tag, msg_id, payload, redelivered)
             return
+        self._send_deliveries(consumer, queue, deliveries)
+
+    def _send_delivery(self, consumer: Consumer, queue: Queue | None, msg_id: int, payload: Any,
+                       redelivered: bool) -> None:
+        self._send_deliveries(consumer, queue, ((msg_id, payload, redelivered),))
+
+    def _send_deliveries(self, consumer: Consumer, queue: Queue | None, deliveries: Any) -> None:
+        """basic.deliver for each (msg_id, payload, redelivered), the next delivery tags
+        in order, recorded as unacked unless no-ack."""
         tag = self.next_delivery_tag
         self.next_delivery_tag = tag + len(deliveries)
         self.broker.counters.delivered += len(deliveries)
@@ -256,20 +265,6 @@ class Channel(TopologyMethods, ConsumerMethods):
             parts = frames.get((exchange, routing_key)) or self._deliver_frame_parts(consumer, exchange, routing_key)
             write(encode(parts[0], parts[1], number, tag, redelivered, properties, body, frame_max))
             tag += 1
-
-    def _send_delivery(self, consumer: Consumer, queue: Queue | None, msg_id: int, payload: Any,
-                       redelivered: bool) -> None:
-        tag = self.next_delivery_tag
-        self.next_delivery_tag = tag + 1
-        if not consumer.no_ack:
-            self.unacked[tag] = (queue, consumer.tag, msg_id)
-            self._note_delivery_time(tag)
-        exchange, routing_key, properties, body = payload
-        self.broker.counters.delivered += 1
-        parts = consumer.deliver_frames.get((exchange, routing_key)) or self._deliver_frame_parts(
-            consumer, exchange, routing_key)
-        self.connection.write(codec.encode_deliver_between(
-            parts[0], parts[1], self.number, tag, redelivered, properties, body, self.connection.frame_max))
 
     def _deliver_frame_parts(self, consumer: Consumer, exchange: str, routing_key: str) -> tuple[bytes, bytes]:
         """basic.deliver's frame around the delivery tag, made once per exchange and key."""

@@ -65,21 +65,26 @@ class DecodedEntries:
         while a backlog drains, the entries of the latest enqueues are the highest and
         the least needed)."""
         entries = self.entries
-        old = entries.pop(index, None)
-        if old is not None:
-            self.held_bytes -= old[1]
+        if index in entries:
+            self._drop(index)
         if not read_back:
-            for applied in [i for i, held in entries.items() if not held[2]]:
-                self.held_bytes -= entries.pop(applied)[1]
+            self._drop_all(read_back=False)
         entries[index] = (messages, size, read_back)
         self.held_bytes += size
         while len(entries) > DECODED_ENTRIES_MAX or (self.held_bytes > DECODED_BYTES_MAX and len(entries) > 1):
-            self.held_bytes -= entries.pop(next(iter(entries)))[1]
+            self._drop(next(iter(entries)))
             self.evicted += 1
 
     def forget_read_back(self) -> None:
-        for index in [i for i, held in self.entries.items() if held[2]]:
-            self.held_bytes -= self.entries.pop(index)[1]
+        self._drop_all(read_back=True)
+
+    def _drop_all(self, read_back: bool) -> None:
+        """Every entry read back (True), or every enqueue applied (False)."""
+        for index in [i for i, held in self.entries.items() if held[2] is read_back]:
+            self._drop(index)
+
+    def _drop(self, index: int) -> None:
+        self.held_bytes -= self.entries.pop(index)[1]
 
     def read_ahead(self, indexes: Iterator[int]) -> bool:
         """Read the first entry at `indexes` (READ_AHEAD_ENTRIES of them at most) not
