@@ -39,7 +39,7 @@ import structlog
 from warren.broker.node.node_core import (  # noqa: F401 -- the message kinds and constants, re-exported for the queue shell
     APPLIED,
     CMD,
-    DELIVER,
+    DELIVERIES,
     DONE,
     HELLO,
     META,
@@ -72,8 +72,12 @@ STARTUP_APPLY_SECONDS = 10.0
 STARTUP_LINKS_SECONDS = 2.0
 # A turn's deliveries to a peer leave in frames of this size as they are made (_maybe_early_frame).
 EARLY_FRAME_BYTES = 64 * 1024
-DELIVER_BODY = 9
-DELIVER_OVERHEAD_BYTES = 96   # a delivery's fields beside its body, roughly, in msgpack
+DELIVERY_OVERHEAD_BYTES = 48   # a delivery's fields in a run beside its body, roughly, in msgpack
+
+
+def run_bytes(deliveries: list) -> int:
+    """A DELIVERIES run's size on the link, roughly: its bodies and the fields beside each."""
+    return sum(len(delivery[2][3]) for delivery in deliveries) + DELIVERY_OVERHEAD_BYTES * len(deliveries)
 
 
 class NodeRuntime(RaftRuntime):
@@ -299,8 +303,8 @@ class Cluster:
 
     def app_send(self, peer: str, message: list) -> None:
         self.core.send(peer, message)
-        if message[0] == DELIVER and self.runtime.turns.in_turn:
-            self._maybe_early_frame(peer, len(message[DELIVER_BODY]) + DELIVER_OVERHEAD_BYTES)
+        if message[0] == DELIVERIES and self.runtime.turns.in_turn:
+            self._maybe_early_frame(peer, run_bytes(message[4]))
         self.after_input()
 
     def _maybe_early_frame(self, peer: str, size: int) -> None:

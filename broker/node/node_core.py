@@ -49,12 +49,15 @@ META = "meta"
 # application message kinds
 CMD = 0        # [CMD, group, data, origin, token]
 DONE = 1       # [DONE, group, token, result]
-DELIVER = 2    # [DELIVER, group, owner, tag, seq, msg_id, exchange, routing_key, properties, body, redelivered, count]
+# (2 was one delivery a message, before DELIVERIES)
 APPLIED = 3    # [APPLIED, group, enqueuer, first_seq, last_seq, [refused seqs]]
 RESEND = 4     # [RESEND, group, owner, tag, after_seq]: a consumer's node lost deliveries
 HELLO = 5      # [HELLO, incarnation]: sent to a peer when its link comes up, and again now and then
 METADATA_APPLIED = 6   # [METADATA_APPLIED, index]: how far the sender applied the metadata group
 RESENT = 7     # [RESENT, group, owner, tag, horizon, [seqs resent]]: a RESEND's answer, after its deliveries
+# [DELIVERIES, group, owner, tag, [[seq, msg_id, [exchange, routing_key, properties, body], redelivered, count],
+# ...]]: a run of one consumer's deliveries, in the order made
+DELIVERIES = 8
 
 RESEND_SECONDS = 1.0
 HOUSEKEEPING_SECONDS = RESEND_SECONDS / 2
@@ -126,7 +129,7 @@ class QueuePort(Protocol):
 
     def on_applied(self, enqueuer: str, first_seq: int, last_seq: int, refused: list) -> None: ...
 
-    def on_remote_delivery(self, message: list) -> None: ...
+    def on_remote_deliveries(self, owner: str, tag: str, deliveries: list) -> None: ...
 
     def on_resent(self, owner: str, tag: str, horizon: int, checked_out: list[int]) -> None: ...
 
@@ -359,12 +362,12 @@ class NodeCore:
             self.propose(group, data, origin, token)
         elif kind == DONE:
             self.on_done(message[2], message[3])
-        elif kind in (DELIVER, APPLIED, RESENT):
+        elif kind in (DELIVERIES, APPLIED, RESENT):
             queue = self.queues.get(message[1])
             if queue is not None:
                 queue.leader_hint = peer
-                if kind == DELIVER:
-                    queue.on_remote_delivery(message)
+                if kind == DELIVERIES:
+                    queue.on_remote_deliveries(message[2], message[3], message[4])
                 elif kind == APPLIED:
                     queue.on_applied(message[2], message[3], message[4], message[5])
                 else:

@@ -15,7 +15,7 @@ a connection on any shard uses. Nothing here goes through a Raft group or the WA
   to every shard (DECLARE, answered ACK; the declare-ok waits for every running
   shard's), and again to a shard whose link comes up; the others route to a proxy
   whose commands come here (CMD, answered DONE); the home's deliveries and
-  confirms go back as the cluster's DELIVER and APPLIED messages; a deletion is
+  confirms go back as the cluster's DELIVERIES and APPLIED messages; a deletion is
   announced (DELETE) or asked of the home (DELETE_ASK, answered DONE); a
   delete-ok waits for every running shard's ACK of a SYNC sent after it.
 
@@ -322,7 +322,7 @@ class ShardLink:
         if proxy is None:
             return
         self.proxies[group] = proxy
-        self.broker.cluster.queues[group] = proxy   # the cluster's DELIVER and APPLIED find it
+        self.broker.cluster.queues[group] = proxy   # the cluster's DELIVERIES and APPLIED find it
         # the machine records it (the read model has its proxy: the effect makes nothing)
         self._own(mc.DeclareQueue(proxy.vhost.name, proxy.name, proxy.arguments, (), peer, proxy.auto_delete,
                                   proxy.durable, proxy.exclusive_owner))

@@ -6,7 +6,7 @@ On its home shard it is what it is on a single node, a replica without a log
 (`LocalRoute`: each command applied at once, the messages in memory only), whose
 owners are named by node (`node/incarnation/connection/channel`) so that the
 deliveries and confirms of another shard's channels go there as the cluster's
-DELIVER and APPLIED messages. Every other shard holds a `ProxyQueue`: the queue
+DELIVERIES and APPLIED messages. Every other shard holds a `ProxyQueue`: the queue
 shell of a replicated queue (its `QueueClient`: enqueuer sequences, resends,
 per-consumer delivery sequences) whose route sends each command to the home shard.
 """

@@ -244,10 +244,6 @@ class QueueClient:
             self._send_down(owner, again_after=RESEND_SECONDS)
 
     # -- deliveries to this node's channels ---------------------------------------------------
-    def on_remote_delivery(self, message: list) -> None:
-        _, _, owner, tag, seq, msg_id, exchange, routing_key, properties, body, redelivered, count = message
-        self.on_delivery(owner, tag, seq, msg_id, (exchange, routing_key, properties, body), redelivered, count)
-
     def on_delivery(self, owner: str, tag: str, seq: int, msg_id: int, payload: tuple,
                     redelivered: bool, count: int) -> None:
         consumer = self.local_consumers.get((owner, tag))

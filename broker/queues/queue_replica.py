@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
 
-from warren.broker.node.node_core import APPLIED, DELIVER, RESENT
+from warren.broker.node.node_core import APPLIED, DELIVERIES, RESENT
 from warren.broker.queues import queue_codec, queue_snapshots, read_back
 from warren.broker.queues import queue_commands as qc
 from warren.broker.queues import quorum_machine as qm
@@ -39,6 +39,10 @@ LOCAL_NODE = "local"   # the node of a queue without a log that no other node re
 _OWNERS_REMEMBERED = 1024
 # Deliveries to this node's consumers held in `perform` before they go to the channels.
 LOCAL_RUN_MAX = 512
+# A run of deliveries to another node's consumer leaves once it holds this many bytes of
+# bodies (or LOCAL_RUN_MAX deliveries): the cluster's early frames are as large
+# (broker/node/cluster.py), so the peer still gets a window in pieces as it is made.
+REMOTE_RUN_BYTES = 64 * 1024
 
 
 class ReplicaLog(Protocol):
@@ -164,6 +168,7 @@ class QueueReplica:
     def perform(self, effects: list) -> None:
         applied: list = []
         local_runs: dict[tuple, list] = {}   # this node's consumers: their deliveries, in order
+        remote_runs: dict[tuple, list] = {}  # other nodes' consumers: [their deliveries, bytes of bodies]
         held = 0
         local = self.client.local_consumers
         for effect in effects:
@@ -179,13 +184,15 @@ class QueueReplica:
                             self._hand_to_consumers(local_runs)
                             held = 0
                 else:
-                    self._deliver_elsewhere(effect)
+                    self._deliver_elsewhere(effect, remote_runs)
             elif kind is qc.Applied:
                 applied.append(effect)
             elif kind is qc.DeadLettered:
                 payloads = [self.payload_of(p) for p in effect.payloads]
                 self.dead_letter(effect.reason, tuple(tuple(p) for p in payloads if p is not None))
         self._hand_to_consumers(local_runs)
+        for consumer, (deliveries, _) in remote_runs.items():
+            self._send_run(consumer, deliveries)
         if applied:
             self._answer_enqueuers(applied)
         if self.reading_back:   # delivering a backlog read back from the log: the next entries are read ahead
@@ -201,16 +208,27 @@ class QueueReplica:
             self.client.on_deliveries(owner, tag, deliveries)
         local_runs.clear()
 
-    def _deliver_elsewhere(self, effect: qc.Delivery) -> None:
-        owner, tag = effect.consumer
-        if self._is_here(owner):
+    def _deliver_elsewhere(self, effect: qc.Delivery, remote_runs: dict[tuple, list]) -> None:
+        """Adds a delivery to its consumer's run for the consumer's node: one message per
+        run, not per delivery, so neither node handles the group, owner and tag of each
+        (and the node there hands the run to its channel in one call)."""
+        if self._is_here(effect.consumer[0]):
             return   # gone: its messages return with its cancel or channel close
         payload = self.payload_of(effect.payload)
-        if payload is not None:
-            exchange, routing_key, properties, body = payload
-            self.send(qc.owner_node(owner), [DELIVER, self.group, owner, tag, effect.seq, effect.msg_id, exchange,
-                                             routing_key, properties, body, effect.redelivered,
-                                             effect.delivery_count])
+        if payload is None:
+            return
+        run = remote_runs.get(effect.consumer)
+        if run is None:
+            run = remote_runs[effect.consumer] = [[], 0]
+        run[0].append((effect.seq, effect.msg_id, payload, effect.redelivered, effect.delivery_count))
+        run[1] += len(payload[3])
+        if run[1] >= REMOTE_RUN_BYTES or len(run[0]) >= LOCAL_RUN_MAX:
+            del remote_runs[effect.consumer]
+            self._send_run(effect.consumer, run[0])
+
+    def _send_run(self, consumer: tuple, deliveries: list) -> None:
+        owner, tag = consumer
+        self.send(qc.owner_node(owner), [DELIVERIES, self.group, owner, tag, deliveries])
 
     def _answer_enqueuers(self, applied: list) -> None:
         """One APPLIED per run of consecutive seqs of one enqueuer."""

@@ -151,8 +151,8 @@ class QuorumQueue(Queue):
     def on_applied(self, enqueuer: str, first_seq: int, last_seq: int, refused: list[int]) -> None:
         self.client.on_applied(enqueuer, first_seq, last_seq, refused)
 
-    def on_remote_delivery(self, message: list) -> None:
-        self.client.on_remote_delivery(message)
+    def on_remote_deliveries(self, owner: str, tag: str, deliveries: list) -> None:
+        self.client.on_deliveries(owner, tag, deliveries)
 
     def on_resent(self, owner: str, tag: str, horizon: int, checked_out: list[int]) -> None:
         self.client.on_resent(owner, tag, horizon, checked_out)

@@ -8,8 +8,8 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from tests.unit.test_node_core import FakeRaft
-from warren.broker.node.cluster import DELIVER_OVERHEAD_BYTES, EARLY_FRAME_BYTES, Cluster
-from warren.broker.node.node_core import APPLIED, DELIVER, NodeCore
+from warren.broker.node.cluster import DELIVERY_OVERHEAD_BYTES, EARLY_FRAME_BYTES, Cluster, run_bytes
+from warren.broker.node.node_core import APPLIED, DELIVERIES, NodeCore
 from warren.raft.frames import HOST
 
 
@@ -41,15 +41,16 @@ def cluster_with(runtime: RecordingRuntime) -> Cluster:
 
 
 def deliver(seq: int, body_size: int) -> list:
-    return [DELIVER, "g1", "n2/inc2/7/1", "ctag", seq, seq, "", "rk", {}, b"x" * body_size, False, 0]
+    """A run of one delivery (a turn's runs to a consumer of a peer are each this or larger)."""
+    return [DELIVERIES, "g1", "n2/inc2/7/1", "ctag", [(seq, seq, ("", "rk", {}, b"x" * body_size), False, 0)]]
 
 
 def bodies(messages: list[list]) -> int:
-    return sum(len(m[9]) for m in messages if m[0] == DELIVER)
+    return sum(len(d[2][3]) for m in messages if m[0] == DELIVERIES for d in m[4])
 
 
 def estimated_size(messages: list[list]) -> int:
-    return sum(len(m[9]) + DELIVER_OVERHEAD_BYTES for m in messages if m[0] == DELIVER)
+    return sum(run_bytes(m[4]) for m in messages if m[0] == DELIVERIES)
 
 
 def test_a_window_of_deliveries_leaves_in_frames_as_it_is_made():
@@ -74,7 +75,7 @@ def test_a_window_of_deliveries_leaves_in_frames_as_it_is_made():
     assert early, "the window went only at the turn's end"
     assert all(peer == "n2" and now and set(frame) == {HOST} for peer, frame, now in early), early[:1]
     sizes = [estimated_size(frame[HOST]) for _, frame, _ in early]
-    assert all(EARLY_FRAME_BYTES <= size < EARLY_FRAME_BYTES + 1024 + DELIVER_OVERHEAD_BYTES for size in sizes), sizes
+    assert all(EARLY_FRAME_BYTES <= size < EARLY_FRAME_BYTES + 1024 + DELIVERY_OVERHEAD_BYTES for size in sizes), sizes
     sent_to_n2 = [m for _, frame, _ in early for m in frame[HOST]] + turn_end.get("n2", [])
     assert sent_to_n2 == made["n2"], "every message once, in the order made"
     assert bodies(sent_to_n2) - bodies(turn_end.get("n2", [])) >= 3 * bodies(made["n2"]) // 4, \

@@ -3,7 +3,7 @@ shell (broker/queues/quorum.py) handles them, over a fake cluster that records w
 it proposes, submits and sends."""
 from __future__ import annotations
 
-from warren.broker.node.cluster import DELIVER, RESEND
+from warren.broker.node.cluster import DELIVERIES, RESEND
 from warren.broker.queues import queue_codec as qcodec
 from warren.broker.queues import queue_commands as qc
 from warren.broker.queues.queue_factory import Placement, make_queue
@@ -81,7 +81,7 @@ def test_a_leader_resends_what_is_checked_out_to_a_peers_consumers_when_its_link
     for seq in (1, 2, 3, 4):
         machine.apply(qcodec.decode(qcodec.encode(qc.Enqueue("a/i1/1/1", seq, 1, "", "q", b"\x00\x00", b"m%d" % seq))))
     queue.on_link_up("b")
-    delivered = [(peer, m[2], m[4]) for peer, m in queue.cluster.sent if m[0] == DELIVER]
+    delivered = [(peer, m[2], d[0]) for peer, m in queue.cluster.sent if m[0] == DELIVERIES for d in m[4]]
     assert delivered == [("b", "b/ib/1/1", 1), ("b", "b/ib/1/1", 2)], "b's consumer's two, again; not c's"
 
 
