@@ -116,7 +116,9 @@ class Settings(BaseSettings):
     # connections are blocked (connection.blocked, as RabbitMQ's memory alarm does).
     memory_high_watermark_bytes: int = Field(2 * 1024**3, ge=1024 * 1024)
     alarm_check_interval_seconds: float = Field(0.5, gt=0, le=60)
-    # Disk alarm: below this much free space in data_dir, publishers are blocked.
+    # Disk alarm: below this much free space in data_dir, publishers are blocked. Free space
+    # is looked at every alarm check near the limit, up to every 10 s far from it
+    # (broker/node/broker.py, next_disk_check_in: RabbitMQ's disk monitor does the same).
     disk_free_limit_bytes: int = Field(50 * 1000 * 1000, ge=0)
 
     # The node-wide WAL rolls over at this size: its live entries move to segment
