@@ -160,10 +160,6 @@ class QuorumQueue(Queue):
     def ask_for_gaps(self) -> None:
         self.client.ask_for_gaps()
 
-    def on_delivery(self, owner: str, tag: str, seq: int, msg_id: int, payload: tuple,
-                    redelivered: bool, count: int) -> None:
-        self.client.on_delivery(owner, tag, seq, msg_id, payload, redelivered, count)
-
     def resend_enqueues(self, now: float, leader_changed: bool) -> None:
         self.client.resend_enqueues(now, leader_changed)
 
