@@ -46,6 +46,8 @@ from typing import Any
 
 import msgpack
 
+from warren.storage import packing
+
 PROTOCOL_VERSION = 1
 MAGIC = "warren-cluster"
 PROOF_TAG = "proof"
@@ -102,7 +104,7 @@ def encode_frame(payload: bytes) -> bytes:
 
 def encode_object(obj: Any) -> bytes:
     """A whole frame for a msgpack-able object."""
-    return encode_frame(msgpack.packb(obj, use_bin_type=True))
+    return encode_frame(packing.packb(obj))
 
 
 def decode_payload(payload: bytes) -> Any:

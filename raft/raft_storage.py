@@ -99,7 +99,7 @@ import msgpack
 from warren.raft.core import RecoveredState
 from warren.raft.group import GroupId, PersistItem
 from warren.raft.messages import Entry, EntryKind, HardState, Snapshot
-from warren.storage import records
+from warren.storage import packing, records
 from warren.storage.wal import Location
 
 RAFT_LOG_ID_BASE = 1 << 40
@@ -129,7 +129,7 @@ def log_id_of(group_number: int) -> int:
 
 
 def _pack(value: list) -> bytes:
-    return msgpack.packb(value, use_bin_type=True)
+    return packing.packb(value)
 
 
 def _unpack(payload: bytes) -> list:

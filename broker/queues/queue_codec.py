@@ -17,6 +17,7 @@ from typing import Any
 import msgpack
 
 from warren.broker.queues import queue_commands as qc
+from warren.storage import packing
 
 _RECORDS: tuple[Any, ...] = qc.COMMANDS + qc.EFFECTS   # record classes (TAG, __slots__)
 BY_TAG: dict[int, Any] = {cls.TAG: cls for cls in _RECORDS}
@@ -80,7 +81,7 @@ def encode(record: Any) -> bytes:
     values = _VALUES[kind](record)
     if kind in _TO_WIRE:
         values = _TO_WIRE[kind](values)
-    return msgpack.packb([record.TAG, *values], use_bin_type=True)
+    return packing.packb([record.TAG, *values])
 
 
 def decode(data: bytes) -> Any:
