@@ -46,7 +46,7 @@ from typing import Any
 
 import msgpack
 
-from warren.storage import packing
+from warren.raft import packing
 
 PROTOCOL_VERSION = 1
 MAGIC = "warren-cluster"

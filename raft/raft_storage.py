@@ -96,10 +96,11 @@ from dataclasses import dataclass, field
 
 import msgpack
 
+from warren.raft import packing
 from warren.raft.core import RecoveredState
 from warren.raft.group import GroupId, PersistItem
 from warren.raft.messages import Entry, EntryKind, HardState, Snapshot
-from warren.storage import packing, records
+from warren.storage import records
 from warren.storage.wal import Location
 
 RAFT_LOG_ID_BASE = 1 << 40

@@ -17,7 +17,7 @@ from typing import Any
 import msgpack
 
 from warren.broker.queues import queue_commands as qc
-from warren.storage import packing
+from warren.raft import packing
 
 _RECORDS: tuple[Any, ...] = qc.COMMANDS + qc.EFFECTS   # record classes (TAG, __slots__)
 BY_TAG: dict[int, Any] = {cls.TAG: cls for cls in _RECORDS}

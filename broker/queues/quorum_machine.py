@@ -59,7 +59,7 @@ from warren.broker.queues import fifo, queue_codec, snapshot_codec
 from warren.broker.queues import queue_commands as qc
 from warren.broker.queues.queue_commands import Applied, Delivery, Got, Purged, owner_incarnation, owner_node
 from warren.protocol import codec
-from warren.storage import packing
+from warren.raft import packing
 
 # Out-of-order enqueues held per enqueuer; beyond it they are dropped (the sender resends).
 HOLD_MAX = 4096
@@ -80,8 +80,7 @@ ARITY = queue_codec.ARITY
 LIVENESS_OPS = queue_codec.LIVENESS_TAGS
 
 
-def _pack(value: list) -> bytes:
-    return packing.packb(value)
+_pack = packing.packb
 
 
 def ref_location(ref: int) -> tuple[int, int]:

@@ -19,7 +19,7 @@ PURE_BROKER = ("broker.queues.fifo", "broker.queues.quorum_machine", "broker.que
 # asyncio shells; raft_storage is listed below. carried_commits and reelection were cut out of raft.system.
 PURE_RAFT = ("raft", "raft.core", "raft.log", "raft.progress", "raft.replication", "raft.messages",
              "raft.group", "raft.system", "raft.carried_commits", "raft.reelection", "raft.handshake", "raft.frames",
-             "raft.member_ids", "raft.stall")
+             "raft.member_ids", "raft.stall", "raft.packing")
 
 
 def pure_cores() -> list[str]:
