@@ -10,31 +10,62 @@ import os
 from collections import OrderedDict
 from pathlib import Path
 
+# The WAL file grows in steps allocated ahead of its writes (fallocate): an fdatasync
+# that does not change the file's size has no inode to journal (ext4). A batch of a few
+# hundred bytes, as at 5k msg/s: 0.20 ms appended, 0.14 ms into allocated space.
+PREALLOCATE_STEP_BYTES = 4 * 1024 * 1024
+
 
 class AppendHandle:
-    """An open file that only grows; ``sync`` makes what was written durable."""
+    """An open file that only grows; ``sync`` makes what was written durable.
 
-    def __init__(self, path: Path):
+    With ``preallocate_bytes``, space beyond ``size`` (the end of what was
+    written) is allocated ahead, in steps, up to that size of the file (the WAL's
+    rollover size: past it, plain appends), so the file on disk may end in
+    zeros: ``close`` cuts them off, and a recovery after a crash reads them as
+    the end of the file (records.scan). The first write (the file header) goes
+    before anything is allocated, so a file is never zeros without one."""
+
+    def __init__(self, path: Path, preallocate_bytes: int = 0):
         self.path = path
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
-        self.size = os.fstat(self._fd).st_size
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o640)
+        self.size = os.fstat(self._fd).st_size   # where the next write goes
+        self.allocated = self.size
+        self._allocate_up_to = preallocate_bytes
+        self.closed = False
 
     def write(self, data: bytes) -> None:
+        end = self.size + len(data)
+        if self.allocated < end < self._allocate_up_to and self.size:
+            self._allocate(min(end + PREALLOCATE_STEP_BYTES, self._allocate_up_to))
         view = memoryview(data)
         while view:
-            written = os.write(self._fd, view)
+            written = os.pwrite(self._fd, view, self.size)
             view = view[written:]
             self.size += written
+
+    def _allocate(self, end: int) -> None:
+        try:
+            os.posix_fallocate(self._fd, self.allocated, end - self.allocated)
+        except OSError:   # no room to allocate ahead, or no fallocate: plain appends from here
+            self._allocate_up_to = 0
+            return
+        self.allocated = end
 
     def sync(self) -> None:
         os.fdatasync(self._fd)
 
     def truncate(self, size: int) -> None:
         os.ftruncate(self._fd, size)
-        self.size = size
+        self.size = self.allocated = size
 
     def close(self) -> None:
-        os.close(self._fd)
+        self.closed = True
+        try:
+            if self.allocated > self.size:
+                os.ftruncate(self._fd, self.size)   # not synced: a crash leaves zeros, which recovery reads as the end
+        finally:
+            os.close(self._fd)
 
 
 # Records are read back in the order they were written (a backlog drains front to
@@ -49,6 +80,9 @@ class RealFiles:
         # readable through its descriptor until ``forget`` closes it
         self._readers: dict[Path, int] = {}
         self._blocks: OrderedDict[tuple[Path, int], bytes] = OrderedDict()
+        # files open for appending: a block read from one stops at what was written, not at its
+        # allocated end (zeros), so a cached block is read again once the file grew past it
+        self._appending: dict[Path, AppendHandle] = {}
 
     def read_at(self, path: Path, offset: int, length: int, cached: bool = True) -> bytes:
         """``length`` bytes at ``offset``. Callers verify what they read (checksums)
@@ -70,13 +104,22 @@ class RealFiles:
         key = (path, block)
         data = self._blocks.get(key)
         if data is None or len(data) < needed_bytes:  # the file's last block may have grown
-            data = os.pread(fd, READ_BLOCK_BYTES, block * READ_BLOCK_BYTES)
+            data = os.pread(fd, self._readable_bytes(path, block), block * READ_BLOCK_BYTES)
             self._blocks[key] = data
             if len(self._blocks) > READ_CACHE_BLOCKS_MAX:
                 self._blocks.popitem(last=False)
         else:
             self._blocks.move_to_end(key)
         return data
+
+    def _readable_bytes(self, path: Path, block: int) -> int:
+        writer = self._appending.get(path)
+        if writer is None:
+            return READ_BLOCK_BYTES
+        if writer.closed:
+            del self._appending[path]
+            return READ_BLOCK_BYTES
+        return max(0, min(READ_BLOCK_BYTES, writer.size - block * READ_BLOCK_BYTES))
 
     def forget(self, path: Path) -> None:
         """Close the reader of a file that is gone or changed, and drop its cached blocks."""
@@ -86,8 +129,10 @@ class RealFiles:
         for key in [k for k in self._blocks if k[0] == path]:
             self._blocks.pop(key, None)
 
-    def open_append(self, path: Path) -> AppendHandle:
-        return AppendHandle(path)
+    def open_append(self, path: Path, preallocate_bytes: int = 0) -> AppendHandle:
+        handle = AppendHandle(path, preallocate_bytes)
+        self._appending[path] = handle
+        return handle
 
     def read_bytes(self, path: Path) -> bytes:
         return path.read_bytes()

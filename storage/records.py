@@ -19,6 +19,11 @@ good ones: refuse to start). After a bad record it looks for any valid record
 further on: from the end of the bad record's body when its header is intact
 (so a payload that itself contains an encoded record cannot mislead it), else
 from the next byte.
+
+A WAL file is allocated ahead of its writes (storage/files.py), so after a
+crash it may end in zeros: with ``zero_tail_ok`` they are its end, not a torn
+tail (``ScanResult.zero_tail``). Nothing else is allocated ahead, so a segment
+that ends in zeros is torn.
 """
 from __future__ import annotations
 
@@ -105,9 +110,15 @@ class ScanResult:
     valid_end: int  # offset just past the last good record
     torn_bytes: int  # bytes after valid_end that were cut off as a torn tail
     torn_reason: str | None
+    zero_tail: int = 0  # zero bytes after valid_end: space allocated ahead and never written
 
 
-def scan(data: bytes, path: str = "<wal>") -> ScanResult:
+def zeros_from(data: bytes, start: int) -> bool:
+    """Whether `data` holds only zero bytes from `start` on (and something there)."""
+    return start < len(data) and data.count(0, start) == len(data) - start
+
+
+def scan(data: bytes, path: str = "<wal>", zero_tail_ok: bool = False) -> ScanResult:
     """Decode a whole WAL file's bytes. Raises CorruptLog for mid-file damage."""
     if len(data) < FILE_HEADER_SIZE:
         if FILE_HEADER.startswith(data):
@@ -124,6 +135,8 @@ def scan(data: bytes, path: str = "<wal>") -> ScanResult:
     while offset < end:
         record, next_offset, problem = _decode(data, view, offset)
         if record is None:
+            if zero_tail_ok and zeros_from(data, offset):
+                return ScanResult(records, offsets, offset, 0, None, end - offset)
             if _any_valid_record_after(data, next_offset):
                 raise CorruptLog(path, offset, problem)
             return ScanResult(records, offsets, offset, end - offset, problem)
@@ -168,6 +181,8 @@ def scan_heads(data: bytes, path: str = "<wal>") -> tuple[list[tuple[int, int, i
     while offset < end:
         head, next_offset, problem = _decode_head(data, view, offset)
         if head is None:
+            if zeros_from(data, offset):
+                return heads, offset   # allocated ahead, never written (a WAL file whose close did not cut it)
             raise CorruptLog(path, offset, problem)
         heads.append((head[0], head[2], offset, next_offset - offset))
         offset = next_offset

@@ -156,7 +156,9 @@ class LogStore:
                 self._recover_segment(log_id, path, recovered, rollover_interrupted, visit)
         for position, path in enumerate(wal_paths):
             data = self.files.read_bytes(path)
-            result = records.scan(data, str(path))
+            result = records.scan(data, str(path), zero_tail_ok=True)
+            if result.zero_tail:   # allocated ahead and not written before a crash (storage/files.py)
+                self.files.truncate(path, result.valid_end)
             if result.torn_reason is not None:
                 if position != len(wal_paths) - 1:
                     raise records.CorruptLog(str(path), result.valid_end,
@@ -192,7 +194,7 @@ class LogStore:
     def _open_new_wal(self) -> None:
         self._wal_number += 1
         path = self.wal_dir / f"{self._wal_number:08d}.wal"
-        self._wal = self.files.open_append(path)
+        self._wal = self.files.open_append(path, preallocate_bytes=self.wal_max_size_bytes)
         self._heads[path] = WalHeads()
         self._wal.write(records.FILE_HEADER)
         self._wal.sync()
@@ -214,7 +216,7 @@ class LogStore:
             try:
                 self._wal.close()
                 self.files.truncate(path, size_before)
-                self._wal = self.files.open_append(path)
+                self._wal = self.files.open_append(path, preallocate_bytes=self.wal_max_size_bytes)
             except OSError as cut_error:
                 self._broken = cut_error
             raise error

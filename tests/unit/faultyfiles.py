@@ -215,7 +215,9 @@ class FaultyFiles:
         self.durable_nodes = dict(self.nodes)
 
     # -- the RealFiles interface ------------------------------------------
-    def open_append(self, path: Path) -> FakeAppendHandle:
+    def open_append(self, path: Path, preallocate_bytes: int = 0) -> FakeAppendHandle:
+        # preallocate_bytes: a fake file has no allocated space to grow into; RealFiles' is tested
+        # against the disk (tests/unit/test_storage_files.py)
         self.tick("open_append", path)
         node = self.nodes.get(path)
         if node is None:

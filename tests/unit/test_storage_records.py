@@ -95,6 +95,55 @@ def check_truncation(truncated: bytes, cut: int, entries: list[Record], offsets:
     assert (result.torn_reason is None) == (cut == offsets[complete])
 
 
+# -- zeros allocated ahead of a WAL file's writes (storage/files.py) ---------
+
+@settings(max_examples=60, deadline=None)
+@given(SMALL_RECORDS, st.integers(1, 5000), st.data())
+def test_a_cut_file_then_zeros_is_the_same_prefix_and_zeros_end_a_wal_file(entries, zeros, data):
+    """What a crash leaves of a WAL file allocated ahead: some of its last batch,
+    then zeros. Records before the cut are kept; a whole record then zeros is a
+    clean end (the zeros are not reported as torn); a partial record then zeros is
+    a torn tail, as without the zeros."""
+    full = file_of(entries)
+    offsets = record_offsets(entries)
+    cut = data.draw(st.integers(FILE_HEADER_SIZE, len(full)))
+    result = scan(full[:cut] + bytes(zeros), "cut.wal", zero_tail_ok=True)
+    complete = [position for position, end in enumerate(offsets) if end <= cut][-1]
+    assert result.records == entries[:complete]
+    assert result.valid_end == offsets[complete]
+    if cut == offsets[complete]:
+        assert result.torn_reason is None and result.torn_bytes == 0
+        assert result.zero_tail == zeros
+    else:
+        assert result.torn_reason is not None and result.zero_tail == 0
+        assert result.torn_bytes == cut - offsets[complete] + zeros
+
+
+def test_zeros_after_the_last_record_are_torn_where_nothing_is_allocated_ahead():
+    entries = [Record(1, 1, 1, b"one"), Record(1, 1, 2, b"two")]
+    full = file_of(entries)
+    result = scan(full + bytes(64), "segment")
+    assert result.records == entries
+    assert result.torn_reason is not None and result.torn_bytes == 64 and result.zero_tail == 0
+
+
+def test_zeros_in_the_middle_of_a_wal_file_are_corruption_not_its_end():
+    entries = [Record(1, 1, 1, b"one"), Record(1, 1, 2, b"two")]
+    offsets = record_offsets(entries)
+    damaged = bytearray(file_of(entries))
+    damaged[offsets[0]:offsets[1]] = bytes(offsets[1] - offsets[0])
+    with pytest.raises(CorruptLog):
+        scan(bytes(damaged) + bytes(64), "damaged.wal", zero_tail_ok=True)
+
+
+def test_the_heads_of_a_file_stop_at_zeros_allocated_ahead():
+    entries = [Record(1, 1, 1, b"one"), Record(2, 1, 5, b"two")]
+    full = file_of(entries)
+    heads, end = records.scan_heads(full + bytes(4096), "old.wal")
+    assert [(log_id, index) for log_id, index, _, _ in heads] == [(1, 1), (2, 5)]
+    assert end == len(full)
+
+
 def test_truncation_inside_a_record_whose_payload_embeds_a_record_is_a_torn_tail():
     """A message body may contain anything, including bytes that form a valid
     WAL record. Cutting the last record short (a torn write) must still be a
