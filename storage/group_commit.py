@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +20,7 @@ import structlog
 
 from warren.storage import records
 from warren.storage.wal import LogStore, Relocation
+from warren.storage.writer_thread import WriterThread
 
 log = structlog.get_logger("warren.storage")
 
@@ -49,7 +49,8 @@ class GroupCommitter:
     runtime calls it at the end of its turn: everything it had to write is
     in), and the writer thread's completion comes back with one
     `call_soon_threadsafe` (not an asyncio future waking a task: two hops),
-    which hands over the next batch at once if one has formed meanwhile."""
+    which hands over the next batch at once if one has formed meanwhile
+    (storage/writer_thread.py)."""
 
     def __init__(self, store: LogStore, prepare_rollover: Callable[[], tuple[dict[int, int], bytes]],
                  on_batch_written: Callable[[BatchWritten], None] | None = None,
@@ -70,7 +71,8 @@ class GroupCommitter:
         self.open_batch = 1  # the batch new appends go into
         self._callbacks: dict[int, list[DurableCallback]] = {}
         # one thread writes: batches reach the file in order
-        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="wal-writer")
+        # looked up per batch, not bound here: the store's write is replaced in tests of a failing disk
+        self._writer = WriterThread(lambda data: self.store.write_batch(data), self._on_written)
         self._busy = False          # a batch is being written, or the WAL is being switched
         self._kick: asyncio.Handle | None = None
         self._idle_waiters: list[asyncio.Future] = []
@@ -143,17 +145,15 @@ class GroupCommitter:
         self._busy = True
         loop = asyncio.get_running_loop()
         started = time.perf_counter()
-        future = self._writer.submit(self.store.write_batch, data)
-        future.add_done_callback(lambda done: loop.call_soon_threadsafe(
-            self._on_written, batch, heads, len(data), started, done))
+        self._writer.submit(loop, batch, heads, data, started)
         for listener in self._writing_listeners:
             listener()
 
     def _on_written(self, batch: int, heads: list[tuple[int, int, int]], size: int, started: float,
-                    done: Future) -> None:
-        """On the loop: the batch is durable (or failed). Listeners, then its
-        callbacks; then a rollover if the WAL is full, else the next batch."""
-        error = done.exception()
+                    where: tuple[Path, int] | None, error: BaseException | None) -> None:
+        """On the loop: the batch is durable (`where`: its file and offset) or failed
+        (`error`). Listeners, then its callbacks; then a rollover if the WAL is
+        full, else the next batch."""
         ok = error is None
         if not ok:
             self.failed_batches += 1
@@ -164,7 +164,7 @@ class GroupCommitter:
                           exc_info=(type(error), error, error.__traceback__))
         try:
             if ok:
-                path, start = done.result()
+                path, start = where
                 self.store.note_written(path, start, heads)   # before a rollover may move the file
             if ok and self._written_listeners:
                 written = BatchWritten(batch, path, start, len(heads), size, time.perf_counter() - started)
@@ -243,4 +243,4 @@ class GroupCommitter:
 
     def close(self) -> None:
         """Stop the writer thread (after `drain`)."""
-        self._writer.shutdown(wait=True)
+        self._writer.close()

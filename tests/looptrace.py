@@ -19,7 +19,6 @@ Chains started by timers are not counted (`"timer"`).
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import json
 import os
 import sys
@@ -65,14 +64,14 @@ class TracingLoop(asyncio.SelectorEventLoop):
 
 
 def _patch() -> None:
-    from warren.storage.wal import LogStore
-    submit = concurrent.futures.ThreadPoolExecutor.submit
+    from warren.storage.writer_thread import WriterThread
+    submit = WriterThread.submit
 
-    def traced_submit(self, fn, /, *args, **kwargs):
-        if getattr(fn, "__func__", None) is LogStore.write_batch and _current[0] == "io":
+    def traced_submit(self, *args):
+        if _current[0] == "io":
             _record("to_fsync", _current[1])
-        return submit(self, fn, *args, **kwargs)
-    concurrent.futures.ThreadPoolExecutor.submit = traced_submit
+        return submit(self, *args)
+    WriterThread.submit = traced_submit
 
     from asyncio import selector_events
     write = selector_events._SelectorSocketTransport.write
