@@ -13,8 +13,8 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import structlog
 
@@ -29,9 +29,10 @@ DurableCallback = Callable[[bool], None]
 BATCH_MAX_BYTES = 16 * 1024 * 1024
 
 
-@dataclass(frozen=True, slots=True)
-class BatchWritten:
-    """A batch that is now durable: where it lies, and what it cost."""
+class BatchWritten(NamedTuple):
+    """A batch that is now durable: where it lies, and what it cost (a named
+    tuple: one is made per batch, and a frozen dataclass's fields are set one
+    `object.__setattr__` at a time)."""
 
     batch: int
     path: Path
