@@ -6,6 +6,7 @@ space. Paths are ``pathlib.Path``.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 from collections import OrderedDict
 from pathlib import Path
@@ -63,7 +64,10 @@ class AppendHandle:
         self.closed = True
         try:
             if self.allocated > self.size:
-                os.ftruncate(self._fd, self.size)   # not synced: a crash leaves zeros, which recovery reads as the end
+                # not synced: a crash leaves the zeros, which recovery reads as the end; so does a failed cut
+                # (records.scan, scan_heads), which must not fail the close of a rollover's old file
+                with contextlib.suppress(OSError):
+                    os.ftruncate(self._fd, self.size)
         finally:
             os.close(self._fd)
 

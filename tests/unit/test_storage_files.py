@@ -113,3 +113,19 @@ def test_without_room_to_allocate_ahead_writes_go_on_as_plain_appends(tmp_path: 
     handle.write(encoded(2))
     assert path.stat().st_size == handle.size == len(records.FILE_HEADER) + 2 * len(encoded(1))
     handle.close()
+
+
+def test_a_close_that_cannot_cut_the_allocated_zeros_still_closes(tmp_path: Path, monkeypatch):
+    path = tmp_path / "00000001.wal"
+    handle = AppendHandle(path, preallocate_bytes=ALLOCATE_UP_TO)
+    handle.write(records.FILE_HEADER)
+    handle.write(encoded(1))
+
+    def failing_cut(fd, size):
+        raise OSError(5, "Input/output error")
+    monkeypatch.setattr(files.os, "ftruncate", failing_cut)
+    handle.close()
+    assert handle.closed
+    data = path.read_bytes()
+    assert records.scan_heads(data, str(path))[1] == len(records.FILE_HEADER) + len(encoded(1)), \
+        "the zeros left read as the end of the file"
