@@ -84,8 +84,9 @@ class RealFiles:
         # readable through its descriptor until ``forget`` closes it
         self._readers: dict[Path, int] = {}
         self._blocks: OrderedDict[tuple[Path, int], bytes] = OrderedDict()
-        # files open for appending: a block read from one stops at what was written, not at its
-        # allocated end (zeros), so a cached block is read again once the file grew past it
+        # files open for appending into space allocated ahead (the WAL's): a block read from one stops
+        # at what was written, not at the zeros after it, so a cached block is read again once the file
+        # grew past it. Closed ones are dropped when the next is opened: at most a few are listed.
         self._appending: dict[Path, AppendHandle] = {}
 
     def read_at(self, path: Path, offset: int, length: int, cached: bool = True) -> bytes:
@@ -121,7 +122,6 @@ class RealFiles:
         if writer is None:
             return READ_BLOCK_BYTES
         if writer.closed:
-            del self._appending[path]
             return READ_BLOCK_BYTES
         return max(0, min(READ_BLOCK_BYTES, writer.size - block * READ_BLOCK_BYTES))
 
@@ -135,7 +135,9 @@ class RealFiles:
 
     def open_append(self, path: Path, preallocate_bytes: int = 0) -> AppendHandle:
         handle = AppendHandle(path, preallocate_bytes)
-        self._appending[path] = handle
+        if preallocate_bytes:
+            # opened on a worker thread (a rollover) while the loop reads: replaced whole, not changed
+            self._appending = {**{p: h for p, h in self._appending.items() if not h.closed}, path: handle}
         return handle
 
     def read_bytes(self, path: Path) -> bytes:

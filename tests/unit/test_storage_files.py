@@ -129,3 +129,16 @@ def test_a_close_that_cannot_cut_the_allocated_zeros_still_closes(tmp_path: Path
     data = path.read_bytes()
     assert records.scan_heads(data, str(path))[1] == len(records.FILE_HEADER) + len(encoded(1)), \
         "the zeros left read as the end of the file"
+
+
+def test_only_open_files_allocated_ahead_are_listed_for_reads(tmp_path: Path):
+    """The list of files being written is bounded: a closed WAL file goes when the
+    next opens, and segments (not allocated ahead) are never listed."""
+    real = RealFiles()
+    for number in range(1, 20):
+        wal_file = real.open_append(tmp_path / f"{number:08d}.wal", preallocate_bytes=ALLOCATE_UP_TO)
+        real.open_append(tmp_path / f"{number}.seg").close()
+        if number < 19:
+            wal_file.close()
+    assert list(real._appending) == [tmp_path / "00000019.wal"]   # noqa: SLF001
+    wal_file.close()
