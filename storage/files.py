@@ -119,9 +119,7 @@ class RealFiles:
 
     def _readable_bytes(self, path: Path, block: int) -> int:
         writer = self._appending.get(path)
-        if writer is None:
-            return READ_BLOCK_BYTES
-        if writer.closed:
+        if writer is None or writer.closed:
             return READ_BLOCK_BYTES
         return max(0, min(READ_BLOCK_BYTES, writer.size - block * READ_BLOCK_BYTES))
 
