@@ -90,6 +90,10 @@ class Settings(BaseSettings):
     node_processes: int | None = Field(None, ge=1, le=256)
     # Set by the supervisor for its shard k (broker/node/shards.py), never by hand.
     node_shard: int | None = Field(None, ge=0)
+    # A node over several processes moves a connection to its queue's process at its first
+    # publish or consume, when that is all it did so far (docs/multi-process.md, section 11);
+    # off, every connection stays where it was accepted and crosses to its queues' processes.
+    move_connections: bool = True
 
     # The users, vhosts and permissions a fresh node starts with (RabbitMQ's default user
     # and load_definitions); after the first start they live in the metadata log and

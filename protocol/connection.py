@@ -34,6 +34,7 @@ from pamqp import commands as spec
 
 from warren.protocol.constants import (
     BASIC_ACK,
+    BASIC_CONSUME,
     BASIC_NACK,
     BASIC_PUBLISH,
     BASIC_REJECT,
@@ -86,6 +87,8 @@ _ack_args = struct.Struct(">QB")
 _u16 = struct.Struct(">H")
 
 _CHANNEL_OPEN = "open"
+# What a connection commits itself to a queue with (ServerConnection.stop_at_commitment).
+_COMMITMENTS = frozenset({BASIC_PUBLISH, BASIC_CONSUME})
 _CHANNEL_CLOSING = "closing"
 
 
@@ -115,6 +118,12 @@ class ServerConnection:
         self._contents: dict[int, _Content] = {}
         self._buffer = b""
         self.pending_events: list[tuple] = []
+        # Set by the shell while it may still hand the connection to another process:
+        # parsing stops before the first basic.publish or basic.consume on an open
+        # channel (its frame and what follows stay unparsed, `unparsed`), and
+        # `stopped_at` is (channel, method id, the method's argument bytes).
+        self.stop_at_commitment = False
+        self.stopped_at: tuple[int, int, bytes] | None = None
 
     # -- input ------------------------------------------------------------
     def receive_data(self, data: bytes) -> list[tuple]:
@@ -123,15 +132,10 @@ class ServerConnection:
         events: list[tuple] = []
         self.pending_events = events
         if self.state == AWAIT_HEADER:
-            if len(buf) < 8:
-                self._buffer = buf
-                if PROTOCOL_HEADER.startswith(bytes(buf)):
-                    return events
-                raise BadProtocolHeader()
-            if buf[:8] != PROTOCOL_HEADER:
-                raise BadProtocolHeader()
-            self.state = AWAIT_START_OK
-            buf = buf[8:]
+            after = self._after_protocol_header(buf)
+            if after is None:
+                return events
+            buf = after
         pos = 0
         end = len(buf)
         frame_max = self.frame_max
@@ -152,6 +156,11 @@ class ServerConnection:
                 if size < 4:
                     raise AMQPConnectionError(FRAME_ERROR, "method frame too short")
                 (method_id,) = _method_id.unpack_from(buf, payload_start)
+                if (self.stop_at_commitment and method_id in _COMMITMENTS
+                        and self.channels.get(channel) is _CHANNEL_OPEN and channel not in self._contents):
+                    self.stopped_at = (channel, method_id, buf[payload_start + 4:frame_end])
+                    pos = payload_start - 7   # the frame's start: it stays unparsed
+                    break
                 if channel and self.channels.get(channel) is _CHANNEL_OPEN and channel not in self._contents:
                     # Fast path: the hot methods on an open channel.
                     if method_id == BASIC_PUBLISH:
@@ -182,6 +191,29 @@ class ServerConnection:
                 raise AMQPConnectionError(FRAME_ERROR, f"unknown frame type {frame_type}")
         self._buffer = buf[pos:] if pos < end else b""
         return events
+
+    def _after_protocol_header(self, buf: bytes) -> bytes | None:
+        """The input after the protocol header; None while it is not whole yet."""
+        if len(buf) < 8:
+            self._buffer = buf
+            if PROTOCOL_HEADER.startswith(bytes(buf)):
+                return None
+            raise BadProtocolHeader()
+        if buf[:8] != PROTOCOL_HEADER:
+            raise BadProtocolHeader()
+        self.state = AWAIT_START_OK
+        return buf[8:]
+
+    @property
+    def unparsed(self) -> bytes:
+        """What was received and not yet parsed (a partial frame, or all from a stop on)."""
+        return self._buffer
+
+    def resume(self) -> None:
+        """Parse on past a commitment and stop at none again; `receive_data(b"")` then
+        parses what was left."""
+        self.stop_at_commitment = False
+        self.stopped_at = None
 
     @staticmethod
     def _ack_args(buf: bytes, payload_start: int, frame_end: int) -> tuple[int, int]:

@@ -58,6 +58,7 @@ REPLY_NAMES = {
 
 # Class and method ids of the hot methods, decoded without pamqp.
 CLASS_BASIC = 60
+BASIC_CONSUME = (60 << 16) | 20
 BASIC_PUBLISH = (60 << 16) | 40
 BASIC_ACK = (60 << 16) | 80
 BASIC_NACK = (60 << 16) | 120

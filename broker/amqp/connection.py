@@ -19,7 +19,9 @@ import structlog
 from pamqp import commands as spec
 
 from warren.broker.admin.auth import AuthenticationError, authenticate
+from warren.broker.amqp import connection_move
 from warren.broker.amqp.channel import Channel
+from warren.broker.amqp.server_properties import server_properties
 from warren.protocol import codec
 from warren.protocol.connection import (
     AWAIT_HEADER,
@@ -60,11 +62,17 @@ EARLY_FLUSH_BYTES = 64 * 1024
 
 
 class AMQPConnection(asyncio.Protocol):
-    def __init__(self, broker: "Broker"):
+    def __init__(self, broker: "Broker", moved_in: tuple[bytes, bytes, list[int]] | None = None):
         self.broker = broker
         settings = broker.settings
         self.id = next(_connection_ids)
         self.protocol = ServerConnection(settings.frame_max, settings.channel_max, settings.max_message_size_bytes)
+        # Until its first publish or consume a connection may move to its queue's shard
+        # (connection_move.py); one that moved here replays `moved_in` first and stays.
+        self.move_watch = connection_move.MoveWatch() if broker.handoff is not None and moved_in is None else None
+        self.protocol.stop_at_commitment = self.move_watch is not None
+        self._moved_in = moved_in
+        self.replaying = False   # output is dropped: the client had it from the shard it came from
         self.frame_max = settings.frame_max
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
@@ -105,11 +113,16 @@ class AMQPConnection(asyncio.Protocol):
         self.broker.connection_opened(self)
         loop = asyncio.get_running_loop()
         self._timer = loop.call_later(self.broker.settings.handshake_timeout_seconds, self._on_handshake_timeout)
+        if self._moved_in is not None:
+            connection_move.replay(self, *self._moved_in)
+            self._moved_in = None
 
     def data_received(self, data: bytes) -> None:
         self._last_received = time.monotonic()
         if self._closing and self.protocol.state == "closed":
             return
+        if self.move_watch is not None and not self.move_watch.record(data):
+            self._stop_watching()
         self._in_receive = True
         try:
             try:
@@ -129,12 +142,48 @@ class AMQPConnection(asyncio.Protocol):
                 self._hard_error(error)
                 return
             self._dispatch(events)
+            if self.protocol.stopped_at is not None:
+                self._at_commitment()
         except Exception:  # a bug must not take the node down: close just this connection
             log.exception("connection.internal_error", peer=self.peer)
             self._hard_error(AMQPConnectionError(INTERNAL_ERROR, "internal error"))
         finally:
             self._in_receive = False
             self.flush()
+
+    def _at_commitment(self) -> None:
+        """Parsing stopped before the connection's first publish or consume: it moves
+        to its queue's shard, or stays and parses on."""
+        if connection_move.try_move(self):
+            return
+        self._stop_watching()
+        self.protocol.resume()
+        try:
+            events = self.protocol.receive_data(b"")
+        except AMQPConnectionError as error:
+            self._dispatch(self.protocol.pending_events)
+            self._hard_error(error)
+            return
+        self._dispatch(events)
+
+    def _stop_watching(self) -> None:
+        self.move_watch = None
+        self.protocol.stop_at_commitment = False
+
+    def moved_away(self, shard: int, queue: str) -> None:
+        """The socket went to shard `shard`: forget the connection here, telling the client nothing."""
+        log.info("connection.moved", peer=self.peer, user=self.user_name, shard=shard, queue=queue)
+        self._teardown()
+        if self.transport is not None:
+            self.transport.abort()
+
+    @property
+    def closing(self) -> bool:
+        return self._closing
+
+    @property
+    def holds_events(self) -> bool:
+        return bool(self._held)
 
     def eof_received(self) -> bool | None:
         return False
@@ -220,6 +269,10 @@ class AMQPConnection(asyncio.Protocol):
 
     def flush(self) -> None:
         self._flush_scheduled = False
+        if self.replaying:
+            self._out.clear()
+            self._out_bytes = 0
+            return
         if self._confirm_channels:
             channels, self._confirm_channels = self._confirm_channels, set()
             for channel in channels:
@@ -329,6 +382,8 @@ class AMQPConnection(asyncio.Protocol):
             self._update_reading()
 
     def _on_method(self, number: int, channel: Channel | None, method: Any) -> None:
+        if self.move_watch is not None and not self.move_watch.note(method):
+            self._stop_watching()
         if number == 0:
             self._on_connection_method(method)
             return
@@ -476,6 +531,7 @@ class AMQPConnection(asyncio.Protocol):
                 self.flush()
 
     def _channel_error(self, number: int, error: ChannelError) -> None:
+        self._stop_watching()   # a replay of what closed a channel is not exact
         log.info("channel.error", peer=self.peer, channel=number, reply_code=error.reply_code, text=error.text)
         self.broker.counters.channel_errors += 1
         self._close_channel(number)
@@ -496,6 +552,7 @@ class AMQPConnection(asyncio.Protocol):
         if self._closing or self.closed:
             return
         self._closing = True
+        self._stop_watching()
         self._close_all_channels()
         self.protocol.start_closing()
         self._write_now(codec.encode_method(0, spec.Connection.Close(
@@ -536,26 +593,4 @@ class AMQPConnection(asyncio.Protocol):
         if self.vhost is not None:
             self.vhost.delete_exclusive_queues(self.id)
         self.broker.connection_closed(self)
-
-
-def server_properties(version: str, node_name: str) -> dict:
-    return {
-        "product": "Warren",
-        "version": version,
-        "platform": "Python",
-        "cluster_name": node_name,
-        "copyright": "Warren developers",
-        "information": "An AMQP 0-9-1 broker with Raft quorum queues",
-        "capabilities": {
-            "publisher_confirms": True,
-            "exchange_exchange_bindings": True,
-            "basic.nack": True,
-            "consumer_cancel_notify": True,
-            "connection.blocked": True,
-            "consumer_priorities": True,
-            "authentication_failure_close": True,
-            "per_consumer_qos": True,
-            "direct_reply_to": True,
-        },
-    }
 

@@ -26,6 +26,7 @@ from warren.raft.node_log import NodeLog
 if TYPE_CHECKING:
     from warren.broker.amqp.channel import Channel
     from warren.broker.amqp.connection import AMQPConnection
+    from warren.broker.node.connection_handoff import ConnectionHandoff
 
 VERSION = "0.1.0"
 # Free space (a statvfs of data_dir) is looked at sooner the nearer it is to the limit, as
@@ -67,6 +68,8 @@ class Broker:
         # still lets its administrator in.
         # a shard of a node over several processes: what its connections share with the other shards
         self.shard_link = ShardLink(self, settings.node_shard) if settings.node_shard is not None else None
+        # where its connections move to their queues' shards (set by the server, connection_handoff.py)
+        self.handoff: ConnectionHandoff | None = None
         self.vhosts = {name: self._new_vhost(name) for name in settings.vhosts}
         self.access = AccessControl.from_settings(settings)
         self.cluster = Cluster(self)

@@ -26,6 +26,7 @@ import socket
 import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import IO
 
@@ -37,6 +38,7 @@ from warren.broker.admin.http import start_http_server
 from warren.broker.amqp.connection import AMQPConnection
 from warren.broker.node import gc_tuning, malloc_tuning, shards
 from warren.broker.node.broker import VERSION, Broker
+from warren.broker.node.connection_handoff import ConnectionHandoff
 from warren.broker.node.listen_sockets import LISTEN_BACKLOG, skippable
 from warren.broker.node.logs import configure_logging
 from warren.broker.node.supervisor import Supervisor
@@ -131,13 +133,15 @@ class InheritedSockets:
     amqp: list[socket.socket]
     http: list[socket.socket]
     gatherer: ShardGatherer | None   # shard 0's, answering for the node
+    handoff: ConnectionHandoff
 
     @classmethod
     def of(cls, plan: shards.ShardPlan, node_name: str) -> "InheritedSockets":
         others = {k: port for k, port in enumerate(plan.http_ports) if k > 0 and port is not None}
         return cls([socket.socket(fileno=fd) for fd in plan.amqp_fds],
                    [socket.socket(fileno=fd) for fd in plan.http_fds],
-                   ShardGatherer(node_name, others) if plan.shard == 0 else None)
+                   ShardGatherer(node_name, others) if plan.shard == 0 else None,
+                   ConnectionHandoff.of(plan.shard, plan.handoff_inbox_fds, plan.handoff_outbox_fds))
 
 
 def lock_data_dir(data_dir: Path, node_name: str) -> IO[str]:
@@ -203,6 +207,10 @@ async def serve(settings: Settings, inherited: InheritedSockets | None = None) -
     # The Raft groups (metadata, queues) from the WAL, and the links to the other nodes.
     await broker.start()
     servers, metrics_servers = await _listen_all(broker, settings, inherited)
+    if inherited is not None:   # connections moved here from other shards are taken from now on
+        inherited.handoff.start(loop, partial(_take_moved, broker))
+        if settings.move_connections:
+            broker.handoff = inherited.handoff
     broker.listeners = {"amqp": _addresses(servers), "metrics": _addresses(metrics_servers)}
     log.info("server.started", node=settings.node_name, **broker.listeners, data_dir=str(settings.data_dir),
              version=VERSION)
@@ -211,6 +219,8 @@ async def serve(settings: Settings, inherited: InheritedSockets | None = None) -
     log.info("server.stopping", connections=len(broker.connections))
     for server in servers:
         server.close()
+    if inherited is not None:
+        inherited.handoff.stop(loop)
     broker.shutdown_connections()
     deadline = loop.time() + SHUTDOWN_GRACE_SECONDS
     while broker.connections and loop.time() < deadline:
@@ -221,6 +231,21 @@ async def serve(settings: Settings, inherited: InheritedSockets | None = None) -
         server.close()
     log.info("server.stopped")
     return FATAL_EXIT_STATUS if fatal else 0
+
+
+def _take_moved(broker: Broker, sock: socket.socket, history: bytes, unparsed: bytes, channels: list[int]) -> None:
+    """A connection another shard moved here (broker/amqp/connection_move.py)."""
+    sock.setblocking(False)
+    moved_in = (history, unparsed, channels)
+    task = asyncio.ensure_future(asyncio.get_running_loop().connect_accepted_socket(
+        lambda: AMQPConnection(broker, moved_in), sock))
+    task.add_done_callback(partial(_moved_started, sock))
+
+
+def _moved_started(sock: socket.socket, task: asyncio.Future) -> None:
+    if task.cancelled() or task.exception() is not None:
+        log.warning("connection.move_not_started", error=str(None if task.cancelled() else task.exception()))
+        sock.close()
 
 
 async def _listen_all(broker: Broker, settings: Settings, inherited: InheritedSockets | None,

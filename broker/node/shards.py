@@ -110,6 +110,9 @@ class ShardPlan:
     amqp_fds: list[int]
     http_fds: list[int]          # shard 0: the node's metrics port; shard k: its own loopback one
     http_ports: list[int | None]  # each shard's HTTP port (shard 0's is the node's, None when off)
+    # each shard's pair of the sockets connections move over (broker/node/connection_handoff.py)
+    handoff_inbox_fds: list[int]
+    handoff_outbox_fds: list[int]
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))

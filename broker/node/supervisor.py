@@ -32,6 +32,7 @@ from pathlib import Path
 import structlog
 
 from warren.broker.node import shards
+from warren.broker.node.connection_handoff import handoff_pairs
 from warren.broker.node.listen_sockets import bind_listeners, free_loopback_ports
 from warren.config import Settings
 
@@ -70,9 +71,12 @@ class Supervisor:
         http_ports: list[int | None] = [metrics[0].getsockname()[1] if metrics else None,
                                         *[socks[0].getsockname()[1] for socks in loopback_http]]
         cluster_ports = free_loopback_ports(self.count)
+        handoff = handoff_pairs(self.count)
+        inboxes, outboxes = [inbox.fileno() for inbox, _ in handoff], [outbox.fileno() for _, outbox in handoff]
         self.plans = [shards.ShardPlan(k, self.count, os.getpid(), cluster_ports, [s.fileno() for s in amqp],
-                                       http_fds[k], http_ports) for k in range(self.count)]
-        self.listening = [*amqp, *metrics, *(sock for socks in loopback_http for sock in socks)]
+                                       http_fds[k], http_ports, inboxes, outboxes) for k in range(self.count)]
+        self.listening = [*amqp, *metrics, *(sock for socks in loopback_http for sock in socks),
+                          *(sock for pair in handoff for sock in pair)]
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, self._forward)
         signal.signal(signal.SIGALRM, self._kill_stragglers)
@@ -92,7 +96,8 @@ class Supervisor:
     def _spawn(self, shard: int) -> None:
         plan = self.plans[shard]
         command = [sys.executable, "-m", "warren.broker", *self.config_args, "--shard-plan", plan.to_json()]
-        self.processes[shard] = subprocess.Popen(command, pass_fds=[*plan.amqp_fds, *plan.http_fds])
+        self.processes[shard] = subprocess.Popen(command, pass_fds=[*plan.amqp_fds, *plan.http_fds,
+                                                                  *plan.handoff_inbox_fds, *plan.handoff_outbox_fds])
         self._write_ports()
 
     def _write_ports(self) -> None:

@@ -76,8 +76,11 @@ def node_metrics(server: ShardedServer) -> dict[str, float]:
             if not name.startswith("#") and "{" not in name}
 
 
-def sharded_server(tmp_path) -> ShardedServer:
-    plain = make_server(tmp_path, WARREN_NODE_PROCESSES=str(SHARDS))
+def sharded_server(tmp_path, move_connections: bool = False) -> ShardedServer:
+    """Connections stay where they were accepted unless `move_connections` (the default of
+    warren-server, tested in test_connection_moves.py): these tests cross between shards."""
+    plain = make_server(tmp_path, WARREN_NODE_PROCESSES=str(SHARDS),
+                        WARREN_MOVE_CONNECTIONS="true" if move_connections else "false")
     return ShardedServer(plain.amqp_port, plain.metrics_port, plain.data_dir, plain.env)
 
 

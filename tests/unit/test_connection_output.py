@@ -33,7 +33,7 @@ def connection_in_a_turn(tmp_path) -> tuple[AMQPConnection, RecordingTransport, 
         end_of_turn.append(callback)
         return True
 
-    broker = SimpleNamespace(settings=Settings(data_dir=tmp_path),
+    broker = SimpleNamespace(settings=Settings(data_dir=tmp_path), handoff=None,
                              cluster=SimpleNamespace(runtime=SimpleNamespace(after_turn=after_turn)))
     connection = AMQPConnection(broker)  # type: ignore[arg-type]
     transport = RecordingTransport()
