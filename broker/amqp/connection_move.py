@@ -112,8 +112,11 @@ def replay(connection: "AMQPConnection", history: bytes, unparsed: bytes, channe
     if not (_settled(connection) and sorted(connection.channels) == channels):
         # the node changed under the move (a user, a permission, the queue): not where the client thinks
         log.warning("connection.move_replay_differs", peer=connection.peer, channels=channels)
-        connection.close(CONNECTION_FORCED, "CONNECTION_FORCED - the connection could not move to its queue's "
-                         "process; connect again")
+        if connection.closing and connection.transport is not None:   # the replay's own close went nowhere
+            connection.transport.abort()
+        else:
+            connection.close(CONNECTION_FORCED, "CONNECTION_FORCED - the connection could not move to its "
+                             "queue's process; connect again")
         return
     log.info("connection.moved_in", peer=connection.peer, user=connection.user_name, channels=channels)
     if unparsed:

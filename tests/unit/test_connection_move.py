@@ -6,6 +6,8 @@ parsed again by a fresh connection, gives the same events; the unparsed rest the
 gives the events a connection that never stopped would have given."""
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -21,7 +23,11 @@ from tests.unit.wire import (
     normalise,
     publish,
 )
+from warren.broker.amqp.connection import AMQPConnection
 from warren.broker.amqp.connection_move import MOVE_MAX_BYTES, MoveWatch
+from warren.broker.node.broker import Broker
+from warren.config.settings import Settings
+from warren.protocol import codec
 from warren.protocol.constants import BASIC_CONSUME, BASIC_PUBLISH
 from warren.protocol.errors import AMQPConnectionError
 
@@ -120,3 +126,69 @@ def test_the_history_is_what_was_received_but_the_unparsed_end_and_is_bounded():
     assert watch.record(b"abc") and watch.record(b"defg")
     assert watch.history(2) == b"abcde" and watch.history(0) == b"abcdefg"
     assert not watch.record(bytes(MOVE_MAX_BYTES)), "more than a move carries must end the watch"
+
+
+class MovedSocket:
+    """The transport of a socket another shard handed over: records what the client would read."""
+
+    def __init__(self) -> None:
+        self.writes: list[bytes] = []
+        self.aborted = False
+
+    def write(self, data: bytes) -> None:
+        self.writes.append(bytes(data))
+
+    def is_closing(self) -> bool:
+        return self.aborted
+
+    def get_extra_info(self, name: str, default=None):
+        return ("127.0.0.1", 40000) if name == "peername" else default
+
+    def set_write_buffer_limits(self, high=None, low=None) -> None:
+        pass
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+    def abort(self) -> None:
+        self.aborted = True
+
+    close = abort
+
+
+def moved_in(tmp_path, history: bytes, unparsed: bytes, channels: list[int]) -> tuple[AMQPConnection, MovedSocket]:
+    """A connection made on a moved socket, as the receiving shard's server makes it."""
+    async def arrive() -> tuple[AMQPConnection, MovedSocket]:
+        connection = AMQPConnection(Broker(Settings(data_dir=tmp_path)), (history, unparsed, channels))
+        transport = MovedSocket()
+        connection.connection_made(transport)  # type: ignore[arg-type]
+        return connection, transport
+    return asyncio.run(arrive())
+
+
+def test_a_moved_connection_replays_without_a_word_and_answers_from_its_commitment_on(tmp_path):
+    history = (HANDSHAKE + channel_open(1) + method(1, spec.Confirm.Select())
+               + method(1, spec.Basic.Qos(prefetch_count=7)))
+    connection, socket = moved_in(tmp_path, history, method(1, spec.Basic.Qos(prefetch_count=9)), [1])
+    assert socket.writes == [codec.encode_method(1, spec.Basic.QosOk())], (
+        "the client had every reply to the replayed input from the shard it left; only the rest's go out")
+    channel = connection.channels[1]
+    assert channel.prefetch_count == 9 and channel.confirms is not None and not socket.aborted
+
+
+def test_a_replay_that_cannot_log_in_again_drops_the_socket_without_a_word(tmp_path):
+    history = (HANDSHAKE.replace(b"\0guest\0guest", b"\0guest\0wrong!") + channel_open(1))
+    connection, socket = moved_in(tmp_path, history, b"", [1])
+    assert socket.aborted and socket.writes == [], "a refused replay must not answer for the shard it came from"
+
+
+def test_a_replay_that_ends_elsewhere_than_the_client_thinks_closes_with_320(tmp_path):
+    connection, socket = moved_in(tmp_path, HANDSHAKE + channel_open(1), method(1, spec.Basic.Qos()), [1, 2])
+    assert len(socket.writes) == 1 and not socket.aborted
+    close = spec.Connection.Close()
+    close.unmarshal(socket.writes[0][11:-1])
+    assert close.reply_code == 320 and "could not move" in close.reply_text, close
+    assert connection.closing
