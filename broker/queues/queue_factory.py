@@ -9,7 +9,7 @@ group records them with the queue.
 """
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -43,6 +43,17 @@ def place_members(arguments: dict, node: str, nodes: Sequence[str], default_size
     wanted = min(arguments.get("x-quorum-initial-group-size") or default_size, len(nodes))
     start = nodes.index(node)
     return [nodes[(start + i) % len(nodes)] for i in range(wanted)]
+
+
+def least_loaded_shard(node: str, shards: Sequence[str], hosted: Mapping[str, int]) -> str:
+    """Where a node over several processes puts a new queue's one member: the shard
+    hosting the fewest replicated queues (`hosted`, by shard name), the declaring
+    `node` among equals. Connections move to their queue's shard (docs/multi-process.md
+    section 11), so the queues' spread is the work's."""
+    fewest = min(hosted.get(shard, 0) for shard in shards)
+    if hosted.get(node, 0) == fewest:
+        return node
+    return next(shard for shard in shards if hosted.get(shard, 0) == fewest)
 
 
 def make_queue(vhost: "VirtualHost", name: str, arguments: dict, *, durable: bool,

@@ -172,3 +172,19 @@ def test_aio_pika_publisher_and_consumer_move_and_confirm(node):
     assert node.log().count('"connection.moved_in"') == 2, "both aio-pika connections should have moved"
     owner.close()
 
+
+
+def test_new_queues_spread_over_the_shards_whoever_declares_them(node):
+    declaring = connection_on(node, 1)
+    channel = declaring.channel()
+    names = [f"spread-{i}" for i in range(4)] + ["spread-classic"]
+    for name in names:
+        channel.queue_declare(name, durable=True, arguments=None if name.endswith("classic") else QUORUM)
+    members = {q["name"]: q["members"] for q in shard_api(node.metrics_port, "/api/queues")}
+    placed = [members[name] for name in names]
+    assert placed == [[f"warren@localhost#{k}"] for k in (1, 0, 1, 0, 1)], (
+        f"each new queue should go to the shard with the fewest (the declaring shard 1 among equals): {placed}")
+    for name in names:   # each a working queue, whichever shard holds it
+        publish_confirmed(declaring.channel(), name, [name.encode()])
+        assert channel.basic_get(name, auto_ack=True)[2] == name.encode()
+    declaring.close()

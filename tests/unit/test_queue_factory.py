@@ -2,7 +2,13 @@
 import pytest
 
 from warren.broker.queues.queue import Queue
-from warren.broker.queues.queue_factory import Placement, is_replicated, make_queue, place_members
+from warren.broker.queues.queue_factory import (
+    Placement,
+    is_replicated,
+    least_loaded_shard,
+    make_queue,
+    place_members,
+)
 from warren.broker.queues.quorum import QuorumQueue
 from warren.broker.routing.vhost import VirtualHost
 
@@ -61,3 +67,14 @@ def test_an_exclusive_queue_cannot_be_placed_on_a_group():
 ])
 def test_place_members_starts_at_the_declaring_node(arguments, node, members):
     assert place_members(arguments, node, ["n1", "n2", "n3", "n4", "n5"], 3) == members
+
+
+@pytest.mark.parametrize("hosted, declaring, placed", [
+    ({}, "n#1", "n#1"),                              # none anywhere: where it was declared
+    ({"n#1": 1}, "n#1", "n#0"),                      # the declaring shard has more: the first with fewest
+    ({"n#0": 2, "n#1": 2, "n#2": 1}, "n#0", "n#2"),
+    ({"n#0": 1, "n#1": 1, "n#2": 1}, "n#2", "n#2"),  # among equals the declaring one
+    ({"n#0": 3, "n#9": 7}, "n#1", "n#1"),            # shards not listed count none; unknown names count nothing
+])
+def test_a_sharded_node_puts_a_new_queue_on_the_shard_with_fewest(hosted, declaring, placed):
+    assert least_loaded_shard(declaring, ["n#0", "n#1", "n#2"], hosted) == placed
