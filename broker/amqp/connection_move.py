@@ -149,9 +149,8 @@ def _committed_queue(connection: "AMQPConnection", number: int, method_id: int, 
 def _home_shard(connection: "AMQPConnection", queue_name: str) -> int | None:
     """The shard a replicated queue lives on (its one member, `<node>#k`)."""
     queue = connection.vhost.queues.get(queue_name)
-    members = getattr(queue, "members", None)
-    if queue is None or not members or len(members) != 1:
+    if queue is None or not queue.replicated or len(queue.members) != 1:   # not a transient one's proxy
         return None
-    name, _, shard = str(members[0]).rpartition("#")
+    name, _, shard = str(queue.members[0]).rpartition("#")
     node, _, _ = connection.broker.cluster.node.rpartition("#")
     return int(shard) if name == node and shard.isdigit() else None

@@ -415,7 +415,7 @@ class Cluster:
         members = place_members(arguments, self.node, self.nodes, self.settings.quorum_cluster_size)
         if self.settings.node_shard is not None and self.settings.move_connections and len(members) == 1:
             hosted = Counter(str(queue.members[0]) for vhost in self.broker.vhosts.values()
-                             for queue in vhost.queues.values() if getattr(queue, "members", None))
+                             for queue in vhost.queues.values() if queue.replicated and queue.members)
             return [least_loaded_shard(self.node, self.nodes, hosted)]
         return members
 
