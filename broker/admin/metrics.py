@@ -39,6 +39,10 @@ class BrokerCollector(Collector):
             ("warren_channel_errors", "Channels closed by an error", counters.channel_errors),
             ("warren_connections_opened", "Connections accepted", counters.connections_opened),
             ("warren_connections_closed", "Connections closed", counters.connections_closed),
+            ("warren_connections_moved_out", "Connections handed to their queue's process (also counted closed)",
+             counters.connections_moved_out),
+            ("warren_connections_moved_in", "Connections taken from another process of the node (also counted "
+             "opened)", counters.connections_moved_in),
         ):
             counter = CounterMetricFamily(name, help_text)
             counter.add_metric([], value)

@@ -97,6 +97,7 @@ def try_move(connection: "AMQPConnection") -> bool:
                         unparsed, sorted(connection.channels)):
         transport.resume_reading()
         return False
+    connection.broker.counters.connections_moved_out += 1
     connection.moved_away(shard, queue_name)
     return True
 
@@ -119,6 +120,7 @@ def replay(connection: "AMQPConnection", history: bytes, unparsed: bytes, channe
                              "queue's process; connect again")
         return
     log.info("connection.moved_in", peer=connection.peer, user=connection.user_name, channels=channels)
+    connection.broker.counters.connections_moved_in += 1
     if unparsed:
         connection.data_received(unparsed)
 

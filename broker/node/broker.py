@@ -49,6 +49,8 @@ class Counters:
     channel_errors: int = 0
     connections_opened: int = 0
     connections_closed: int = 0
+    connections_moved_out: int = 0   # to their queue's shard (broker/amqp/connection_move.py)
+    connections_moved_in: int = 0
 
 
 class Broker:

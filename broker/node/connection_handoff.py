@@ -56,8 +56,6 @@ class ConnectionHandoff:
         self.inbox = inbox
         self.outboxes = outboxes
         self.on_moved: OnMoved | None = None
-        self.moved_out = 0
-        self.moved_in = 0
 
     @classmethod
     def of(cls, shard: int, inbox_fds: list[int], outbox_fds: list[int]) -> "ConnectionHandoff":
@@ -93,7 +91,6 @@ class ConnectionHandoff:
         except OSError as error:   # full inbox, too large: the connection stays
             log.info("connection.move_not_sent", shard=shard, error=str(error))
             return False
-        self.moved_out += 1
         return True
 
     def _on_readable(self) -> None:
@@ -113,7 +110,6 @@ class ConnectionHandoff:
                 for fd in fds:
                     os.close(fd)
                 continue
-            self.moved_in += 1
             assert self.on_moved is not None
             try:
                 self.on_moved(sock, history, unparsed, channels)

@@ -14,6 +14,7 @@ from tests.integration.quorum_cluster import wait_for
 from tests.integration.test_node_processes import (
     ShardedServer,
     assert_no_shards_left,
+    node_metrics,
     shard_api,
     shard_of,
     sharded_server,
@@ -89,6 +90,8 @@ def test_publisher_and_consumer_move_to_the_queues_shard_and_see_nothing_of_it(n
     assert channel.basic_get("moving", auto_ack=True)[2] == b"after"
     log = node.log()
     assert log.count('"connection.moved"') == 2 and log.count('"connection.moved_in"') == 2, log[-3000:]
+    metrics = node_metrics(node)   # the node's, summed over its shards
+    assert (metrics["warren_connections_moved_out_total"], metrics["warren_connections_moved_in_total"]) == (2, 2)
     for connection in (publisher, consumer, owner):
         connection.close()
     wait_connections(node, [0, 0], "every connection closed")
