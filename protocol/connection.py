@@ -156,12 +156,11 @@ class ServerConnection:
                 if size < 4:
                     raise AMQPConnectionError(FRAME_ERROR, "method frame too short")
                 (method_id,) = _method_id.unpack_from(buf, payload_start)
-                if (self.stop_at_commitment and method_id in _COMMITMENTS
-                        and self.channels.get(channel) is _CHANNEL_OPEN and channel not in self._contents):
-                    self.stopped_at = (channel, method_id, buf[payload_start + 4:frame_end])
-                    pos = payload_start - 7   # the frame's start: it stays unparsed
-                    break
                 if channel and self.channels.get(channel) is _CHANNEL_OPEN and channel not in self._contents:
+                    if self.stop_at_commitment and method_id in _COMMITMENTS:
+                        self.stopped_at = (channel, method_id, buf[payload_start + 4:frame_end])
+                        pos = payload_start - 7   # the frame's start: it stays unparsed
+                        break
                     # Fast path: the hot methods on an open channel.
                     if method_id == BASIC_PUBLISH:
                         pos = self._publish_whole(channel, buf, payload_start + 4, frame_end, end, events)

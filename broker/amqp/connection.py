@@ -142,29 +142,17 @@ class AMQPConnection(asyncio.Protocol):
                 self._hard_error(error)
                 return
             self._dispatch(events)
-            if self.protocol.stopped_at is not None:
-                self._at_commitment()
+            if self.protocol.stopped_at is not None and not connection_move.try_move(self):
+                # it stays: parse on from its first publish or consume, as any read
+                self._stop_watching()
+                self.protocol.resume()
+                self.data_received(b"")
         except Exception:  # a bug must not take the node down: close just this connection
             log.exception("connection.internal_error", peer=self.peer)
             self._hard_error(AMQPConnectionError(INTERNAL_ERROR, "internal error"))
         finally:
             self._in_receive = False
             self.flush()
-
-    def _at_commitment(self) -> None:
-        """Parsing stopped before the connection's first publish or consume: it moves
-        to its queue's shard, or stays and parses on."""
-        if connection_move.try_move(self):
-            return
-        self._stop_watching()
-        self.protocol.resume()
-        try:
-            events = self.protocol.receive_data(b"")
-        except AMQPConnectionError as error:
-            self._dispatch(self.protocol.pending_events)
-            self._hard_error(error)
-            return
-        self._dispatch(events)
 
     def _stop_watching(self) -> None:
         self.move_watch = None

@@ -17,7 +17,7 @@ IMPORT_CYCLES: list[set[str]] = []
 
 # Functions longer than 60 lines: "path:qualified name" -> lines (def line to last line).
 LONG_FUNCTIONS = {
-    "protocol/connection.py:ServerConnection.receive_data": 65,
+    "protocol/connection.py:ServerConnection.receive_data": 64,
 }
 
 # Modules longer than 600 lines: path -> lines.
