@@ -16,6 +16,7 @@ from pamqp import decode as pamqp_decode
 from warren.protocol.constants import (
     CLASS_BASIC,
     FRAME_BODY,
+    FRAME_END,
     FRAME_END_BYTE,
     FRAME_HEADER,
     FRAME_HEARTBEAT,
@@ -33,6 +34,7 @@ _content_header = struct.Struct(">BHIHHQ")
 _ack = struct.Struct(">BHIIQB")
 _deliver_head = struct.Struct(">BHIIB")
 _u64_bit = struct.Struct(">QB")
+_body_head = struct.Struct(">BBHI")   # the content header's frame end, then the body frame's header
 
 HEARTBEAT_FRAME = _frame_header.pack(FRAME_HEARTBEAT, 0, 0) + FRAME_END_BYTE
 BASIC_DELIVER_ID = (60 << 16) | 60
@@ -131,6 +133,35 @@ def encode_deliver_between(head: bytes, tail: bytes, channel: int, delivery_tag:
                      _content_header.pack(FRAME_HEADER, channel, 12 + len(properties), CLASS_BASIC, 0, body_size),
                      properties, FRAME_END_BYTE, _frame_header.pack(FRAME_BODY, channel, body_size), body,
                      FRAME_END_BYTE))
+
+
+class DeliverFrames:
+    """basic.deliver + content for one consumer's deliveries from one exchange and
+    routing key, added to an output list as parts (the connection joins them once,
+    so a body is copied once): what comes before the properties is one struct made
+    for this method frame, packed in one call per delivery."""
+
+    __slots__ = ("channel", "head", "tail", "_pack")
+
+    def __init__(self, channel: int, consumer_tag: bytes, exchange_and_key: bytes) -> None:
+        self.channel = channel
+        self.head, self.tail = deliver_frame_parts(channel, consumer_tag, exchange_and_key)
+        self._pack = struct.Struct(f">{len(self.head)}sQB{len(self.tail)}sBHIHHQ").pack
+
+    def add(self, out: list, delivery_tag: int, redelivered: bool, properties: bytes, body: bytes,
+            frame_max: int) -> int:
+        """Adds one delivery's frames to `out`; returns their size."""
+        body_size = len(body)
+        if not 0 < body_size <= frame_max - FRAME_OVERHEAD_BYTES:
+            frames = encode_deliver_between(self.head, self.tail, self.channel, delivery_tag, redelivered,
+                                            properties, body, frame_max)
+            out.append(frames)
+            return len(frames)
+        start = self._pack(self.head, delivery_tag, redelivered, self.tail, FRAME_HEADER, self.channel,
+                           12 + len(properties), CLASS_BASIC, 0, body_size)
+        out += (start, properties, _body_head.pack(FRAME_END, FRAME_BODY, self.channel, body_size), body,
+                FRAME_END_BYTE)
+        return len(start) + len(properties) + 8 + body_size + 1
 
 
 def encode_get_ok(

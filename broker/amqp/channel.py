@@ -43,6 +43,7 @@ if TYPE_CHECKING:
 
 DELIVERY_TIME_RESOLUTION_SECONDS = 0.1
 DELIVER_FRAMES_MAX = 64   # per consumer (Consumer.deliver_frames), for queues bound under many keys
+WRITE_PARTS_BYTES = 64 * 1024   # a run's deliveries go to the connection in parts of about this size
 REPLY_TO_PREFIX = REPLY_TO_QUEUE + "."
 
 
@@ -257,23 +258,28 @@ class Channel(TopologyMethods, ConsumerMethods):
         unacked = None if consumer.no_ack else self.unacked
         if unacked is not None:
             self._note_delivery_time(tag)
-        frames, number, frame_max = consumer.deliver_frames, self.number, self.connection.frame_max
-        write, encode, consumer_tag = self.connection.write, codec.encode_deliver_between, consumer.tag
+        frames, frame_max, connection = consumer.deliver_frames, self.connection.frame_max, self.connection
+        consumer_tag, out, pending = consumer.tag, [], 0
         for msg_id, (exchange, routing_key, properties, body), redelivered in deliveries:
             if unacked is not None:
                 unacked[tag] = (queue, consumer_tag, msg_id)
-            parts = frames.get((exchange, routing_key)) or self._deliver_frame_parts(consumer, exchange, routing_key)
-            write(encode(parts[0], parts[1], number, tag, redelivered, properties, body, frame_max))
+            encoder = frames.get((exchange, routing_key)) or self._deliver_frames(consumer, exchange, routing_key)
+            pending += encoder.add(out, tag, redelivered, properties, body, frame_max)
             tag += 1
+            if pending >= WRITE_PARTS_BYTES:   # a run of large bodies goes out as it is made
+                connection.write_parts(out, pending)
+                out, pending = [], 0
+        if out:
+            connection.write_parts(out, pending)
 
-    def _deliver_frame_parts(self, consumer: Consumer, exchange: str, routing_key: str) -> tuple[bytes, bytes]:
-        """basic.deliver's frame around the delivery tag, made once per exchange and key."""
+    def _deliver_frames(self, consumer: Consumer, exchange: str, routing_key: str) -> codec.DeliverFrames:
+        """basic.deliver's frames for one exchange and key, made once per consumer."""
         frames = consumer.deliver_frames
         if len(frames) >= DELIVER_FRAMES_MAX:
             frames.clear()
-        parts = frames[exchange, routing_key] = codec.deliver_frame_parts(
+        encoder = frames[exchange, routing_key] = codec.DeliverFrames(
             self.number, consumer.tag_bytes, codec.shortstr(exchange) + codec.shortstr(routing_key))
-        return parts
+        return encoder
 
     def deliver_reply(self, properties: bytes, body: bytes, routing_key: str) -> None:
         """Direct reply-to: a message straight to this channel's reply consumer."""

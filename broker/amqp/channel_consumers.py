@@ -33,8 +33,8 @@ class Consumer:
     tag_bytes: bytes  # pre-encoded shortstr for basic.deliver
     queue: Queue | None  # None for the direct reply-to pseudo consumer
     no_ack: bool
-    # (exchange, routing_key) -> its deliveries' `codec.deliver_frame_parts`
-    deliver_frames: dict[tuple[str, str], tuple[bytes, bytes]] = field(default_factory=dict)
+    # (exchange, routing_key) -> the `codec.DeliverFrames` of its deliveries
+    deliver_frames: dict[tuple[str, str], codec.DeliverFrames] = field(default_factory=dict)
     # deliveries made before consume-ok went (the queue's verdict pending); None once it went
     early: deque | None = None
     consume_ok_wanted: bool = False   # not nowait: consume-ok goes with the verdict

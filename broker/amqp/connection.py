@@ -13,6 +13,7 @@ import asyncio
 import itertools
 import time
 from collections import deque
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -235,8 +236,12 @@ class AMQPConnection(asyncio.Protocol):
 
     # -- output -----------------------------------------------------------
     def write(self, data: bytes) -> None:
-        self._out.append(data)
-        self._out_bytes += len(data)
+        self.write_parts((data,), len(data))
+
+    def write_parts(self, parts: Iterable[bytes], size: int) -> None:
+        """Output in parts (a run of deliveries' frames), `size` bytes: joined once, at the flush."""
+        self._out += parts
+        self._out_bytes += size
         if self._out_bytes >= EARLY_FLUSH_BYTES:
             self.flush()
         elif not self._in_receive and not self._flush_scheduled:

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from warren.broker.queues import queue_commands as qc
+from warren.broker.queues.message_table import SIZE_BITS, SIZE_MASK, packed, unpacked
 from warren.broker.queues.queue_commands import DeadLettered, Delivery, Dequeued
 
 DROP_HEAD = "drop-head"
@@ -124,26 +125,6 @@ def apply(command: Any, state: FifoState) -> tuple[Any, list]:
     return handler(command, state, effects), effects
 
 
-# A message is kept in `FifoState.messages` as one int, `payload << SIZE_BITS | size`, when its
-# payload is a replicated queue's reference (an int): a dict that only ever held ints is never
-# tracked by the cyclic collector, which otherwise walks the whole table in every collection
-# of its generation, a pause that grows with the queue (docs/performance.md). Any other
-# payload (a transient queue's message itself) as the tuple (payload, size).
-SIZE_BITS = 40
-SIZE_MASK = (1 << SIZE_BITS) - 1
-
-
-def packed(payload: Any, size: int) -> Any:
-    if type(payload) is int and payload >= 0 and 0 <= size <= SIZE_MASK:
-        return payload << SIZE_BITS | size
-    return (payload, size)
-
-
-def unpacked(held: Any) -> tuple[Any, int]:
-    """(payload, size) of a message as the table holds it."""
-    return (held >> SIZE_BITS, held & SIZE_MASK) if type(held) is int else held
-
-
 def payload_of(state: FifoState, msg_id: int) -> Any:
     held = state.messages[msg_id]
     return held >> SIZE_BITS if type(held) is int else held[0]
@@ -152,24 +133,6 @@ def payload_of(state: FifoState, msg_id: int) -> Any:
 def size_of(state: FifoState, msg_id: int) -> int:
     held = state.messages[msg_id]
     return held & SIZE_MASK if type(held) is int else held[1]
-
-
-def packed_table(ids: list[int], payloads: list[Any], sizes: list[int]) -> dict[int, Any]:
-    """The message table from columns (a snapshot's), as `packed` makes it one message at
-    a time; in C-level loops when every message packs into an int (the usual case)."""
-    if (payloads and not set(map(type, payloads)) - {int} and min(payloads) >= 0
-            and min(sizes) >= 0 and max(sizes) <= SIZE_MASK):
-        return dict(zip(ids, [payload << SIZE_BITS | size for payload, size in zip(payloads, sizes)]))
-    return {msg_id: packed(payload, size) for msg_id, payload, size in zip(ids, payloads, sizes)}
-
-
-def table_columns(messages: dict[int, Any]) -> tuple[list[Any], list[int]]:
-    """(payloads, sizes) of the message table, in its order: `unpacked` for every message."""
-    values = list(messages.values())
-    if set(map(type, values)) - {int}:   # a C-level look first: tuples (a transient queue's) are rare
-        pairs = list(map(unpacked, values))
-        return [payload for payload, _ in pairs], [size for _, size in pairs]
-    return [held >> SIZE_BITS for held in values], [held & SIZE_MASK for held in values]
 
 
 def enqueue(state: FifoState, msg_id: int, now_ms: int, payload: Any, size: int, ttl_ms: int | None,
@@ -332,6 +295,9 @@ def _service(state: FifoState, effects: list) -> None:
         if consumer_id is None:
             return
         consumer = state.consumers[consumer_id]
+        if not (state.returns or state.expiries or any(state.service.values())):
+            _deliver_run(state, consumer_id, consumer, effects)   # alone in service: no turns to take
+            continue
         msg_id = _take_next(state)
         payload = payload_of(state, msg_id)
         delivery_count = counts.get(msg_id, 0)
@@ -345,6 +311,35 @@ def _service(state: FifoState, effects: list) -> None:
             state.service[consumer.priority].append((consumer_id, consumer, consumer.ticket))
         else:
             consumer.in_service = False
+
+
+def _deliver_run(state: FifoState, consumer_id: tuple, consumer: ConsumerState, effects: list) -> None:
+    """`_service` for the one consumer in service, from `ready` without expiries: the same
+    deliveries, one after another up to its credit, without the round-robin's steps per
+    message (a backlog's drain hands each settling consumer its next window this way)."""
+    ready, messages, counts, checked_out = state.ready, state.messages, state.delivery_counts, consumer.checked_out
+    credit = consumer.prefetch - len(checked_out) if consumer.prefetch else len(ready)
+    seq = consumer.last_seq
+    for _ in range(min(credit, len(ready))):
+        msg_id = ready.popleft()
+        held = messages[msg_id]
+        if type(held) is int:
+            payload, size = held >> SIZE_BITS, held & SIZE_MASK
+        else:
+            payload, size = held
+        state.ready_bytes -= size
+        delivery_count = counts.get(msg_id, 0) if counts else 0
+        seq += 1
+        if consumer.no_ack:
+            _forget(state, msg_id)
+        else:
+            checked_out[msg_id] = seq
+        effects.append(Delivery(consumer_id, seq, msg_id, payload, delivery_count > 0, delivery_count))
+    consumer.last_seq = seq
+    if consumer.has_credit():
+        state.service[consumer.priority].append((consumer_id, consumer, consumer.ticket))
+    else:
+        consumer.in_service = False
 
 
 def _next_in_service(state: FifoState) -> tuple | None:

@@ -55,7 +55,7 @@ from typing import Any
 
 import msgpack
 
-from warren.broker.queues import fifo, queue_codec, snapshot_codec
+from warren.broker.queues import fifo, message_table, queue_codec, snapshot_codec
 from warren.broker.queues import queue_commands as qc
 from warren.broker.queues.queue_commands import Applied, Delivery, Got, Purged, owner_incarnation, owner_node
 from warren.protocol import codec
@@ -212,7 +212,7 @@ class QuorumMachine:
         first = next(iter(messages.values()), None)
         refs = [fifo.payload_of(self._fifo, msg_id) for msg_id in late]
         if first is not None:
-            refs.append(fifo.unpacked(first)[0])
+            refs.append(message_table.unpacked(first)[0])
         refs += [m[1] for session in self._sessions.values() for m in session.held.values()]
         indexes = [ref_location(ref)[0] for ref in refs if type(ref) is int]
         return min(indexes) if indexes else None
@@ -230,7 +230,7 @@ class QuorumMachine:
     def _find_late(self) -> set[int]:
         self._late, self._max_ref_index = set(), 0
         for msg_id, held in self._fifo.messages.items():
-            self._note_enqueued(msg_id, fifo.unpacked(held)[0])
+            self._note_enqueued(msg_id, message_table.unpacked(held)[0])
         return self._late
 
     def checked_out_deliveries(self) -> list[Delivery]:

@@ -17,7 +17,7 @@ import dataclasses
 from collections import deque
 from typing import Any
 
-from warren.broker.queues import fifo
+from warren.broker.queues import fifo, message_table
 
 
 def int_map(mapping: dict[int, int]) -> list:
@@ -34,7 +34,7 @@ def int_map_from(wire: list) -> dict[int, int]:
 def _messages_to_wire(messages: dict[int, Any]) -> list:
     """[ids, refs, sizes, inline]: columns in the dict's order; an inline
     payload (no log) is [position, list(payload)] in `inline`, 0 in refs."""
-    refs, sizes = fifo.table_columns(messages)
+    refs, sizes = message_table.table_columns(messages)
     inline: list[list] = []
     if set(map(type, refs)) - {int}:   # a C-level look first: inline payloads are rare
         inline = [[position, list(payload)] for position, payload in enumerate(refs) if type(payload) is not int]
@@ -45,9 +45,9 @@ def _messages_to_wire(messages: dict[int, Any]) -> list:
 
 def _messages_from_wire(wire: list) -> dict[int, Any]:
     ids, refs, sizes, inline = wire
-    messages = fifo.packed_table(ids, refs, sizes)
+    messages = message_table.packed_table(ids, refs, sizes)
     for position, payload in inline:   # the key is there already: its place is kept
-        messages[ids[position]] = fifo.packed(tuple(payload), sizes[position])
+        messages[ids[position]] = message_table.packed(tuple(payload), sizes[position])
     return messages
 
 
@@ -81,7 +81,7 @@ def fifo_from_wire(wire: list, version: int) -> fifo.FifoState:
      consumers, service) = wire
     state = fifo.FifoState(limits=fifo.QueueLimits(**limits))
     if version == 2:
-        state.messages = {msg_id: fifo.packed(payload if type(payload) is int else tuple(payload), size)
+        state.messages = {msg_id: message_table.packed(payload if type(payload) is int else tuple(payload), size)
                           for msg_id, payload, size in messages}
         state.delivery_counts, state.expiries, state.message_priorities = dict(counts), dict(expiries), dict(priorities)
     else:

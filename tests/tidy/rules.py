@@ -8,8 +8,9 @@ from tests.tidy.imports import project_modules
 IMPURE_STDLIB = frozenset({"asyncio", "os", "random", "selectors", "socket", "subprocess", "threading", "time",
                            "importlib"})
 
-PURE_BROKER = ("broker.queues.fifo", "broker.queues.quorum_machine", "broker.queues.queue_commands",
-               "broker.queues.queue_codec", "broker.queues.queue_snapshots", "broker.queues.snapshot_codec",
+PURE_BROKER = ("broker.queues.fifo", "broker.queues.message_table", "broker.queues.quorum_machine",
+               "broker.queues.queue_commands", "broker.queues.queue_codec", "broker.queues.queue_snapshots",
+               "broker.queues.snapshot_codec",
                "broker.routing.exchanges",
                "broker.amqp.confirms", "broker.routing.arguments",
                "broker.node.metadata_machine", "broker.node.metadata_state", "broker.node.metadata_commands",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+from warren.broker.amqp import channel as channel_module
 from warren.broker.amqp.channel import Channel
 from warren.broker.amqp.channel_consumers import Consumer
 from warren.protocol import codec
@@ -23,6 +24,11 @@ class Connection:
             access=SimpleNamespace(permission=lambda user, vhost: None))
 
     def write(self, data: bytes) -> None:
+        self.written.append(data)
+
+    def write_parts(self, parts: list, size: int) -> None:
+        data = b"".join(parts)
+        assert len(data) == size, f"{size} bytes said, {len(data)} written"
         self.written.append(data)
 
 
@@ -63,6 +69,15 @@ def test_deliveries_given_at_once_are_what_one_deliver_each_makes():
         assert together.next_delivery_tag == alone.next_delivery_tag == 11
         assert together.broker.counters.delivered == alone.broker.counters.delivered == 6
         assert len(together.delivery_times) == len(alone.delivery_times) == (0 if no_ack else 1)
+
+
+def test_a_run_of_large_deliveries_goes_out_in_parts_as_it_is_made(monkeypatch):
+    monkeypatch.setattr(channel_module, "WRITE_PARTS_BYTES", 300)
+    alone, together = consuming_channel(), consuming_channel()
+    one_by_one(alone)
+    together.deliver_many("queue", "ctag", DELIVERIES)
+    assert b"".join(together.connection.written) == b"".join(alone.connection.written), "the same frames"
+    assert len(together.connection.written) == 3, "a write each time the run's frames pass 300 bytes, then the rest"
 
 
 def test_past_a_global_prefetch_the_rest_is_held_as_one_by_one():

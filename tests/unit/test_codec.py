@@ -134,6 +134,27 @@ def test_encode_deliver_round_trips_through_pamqp(channel, consumer_tag, deliver
 
 
 @PROPS
+@given(channel=st.integers(1, 65535), consumer_tag=names, deliveries=st.lists(
+    st.tuples(tags, st.booleans(), properties_strategy, bodies), min_size=1, max_size=4),
+    exchange=names, routing_key=names, frame_max=frame_maxes)
+def test_deliver_frames_in_parts_are_encode_delivers_bytes(channel, consumer_tag, deliveries, exchange, routing_key,
+                                                           frame_max):
+    """A run of deliveries added as parts joins to each one's `encode_deliver`, and the
+    sizes it reports are theirs (the connection counts its output by them)."""
+    exchange_and_key = codec.shortstr(exchange) + codec.shortstr(routing_key)
+    frames = codec.DeliverFrames(channel, codec.shortstr(consumer_tag), exchange_and_key)
+    out: list = []
+    for delivery_tag, redelivered, properties, body in deliveries:
+        raw_props = codec.encode_properties(properties)
+        expected = codec.encode_deliver(channel, codec.shortstr(consumer_tag), delivery_tag, redelivered,
+                                        exchange_and_key, raw_props, body, frame_max)
+        before = len(out)
+        size = frames.add(out, delivery_tag, redelivered, raw_props, body, frame_max)
+        assert b"".join(out[before:]) == expected, f"delivery {delivery_tag} ({len(body)} B body) encoded differently"
+        assert size == len(expected), f"reported {size} bytes for {len(expected)}"
+
+
+@PROPS
 @given(channel=st.integers(1, 65535), delivery_tag=tags, redelivered=st.booleans(), exchange=names,
        routing_key=names, message_count=st.integers(0, 2 ** 32 - 1), properties=properties_strategy,
        body=bodies, frame_max=frame_maxes)

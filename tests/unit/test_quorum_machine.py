@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from warren.broker.queues import fifo
+from warren.broker.queues import fifo, message_table
 from warren.broker.queues import queue_codec as qcodec
 from warren.broker.queues import queue_commands as qc
 from warren.broker.queues import quorum_machine as qm
@@ -623,7 +623,7 @@ def check_invariants(machine: QuorumMachine) -> None:
         assert state.consumers[consumer].suspended
     assert all(msg_id < machine.next_msg_id for msg_id in state.messages)
     assert machine.ready_count + machine.unacked_count == len(state.messages)
-    assert machine.message_bytes == sum(fifo.unpacked(held)[1] for held in state.messages.values())
+    assert machine.message_bytes == sum(message_table.unpacked(held)[1] for held in state.messages.values())
 
 
 def run_log(choices: Choices, machine: QuorumMachine, length: int | None = None) -> list[tuple[bytes, tuple]]:
@@ -723,7 +723,7 @@ def test_queued_messages_of_one_size_share_their_size_object():
     batch = [["", "q", b"", bytes(body), None, 0] for _ in range(3)]
     machine.apply(qcodec.decode(qcodec.encode(qc.EnqueueBatch(P1, 1, 5, batch))), 1)
     machine.apply(qcodec.decode(qcodec.encode(qc.Enqueue(P1, 4, 5, "", "q", b"", bytes(body)))), 2)
-    sizes = [fifo.unpacked(held)[1] for held in machine.state.messages.values()]
+    sizes = [message_table.unpacked(held)[1] for held in machine.state.messages.values()]
     assert sizes == [1024] * 4
     assert all(size is sizes[0] for size in sizes)
 

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.unit.test_quorum_machine import C1, C2, P1, choices_strategy, draw_command, limits_strategy, wire
-from warren.broker.queues import fifo
+from warren.broker.queues import fifo, message_table
 from warren.broker.queues import queue_codec as qcodec
 from warren.broker.queues import queue_commands as qc
 from warren.broker.queues import quorum_machine as qm
@@ -18,7 +18,7 @@ from warren.broker.queues.quorum_machine import QuorumMachine
 
 def oldest_ref_index_by_scan(machine: QuorumMachine) -> int | None:
     """The definition: the lowest log index any message kept (or held) refers to."""
-    refs = [fifo.unpacked(held)[0] for held in machine.state.messages.values()]
+    refs = [message_table.unpacked(held)[0] for held in machine.state.messages.values()]
     refs += [message[1] for session in machine._sessions.values() for message in session.held.values()]
     return min((qm.ref_location(ref)[0] for ref in refs if type(ref) is int), default=None)
 
