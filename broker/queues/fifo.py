@@ -285,7 +285,6 @@ def _take_next(state: FifoState) -> int:
 
 def _service(state: FifoState, effects: list) -> None:
     """Hand ready messages to consumers with credit, by priority, round-robin."""
-    counts = state.delivery_counts
     while state.ready or state.returns:
         if state.expiries:
             _expire_heads(state, effects)
@@ -297,26 +296,28 @@ def _service(state: FifoState, effects: list) -> None:
         consumer = state.consumers[consumer_id]
         if not (state.returns or state.expiries or any(state.service.values())):
             _deliver_run(state, consumer_id, consumer, effects)   # alone in service: no turns to take
-            continue
-        msg_id = _take_next(state)
-        payload = payload_of(state, msg_id)
-        delivery_count = counts.get(msg_id, 0)
-        seq = consumer.last_seq = consumer.last_seq + 1
-        if consumer.no_ack:
-            _forget(state, msg_id)
         else:
-            consumer.checked_out[msg_id] = seq
-        effects.append(Delivery(consumer_id, seq, msg_id, payload, delivery_count > 0, delivery_count))
-        if consumer.has_credit():
-            state.service[consumer.priority].append((consumer_id, consumer, consumer.ticket))
-        else:
-            consumer.in_service = False
+            _deliver_one(state, consumer_id, consumer, effects)
+
+
+def _deliver_one(state: FifoState, consumer_id: tuple, consumer: ConsumerState, effects: list) -> None:
+    """The round-robin's step: the next message to this consumer, which goes back in line."""
+    msg_id = _take_next(state)
+    payload = payload_of(state, msg_id)
+    delivery_count = state.delivery_counts.get(msg_id, 0)
+    seq = consumer.last_seq = consumer.last_seq + 1
+    if consumer.no_ack:
+        _forget(state, msg_id)
+    else:
+        consumer.checked_out[msg_id] = seq
+    effects.append(Delivery(consumer_id, seq, msg_id, payload, delivery_count > 0, delivery_count))
+    _back_in_line(state, consumer_id, consumer)
 
 
 def _deliver_run(state: FifoState, consumer_id: tuple, consumer: ConsumerState, effects: list) -> None:
-    """`_service` for the one consumer in service, from `ready` without expiries: the same
-    deliveries, one after another up to its credit, without the round-robin's steps per
-    message (a backlog's drain hands each settling consumer its next window this way)."""
+    """`_deliver_one` for the one consumer in service, from `ready` without expiries: the
+    same deliveries, one after another up to its credit, without the round-robin's steps
+    per message (a backlog's drain hands each settling consumer its next window this way)."""
     ready, messages, counts, checked_out = state.ready, state.messages, state.delivery_counts, consumer.checked_out
     credit = consumer.prefetch - len(checked_out) if consumer.prefetch else len(ready)
     seq = consumer.last_seq
@@ -336,6 +337,11 @@ def _deliver_run(state: FifoState, consumer_id: tuple, consumer: ConsumerState, 
             checked_out[msg_id] = seq
         effects.append(Delivery(consumer_id, seq, msg_id, payload, delivery_count > 0, delivery_count))
     consumer.last_seq = seq
+    _back_in_line(state, consumer_id, consumer)
+
+
+def _back_in_line(state: FifoState, consumer_id: tuple, consumer: ConsumerState) -> None:
+    """A consumer just served waits for its next turn while it has credit."""
     if consumer.has_credit():
         state.service[consumer.priority].append((consumer_id, consumer, consumer.ticket))
     else:
