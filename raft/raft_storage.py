@@ -90,7 +90,6 @@ Snapshot files of their own, as in ra, would remove both limits.
 from __future__ import annotations
 
 import struct
-import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -178,8 +177,8 @@ def snapshot_record_pieces(log_id: int, snapshot: Snapshot) -> tuple[bytes, byte
         raise ValueError(f"record payload of {payload_size} bytes exceeds {records.RECORD_PAYLOAD_MAX_BYTES}")
     head = _RECORD_HEAD.pack(log_id, snapshot.term, CONTROL_INDEX) + payload_head
     marker_length = _MARKER_LENGTH.pack(records.RECORD_MARKER, len(head) + len(data))
-    body_crc = zlib.crc32(data, zlib.crc32(head))
-    prefix = marker_length + _CRCS.pack(zlib.crc32(marker_length), body_crc)
+    body_crc = records.crc32(data, records.crc32(head))
+    prefix = marker_length + _CRCS.pack(records.crc32(marker_length), body_crc)
     return prefix + head, data
 
 

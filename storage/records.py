@@ -28,9 +28,13 @@ that ends in zeros is torn.
 from __future__ import annotations
 
 import struct
-import zlib
 from dataclasses import dataclass
 from typing import NamedTuple
+
+# zlib-ng's CRC-32 is zlib's (the same polynomial and values: tests pin them), with
+# the carry-less multiply instructions: ~50 GB/s here against ~2 GB/s, where every
+# byte of a body is checksummed when written and again when read back.
+from zlib_ng.zlib_ng import crc32
 
 FILE_MAGIC = b"WRNWAL"
 FORMAT_VERSION = 2
@@ -47,7 +51,7 @@ _entry_head = struct.Struct(">QQQ")  # log_id, term, index
 _prefix_unpack = _prefix.unpack_from
 _entry_head_unpack = _entry_head.unpack_from
 _entry_head_pack = _entry_head.pack
-_crc32 = zlib.crc32
+_crc32 = crc32
 PREFIX_SIZE = _prefix.size
 ENTRY_HEAD_SIZE = _entry_head.size
 # A record's payload may not exceed this; a larger length field is corruption.

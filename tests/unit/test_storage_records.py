@@ -67,6 +67,16 @@ def test_record_layout_matches_the_documented_format():
     assert len(encoded) == 16 + length
 
 
+@given(st.binary(max_size=70_000), st.binary(max_size=300))
+def test_the_checksum_is_zlibs_crc32_so_files_written_before_read_the_same(first, second):
+    """records.crc32 (zlib-ng's) must give zlib's values: WAL and segment files
+    written with zlib.crc32 are read back, and a checksum continued over pieces
+    (a snapshot's head, then its data) is that of the joined bytes."""
+    assert records.crc32(first) == zlib.crc32(first)
+    assert records.crc32(memoryview(first + second)[len(first):]) == zlib.crc32(second)
+    assert records.crc32(second, records.crc32(first)) == zlib.crc32(first + second)
+
+
 # -- truncation: a clean prefix or a torn tail, never an exception ----------
 
 @settings(max_examples=80, deadline=None)
