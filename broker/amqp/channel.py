@@ -260,10 +260,13 @@ class Channel(TopologyMethods, ConsumerMethods):
             self._note_delivery_time(tag)
         frames, frame_max, connection = consumer.deliver_frames, self.connection.frame_max, self.connection
         consumer_tag, out, pending = consumer.tag, [], 0
+        last_exchange = last_key = encoder = None   # a run's deliveries mostly share both
         for msg_id, (exchange, routing_key, properties, body), redelivered in deliveries:
             if unacked is not None:
                 unacked[tag] = (queue, consumer_tag, msg_id)
-            encoder = frames.get((exchange, routing_key)) or self._deliver_frames(consumer, exchange, routing_key)
+            if routing_key != last_key or exchange != last_exchange:
+                last_exchange, last_key = exchange, routing_key
+                encoder = frames.get((exchange, routing_key)) or self._deliver_frames(consumer, exchange, routing_key)
             pending += encoder.add(out, tag, redelivered, properties, body, frame_max)
             tag += 1
             if pending >= WRITE_PARTS_BYTES:   # a run of large bodies goes out as it is made

@@ -85,28 +85,34 @@ def encode(record: Any) -> bytes:
 
 
 def decode(data: bytes) -> Any:
-    try:
-        value = msgpack.unpackb(data, raw=False)
-    except Exception as exc:  # noqa: BLE001 -- msgpack raises several kinds for bad bytes
-        raise MalformedCommand(f"not msgpack: {exc}") from exc
-    if type(value) is not list or not value:
-        raise MalformedCommand(f"a record is a non-empty list, not {value!r}")
-    return from_positional(value)
+    return from_positional(_record_value(data))
+
+
+def decode_read_back(data: bytes) -> Any:
+    """`decode` for a log entry read back to deliver its messages: arrays come out as
+    tuples, so a message's (exchange, routing_key, properties, body) is one slice of
+    it, not a list sliced and copied into a tuple (a backlog's drain does it per message)."""
+    return from_positional(_record_value(data, use_list=False))
 
 
 def decode_positional(data: bytes) -> list:
     """The bare ``[tag, field, ...]`` list of an encoded record."""
+    return _record_value(data)
+
+
+def _record_value(data: bytes, use_list: bool = True) -> Any:
     try:
-        value = msgpack.unpackb(data, raw=False)
+        value = msgpack.unpackb(data, raw=False, use_list=use_list)
     except Exception as exc:  # noqa: BLE001 -- msgpack raises several kinds for bad bytes
         raise MalformedCommand(f"not msgpack: {exc}") from exc
-    if not isinstance(value, list) or not value:
+    if type(value) is not (list if use_list else tuple) or not value:
         raise MalformedCommand(f"a record is a non-empty list, not {value!r}")
     return value
 
 
 def from_positional(value: list) -> Any:
-    """A record from its positional form (as every version has logged commands)."""
+    """A record from its positional form (as every version has logged commands; a tuple
+    for `decode_read_back`)."""
     tag = value[0]
     cls = BY_TAG.get(tag) if isinstance(tag, int) else None
     if cls is None or not 0 <= len(FIELDS[tag]) + 1 - len(value) <= ADDED_FIELDS.get(tag, 0):

@@ -177,8 +177,10 @@ class QueueReplica:
                 if effect.consumer in local:   # only this node's: no need to parse the owner's node
                     payload = self.payload_of(effect.payload)
                     if payload is not None:
-                        local_runs.setdefault(effect.consumer, []).append(
-                            (effect.seq, effect.msg_id, payload, effect.redelivered, effect.delivery_count))
+                        run = local_runs.get(effect.consumer)
+                        if run is None:   # not setdefault: it would build a list per delivery
+                            run = local_runs[effect.consumer] = []
+                        run.append((effect.seq, effect.msg_id, payload, effect.redelivered, effect.delivery_count))
                         held += 1
                         if held >= LOCAL_RUN_MAX:   # bounded: an unlimited prefetch may take a whole backlog
                             self._hand_to_consumers(local_runs)

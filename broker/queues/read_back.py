@@ -53,7 +53,7 @@ class DecodedEntries:
         data = self._read(index)
         if data is None:
             return None
-        messages = qm.entry_messages(queue_codec.decode(data))
+        messages = qm.entry_messages(queue_codec.decode_read_back(data))
         self.remember(index, messages, len(data), read_back=True)
         return messages
 

@@ -87,3 +87,16 @@ def test_past_a_global_prefetch_the_rest_is_held_as_one_by_one():
     assert b"".join(together.connection.written) == b"".join(alone.connection.written)
     assert len(together.unacked) == 4 and list(together.held) == list(alone.held) and len(alone.held) == 2
     assert together.consumers["ctag"].queue.suspended == [True], "the consumer stops at the limit"
+
+
+def test_a_runs_frames_name_each_deliverys_own_exchange_and_key():
+    """The run looks its frames up again only when the exchange or the key changes:
+    each change alone, and neither, must still give one `deliver` each's bytes."""
+    pairs = [("", "a"), ("amq.direct", "a"), ("amq.direct", "b"), ("amq.direct", "b"), ("", "b"), ("", "a")]
+    deliveries = [((n, n), (exchange, key, b"\x00\x00", bytes([n])), False)
+                  for n, (exchange, key) in enumerate(pairs, 1)]
+    alone, together = consuming_channel(), consuming_channel()
+    for msg_id, payload, redelivered in deliveries:
+        alone.deliver("queue", "ctag", msg_id, payload, redelivered)
+    together.deliver_many("queue", "ctag", deliveries)
+    assert b"".join(together.connection.written) == b"".join(alone.connection.written)

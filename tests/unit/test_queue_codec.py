@@ -8,7 +8,7 @@ import pytest
 from warren.broker.node.cluster import forwardable_op
 from warren.broker.queues import queue_codec as qcodec
 from warren.broker.queues import queue_commands as qc
-from warren.broker.queues.quorum_machine import QuorumMachine
+from warren.broker.queues.quorum_machine import QuorumMachine, entry_messages
 
 P1 = "n1/i1/1/1"
 MESSAGE = ["ex", "rk", b"\x00\x00props", b"body", None, 0]
@@ -114,6 +114,19 @@ def test_malformed_bytes_are_refused():
                  msgpack.packb([qc.Checkout.TAG, "o", "t", 5, 10, 1, True, False, False, 1])):
         with pytest.raises(qcodec.MalformedCommand):
             qcodec.decode(data)
+        with pytest.raises(qcodec.MalformedCommand):
+            qcodec.decode_read_back(data)
+
+
+def test_an_entry_read_back_names_the_same_messages_as_tuples():
+    """What a delivery reads back from the log: the messages `decode` gives, each a
+    tuple whose first four fields are the delivery's payload."""
+    for record in (qc.EnqueueBatch(P1, 3, 5, [MESSAGE, ["", "q", b"", b"", 7, 9]]),
+                   qc.Enqueue(P1, 1, 5, "ex", "rk", b"props", b"body", 100, 2)):
+        data = qcodec.encode(record)
+        read_back = entry_messages(qcodec.decode_read_back(data))
+        assert [list(m) for m in read_back] == [list(m) for m in entry_messages(qcodec.decode(data))]
+        assert all(type(m) is tuple and type(m[:4]) is tuple for m in read_back)
 
 
 def test_forwardable_commands_are_well_formed_commands_but_no_liveness_statements():
