@@ -17,10 +17,11 @@ PURE_BROKER = ("broker.queues.fifo", "broker.queues.message_table", "broker.queu
                "broker.node.metadata_effects", "broker.node.definition_checks", "broker.node.node_core",
                "broker.node.metadata_answers")
 # raft's transport.py and runtime.py (with its turns.py, persistence.py, entry_locations.py) are the
-# asyncio shells; raft_storage is listed below. carried_commits, reelection and system_counters were cut out
-# of raft.system.
+# asyncio shells; raft_storage is listed below. carried_commits, reelection, system_counters and system_views
+# were cut out of raft.system.
 PURE_RAFT = ("raft", "raft.core", "raft.log", "raft.progress", "raft.replication", "raft.messages",
              "raft.group", "raft.system", "raft.carried_commits", "raft.reelection", "raft.system_counters",
+             "raft.system_views",
              "raft.handshake", "raft.frames", "raft.member_ids", "raft.stall", "raft.packing")
 
 

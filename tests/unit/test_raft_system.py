@@ -599,6 +599,29 @@ def test_a_lone_proposal_of_a_group_of_one_costs_one_persist_and_its_commit_ride
     assert system.carried.keys() == {"other"}
 
 
+def test_a_leaders_committed_entry_is_applied_before_the_next_batch_not_after_it():
+    """Proposals that arrive while a batch is written go into the next Ready beside the
+    entries the first batch commits: those are applied at once (confirms, deliveries),
+    not once the next batch is durable too, and each entry is applied exactly once."""
+    r = HostsOnly(members=("a",))
+    system = r.system
+    system.add_group("q", ["a"])
+    system.campaign("q")
+    r.turns()
+    assert system.role("q") == Role.LEADER
+    first = system.propose("q", b"one")
+    system.process_ready()
+    writing = len(r.persisted)                 # the batch with `first`, not durable yet
+    second = system.propose("q", b"two")       # arrives meanwhile
+    system.on_persisted(writing)
+    system.process_ready()
+    assert len(r.persisted) == writing + 1, "`second` went into the next batch"
+    assert ("q", first) in r.applied and ("q", second) not in r.applied, r.applied
+    system.on_persisted(writing + 1)
+    system.process_ready()
+    assert r.applied.count(("q", first)) == 1 and r.applied.count(("q", second)) == 1
+
+
 def test_carried_commits_are_persisted_on_request_and_forgotten_with_their_group():
     r = HostsOnly(members=("a",))
     system = r.system
