@@ -36,9 +36,7 @@ Inputs: `add_group`, `remove_group`, `propose`, `propose_conf_change`, `transfer
    is already durable), and so are those that only advance the commit index,
    whose hard state waits for the next batch that writes anything else
    (raft/carried_commits.py: the commit index is volatile state, Raft Figure 2); the
-   others go into ONE `persist` call, with the waiting commit indexes, and a
-   leader applies the entries they commit that are durable here already
-   (`apply_durable_committed`: not one fsync later);
+   others go into ONE `persist` call, with the waiting commit indexes;
 3. completes that batch if storage acknowledged it synchronously;
 4. sends what was queued: at most one frame per peer node (split only
    beyond `frame_max_messages`), and one more in 1.
@@ -131,8 +129,8 @@ class RaftSystem(SystemViews):
         self.touched: dict[GroupId, Group] = {}      # may have a Ready
         self.members_on: dict[str, dict[GroupId, Group]] = {}
         self.down_nodes: set[str] = set()
-        # persist token -> (group, Ready, whether its messages went out already, committed entries applied)
-        self.waiting: dict[int, list[tuple[Group, Ready, bool, int]]] = {}
+        # persist token -> (group, Ready, whether its messages went out already)
+        self.waiting: dict[int, list[tuple[Group, Ready, bool]]] = {}
         # commit-only hard states waiting for the next batch (raft/carried_commits.py)
         self.carried_commits = CarriedCommits()
         self.durable_tokens: list[int] = []
@@ -425,10 +423,7 @@ class RaftSystem(SystemViews):
             self.counters.persist_calls += 1
             self.counters.persist_items += len(to_persist)
             token = self.persist(to_persist)
-            waiting = self.waiting.setdefault(token, [])
-            for group, ready, early in batch:
-                if self.still_hosted(group):
-                    waiting.append((group, ready, early, self.apply_durable_committed(group, ready)))
+            self.waiting.setdefault(token, []).extend(entry for entry in batch if self.still_hosted(entry[0]))
             self.complete_durable()   # synchronous storage acknowledged inside persist()
         if self.failed:
             raise PersistFailed(f"{self.node_name}: a storage batch failed; rebuild the Raft system from disk")
@@ -456,10 +451,10 @@ class RaftSystem(SystemViews):
         """The Readies of durable batches: their messages are queued, and with `send_first`
         they go out before the Readies are applied and advanced (a follower's acknowledgement:
         the leader's commit waits for it, not for this node's applies)."""
-        completing: list[tuple[Group, Ready, bool, int]] = []
+        completing: list[tuple[Group, Ready, bool]] = []
         while self.durable_tokens and not self.failed:
             completing += self.waiting.pop(self.durable_tokens.pop(0), ())
-        for group, ready, sent, _ in completing:
+        for group, ready, sent in completing:
             if not sent and ready.messages and self.still_hosted(group):
                 try:
                     self.queue_messages(group.group_id, ready)
@@ -469,28 +464,8 @@ class RaftSystem(SystemViews):
             self.flush()
             if self.send_now is not None:
                 self.send_now()
-        for group, ready, _, applied in completing:
-            self.complete(group, ready, messages_sent=True, applied=applied)
-
-    def apply_durable_committed(self, group: Group, ready: Ready) -> int:
-        """A leader applies the committed entries of a Ready that are durable here already
-        before the Ready's new entries are (returns how many): Raft has committed them, so
-        their confirms and deliveries need not wait for the next batch's fsync, as they
-        would in the classic Ready order (persist, send, apply). Not in a Ready that
-        changes the role: its host learns of that at completion, before any apply."""
-        raft = group.raft
-        if raft.role != Role.LEADER or ready.soft_state is not None or not ready.committed_entries:
-            return 0
-        stable, applied = raft.log.stable_index, 0
-        try:
-            for entry in ready.committed_entries:
-                if entry.index > stable or not self.still_hosted(group):
-                    break
-                self.apply(group.group_id, entry)
-                applied += 1
-        except Exception as error:  # noqa: BLE001 -- contained to the group, as in `complete`
-            self.fail_group(group.group_id, error)
-        return applied
+        for group, ready, _ in completing:
+            self.complete(group, ready, messages_sent=True)
 
     def may_send_before_persist(self, group: Group, ready: Ready) -> bool:
         """A leader's AppendEntries may go out while the same entries are being
@@ -543,7 +518,7 @@ class RaftSystem(SystemViews):
         for message in ready.messages:
             self.queue(node_of(message.to), [group_id, to_wire(message)])
 
-    def complete(self, group: Group, ready: Ready, messages_sent: bool = False, applied: int = 0) -> None:
+    def complete(self, group: Group, ready: Ready, messages_sent: bool = False) -> None:
         """`ready` is durable: send its messages (unless they went out already,
         see `may_send_before_persist`), apply, advance (etcd-raft order). An
         exception on the way is the group's failure (`fail_group`), not the
@@ -551,19 +526,18 @@ class RaftSystem(SystemViews):
         if not self.still_hosted(group):
             return
         try:
-            self.complete_group(group, ready, messages_sent, applied)
+            self.complete_group(group, ready, messages_sent)
         except Exception as error:  # noqa: BLE001 -- contained to the group, reported by fail_group
             self.fail_group(group.group_id, error)
 
-    def complete_group(self, group: Group, ready: Ready, messages_sent: bool, applied: int = 0) -> None:
+    def complete_group(self, group: Group, ready: Ready, messages_sent: bool) -> None:
         group_id, raft = group.group_id, group.raft
         if not messages_sent:
             self.queue_messages(group_id, ready)
         if ready.snapshot is not None:
             assert self.install_snapshot is not None, "a snapshot arrived but no install_snapshot callback was given"
             self.install_snapshot(group_id, ready.snapshot)
-        committed = ready.committed_entries
-        for entry in committed[applied:] if applied else committed:   # the first `applied` went already
+        for entry in ready.committed_entries:
             self.apply(group_id, entry)
             if not self.still_hosted(group):
                 return   # the group dropped itself: nothing of it is left to advance

@@ -542,18 +542,24 @@ class HostsOnly(Recorder):
                     self.system.on_persisted(token)
 
 
+def lone_leader(*group_ids) -> tuple[HostsOnly, RaftSystem]:
+    """A node that is the one voter, and so the leader, of each of `group_ids`."""
+    r = HostsOnly(members=("a",))
+    for group_id in group_ids:
+        r.system.add_group(group_id, ["a"])
+        r.system.campaign(group_id)
+    r.turns()
+    assert all(r.system.role(group_id) == Role.LEADER for group_id in group_ids)
+    return r, r.system
+
+
 def test_a_group_dropped_by_an_apply_in_the_turn_that_took_its_ready_is_not_persisted():
     """The broker's declare-then-delete: a new group's first Ready is taken
     in the same turn in which the metadata group applies the delete (its
     commit-only Ready completes at once, inside the loop over touched
     groups). The dropped group's Ready must not reach persist; the system
     goes on."""
-    r = HostsOnly(members=("a",))
-    system = r.system
-    system.add_group("meta", ["a"])
-    system.campaign("meta")
-    r.turns()
-    assert system.role("meta") == Role.LEADER
+    r, system = lone_leader("meta")
     assert system.propose("meta", b"drop q") is not None
     system.process_ready()                   # meta's entry goes to storage (batch 1 of this step)
     system.add_group("q", ["a"])             # declared just before: touched first
@@ -574,14 +580,7 @@ def test_a_lone_proposal_of_a_group_of_one_costs_one_persist_and_its_commit_ride
     """A sole voter's entry is applied once its one batch is durable; the
     commit index that follows is not persisted on its own (volatile state,
     Raft Figure 2) but with the next batch, of this group or any other."""
-    r = HostsOnly(members=("a",))
-    system = r.system
-    system.add_group("q", ["a"])
-    system.add_group("other", ["a"])
-    for group in ("q", "other"):
-        system.campaign(group)
-    r.turns()
-    assert system.role("q") == Role.LEADER and system.role("other") == Role.LEADER
+    r, system = lone_leader("q", "other")
     assert system.carried, "the elections' commit indexes wait for a batch"
     index = system.propose("q", b"one")
     before = len(r.persisted)
@@ -599,36 +598,8 @@ def test_a_lone_proposal_of_a_group_of_one_costs_one_persist_and_its_commit_ride
     assert system.carried.keys() == {"other"}
 
 
-def test_a_leaders_committed_entry_is_applied_before_the_next_batch_not_after_it():
-    """Proposals that arrive while a batch is written go into the next Ready beside the
-    entries the first batch commits: those are applied at once (confirms, deliveries),
-    not once the next batch is durable too, and each entry is applied exactly once."""
-    r = HostsOnly(members=("a",))
-    system = r.system
-    system.add_group("q", ["a"])
-    system.campaign("q")
-    r.turns()
-    assert system.role("q") == Role.LEADER
-    first = system.propose("q", b"one")
-    system.process_ready()
-    writing = len(r.persisted)                 # the batch with `first`, not durable yet
-    second = system.propose("q", b"two")       # arrives meanwhile
-    system.on_persisted(writing)
-    system.process_ready()
-    assert len(r.persisted) == writing + 1, "`second` went into the next batch"
-    assert ("q", first) in r.applied and ("q", second) not in r.applied, r.applied
-    system.on_persisted(writing + 1)
-    system.process_ready()
-    assert r.applied.count(("q", first)) == 1 and r.applied.count(("q", second)) == 1
-
-
 def test_carried_commits_are_persisted_on_request_and_forgotten_with_their_group():
-    r = HostsOnly(members=("a",))
-    system = r.system
-    for group in ("q", "gone"):
-        system.add_group(group, ["a"])
-        system.campaign(group)
-    r.turns()
+    r, system = lone_leader("q", "gone")
     assert system.carried.keys() == {"q", "gone"}
     system.remove_group("gone")
     before = len(r.persisted)
