@@ -206,8 +206,7 @@ class RaftRuntime:
         self.system = RaftSystem(
             self.node_name, self.rng, self.persistence.persist, self.send, self.locations.apply_noting,
             install_snapshot=self.install_snapshot, on_role_change=self.on_role_change,
-            request_turn=self.turns.request_turn, on_group_failed=self.on_group_failed,
-            send_now=lambda: self.end_turn(now=True), **self.raft_options)
+            request_turn=self.turns.request_turn, on_group_failed=self.on_group_failed, **self.raft_options)
         self.persistence.system = self.system
         scan, self.scan = self.scan, None
         self.next_group_number = scan.next_group_number()
@@ -462,14 +461,13 @@ class RaftRuntime:
         """The system's frame for `peer`: it leaves at the end of the turn (`end_turn`)."""
         self.raft_outbox.setdefault(peer, []).append(frame)
 
-    def end_turn(self, now: bool = False) -> None:
+    def end_turn(self) -> None:
         """The end of a turn (and of the host's input between turns): one frame per
-        peer with the turn's Raft messages and the host's (raft/frames.py); `now`:
-        written at once (a durable batch's acknowledgements, before its applies)."""
+        peer with the turn's Raft messages and the host's (raft/frames.py)."""
         parts = self.take_host_parts() if self.take_host_parts is not None else {}
         raft, self.raft_outbox = self.raft_outbox, {}
         for peer, frame in frames.assemble(raft, parts):
-            self.send_frame(peer, frame, now)
+            self.send_frame(peer, frame)
 
     def send_frame(self, peer: str, frame: dict, now: bool = False) -> None:
         """One frame to `peer`; `now`: written at once, not at the end of the loop's callback."""

@@ -19,8 +19,7 @@ reads no clock; the shell hands it inputs and gives it four callables:
   the state machine from `RecoveredState.snapshot` before `add_group`
   (raft/runtime.py does).
 * `install_snapshot(group_id, snapshot)`, `on_role_change(group_id, role,
-  leader_id, term)`, `request_turn()`, `send_now()` (what `send` was given
-  leaves at once, not at the end of the turn): optional.
+  leader_id, term)`, `request_turn()`: optional.
 
 Inputs: `add_group`, `remove_group`, `propose`, `propose_conf_change`, `transfer_leadership`,
 `campaign`, `compact`, `step(from_node, frame)`, `tick()` on a timer, `peer_down(node)` /
@@ -28,9 +27,8 @@ Inputs: `add_group`, `remove_group`, `propose`, `propose_conf_change`, `transfer
 `process_ready()`, which keeps the etcd-raft order across all groups at once
 (persist, then send, then apply, then advance):
 
-1. completes the Readies whose batch `on_persisted` reported durable: sends
-   their messages at once (`send_now`), then applies their committed entries
-   and advances their groups;
+1. completes the Readies whose batch `on_persisted` reported durable: queues
+   their messages, applies their committed entries, advances their groups;
 2. takes a Ready from every group touched since the last turn; those with
    nothing to persist are completed at once (heartbeats, acks of state that
    is already durable), and so are those that only advance the commit index,
@@ -39,7 +37,7 @@ Inputs: `add_group`, `remove_group`, `propose`, `propose_conf_change`, `transfer
    others go into ONE `persist` call, with the waiting commit indexes;
 3. completes that batch if storage acknowledged it synchronously;
 4. sends what was queued: at most one frame per peer node (split only
-   beyond `frame_max_messages`), and one more in 1.
+   beyond `frame_max_messages`).
 
 A group has at most one Ready outstanding; it may be stepped, ticked and proposed to meanwhile,
 and its next Ready is taken after `advance`, so a message always travels after the persist of the
@@ -105,7 +103,6 @@ class RaftSystem(SystemViews):
     def __init__(self, node_name: str, rng: random.Random, persist: Persist, send: Send, apply: Apply, *,
                  install_snapshot: InstallSnapshot | None = None, on_role_change: RoleChange | None = None,
                  request_turn: Callable[[], None] | None = None, on_group_failed: GroupFailed | None = None,
-                 send_now: Callable[[], None] | None = None,
                  quiesce_after_ticks: int = 2, frame_max_messages: int = 65536, **raft_options) -> None:
         assert quiesce_after_ticks >= 1
         assert frame_max_messages >= 1
@@ -119,7 +116,6 @@ class RaftSystem(SystemViews):
         self.on_role_change = on_role_change
         self.request_turn = request_turn
         self.on_group_failed = on_group_failed
-        self.send_now = send_now   # the frames handed to `send` so far leave now, not at the turn's end
         self.quiesce_after_ticks = quiesce_after_ticks
         self.frame_max_messages = frame_max_messages
         self.raft_options = raft_options
@@ -394,7 +390,7 @@ class RaftSystem(SystemViews):
         if self.failed:
             raise PersistFailed(f"{self.node_name}: a storage batch failed; rebuild the Raft system from disk")
         self.turn_requested = False
-        self.complete_durable(send_first=True)
+        self.complete_durable()
         touched, self.touched = self.touched, {}
         items: list[tuple[Group, PersistItem]] = []
         batch: list[tuple[Group, Ready, bool]] = []
@@ -447,25 +443,11 @@ class RaftSystem(SystemViews):
         group and Raft's disagreeing for the rest of the turn.)"""
         return self.groups.get(group.group_id) is group
 
-    def complete_durable(self, send_first: bool = False) -> None:
-        """The Readies of durable batches: their messages are queued, and with `send_first`
-        they go out before the Readies are applied and advanced (a follower's acknowledgement:
-        the leader's commit waits for it, not for this node's applies)."""
-        completing: list[tuple[Group, Ready, bool]] = []
+    def complete_durable(self) -> None:
         while self.durable_tokens and not self.failed:
-            completing += self.waiting.pop(self.durable_tokens.pop(0), ())
-        for group, ready, sent in completing:
-            if not sent and ready.messages and self.still_hosted(group):
-                try:
-                    self.queue_messages(group.group_id, ready)
-                except Exception as error:  # noqa: BLE001 -- contained to the group, as in `complete`
-                    self.fail_group(group.group_id, error)
-        if send_first and self.outbox:
-            self.flush()
-            if self.send_now is not None:
-                self.send_now()
-        for group, ready, _ in completing:
-            self.complete(group, ready, messages_sent=True)
+            token = self.durable_tokens.pop(0)
+            for group, ready, sent in self.waiting.pop(token, ()):
+                self.complete(group, ready, sent)
 
     def may_send_before_persist(self, group: Group, ready: Ready) -> bool:
         """A leader's AppendEntries may go out while the same entries are being

@@ -147,7 +147,6 @@ class Host:
     applied: dict[object, list[Entry]] = field(default_factory=dict)
     in_turn: bool = False
     frames_this_turn: Counter = field(default_factory=Counter)
-    sent_early: bool = False
     persists_this_turn: int = 0
 
 
@@ -201,7 +200,6 @@ class SystemCluster:
             apply=lambda group_id, entry, host=host: self.on_apply(host, group_id, entry),
             install_snapshot=lambda group_id, snapshot, host=host: self.on_install(host, group_id, snapshot),
             on_role_change=lambda group_id, role, leader, term, host=host: self.on_role(host, group_id, role, term),
-            send_now=lambda host=host: self.on_send_now(host),
             **self.system_options)
         host.applied = {}
         for group_id, members in self.members.items():
@@ -278,13 +276,6 @@ class SystemCluster:
     def sync(self, host: Host, count: int) -> None:
         for token in host.disk.make_durable(count):
             host.system.on_persisted(token)
-
-    def on_send_now(self, host: Host) -> None:
-        """The acknowledgements of durable batches went out before their applies: one
-        frame per peer then, and one more for the rest of the turn."""
-        self.check(host.in_turn and not host.sent_early, f"{host.name}: send_now twice, or outside process_ready")
-        host.sent_early = True
-        host.frames_this_turn.clear()
 
     def on_send(self, host: Host, peer: str, frame: list) -> None:
         self.check(host.in_turn, f"{host.name}: frame to {peer} outside process_ready")
@@ -398,7 +389,6 @@ class SystemCluster:
         for host in self.live_hosts():
             host.in_turn, host.persists_this_turn = True, 0
             host.frames_this_turn.clear()
-            host.sent_early = False
             host.system.process_ready()
             host.in_turn = False
         for host in self.live_hosts():

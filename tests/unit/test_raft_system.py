@@ -394,32 +394,6 @@ def test_a_follower_quiesces_only_when_it_holds_exactly_the_leaders_committed_lo
     assert not system.is_quiescent(1)
 
 
-def test_a_followers_acknowledgement_leaves_before_the_entries_it_commits_are_applied():
-    """The leader's commit waits for the follower's acknowledgement of a durable batch,
-    not for the follower's applies: its messages go out (`send_now`) before the
-    entries the same Ready commits are applied."""
-    events: list = []
-    r = Recorder()
-    system = RaftSystem("a", random.Random(1), r.persist, lambda peer, frame: events.append(("send", peer)),
-                        lambda group_id, entry: events.append(("apply", entry.index)),
-                        send_now=lambda: events.append(("send_now",)))
-    system.add_group(1, ["a", "b", "c"])
-    first = (Entry(1, 1, EntryKind.NOOP, b""), Entry(1, 2, EntryKind.NORMAL, b"x"))
-    system.step("b", [[1, to_wire(AppendEntries(1, "b", "a", 0, 0, first, 0))]])
-    system.process_ready()
-    system.on_persisted(1)
-    system.process_ready()
-    assert events == [("send", "b"), ("send_now",)], "the first batch acknowledged, nothing committed yet"
-    events.clear()
-    second = (Entry(1, 3, EntryKind.NORMAL, b"y"),)
-    system.step("b", [[1, to_wire(AppendEntries(1, "b", "a", 2, 1, second, 2))]])   # and 1-2 are committed
-    system.process_ready()
-    assert events == [], "nothing is acknowledged before the batch is durable"
-    system.on_persisted(2)
-    system.process_ready()
-    assert events == [("send", "b"), ("send_now",), ("apply", 1), ("apply", 2)], events
-
-
 def test_frames_are_split_beyond_their_limit():
     r = Recorder(frame_max_messages=2)
     system = r.system
