@@ -51,7 +51,6 @@ _entry_head = struct.Struct(">QQQ")  # log_id, term, index
 _prefix_unpack = _prefix.unpack_from
 _entry_head_unpack = _entry_head.unpack_from
 _entry_head_pack = _entry_head.pack
-_crc32 = crc32
 PREFIX_SIZE = _prefix.size
 ENTRY_HEAD_SIZE = _entry_head.size
 # A record's payload may not exceed this; a larger length field is corruption.
@@ -83,7 +82,7 @@ def encode(log_id: int, term: int, index: int, payload: bytes) -> bytes:
     # checksum is computed once, chained on the head's.
     head = _entry_head_pack(log_id, term, index)
     marker_length = _marker_length_pack(RECORD_MARKER, ENTRY_HEAD_SIZE + len(payload))
-    crcs = _crcs_pack(_crc32(marker_length), _crc32(payload, _crc32(head)))
+    crcs = _crcs_pack(crc32(marker_length), crc32(payload, crc32(head)))
     return b"".join((marker_length, crcs, head, payload))
 
 
@@ -202,7 +201,7 @@ def _decode_head(data: bytes, view: memoryview, offset: int) -> tuple[tuple[int,
     marker, length, header_crc, body_crc = _prefix_unpack(data, offset)
     if marker != RECORD_MARKER:
         return None, offset + 1, "record marker missing"
-    if _crc32(view[offset:offset + 8]) != header_crc:
+    if crc32(view[offset:offset + 8]) != header_crc:
         return None, offset + 1, "record header checksum mismatch"
     if length < ENTRY_HEAD_SIZE or length > RECORD_PAYLOAD_MAX_BYTES + ENTRY_HEAD_SIZE:
         return None, offset + 1, f"impossible record length {length}"
@@ -210,7 +209,7 @@ def _decode_head(data: bytes, view: memoryview, offset: int) -> tuple[tuple[int,
     body_end = body_start + length
     if body_end > end:
         return None, end, "partial record"
-    if _crc32(view[body_start:body_end]) != body_crc:
+    if crc32(view[body_start:body_end]) != body_crc:
         return None, body_end, "checksum mismatch"
     return _entry_head_unpack(data, body_start), body_end, ""
 
