@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections import OrderedDict
 from pathlib import Path
 
@@ -15,6 +16,12 @@ from pathlib import Path
 # that does not change the file's size has no inode to journal (ext4). A batch of a few
 # hundred bytes, as at 5k msg/s: 0.20 ms appended, 0.14 ms into allocated space.
 PREALLOCATE_STEP_BYTES = 4 * 1024 * 1024
+
+# A large file is freed a step at a time (`shred`): unlinking 64 MiB at once held this
+# machine's concurrent WAL fdatasyncs up to 17 ms, 700 MiB up to 62 ms (ext4 frees the
+# extents in the journal the syncs wait for); 8 MiB steps 5 ms apart, at most 4 ms.
+SHRED_STEP_BYTES = 8 * 1024 * 1024
+SHRED_PAUSE_SECONDS = 0.005
 
 
 class AppendHandle:
@@ -150,6 +157,26 @@ class RealFiles:
 
     def remove(self, path: Path) -> None:
         path.unlink(missing_ok=True)
+
+    def rename(self, source: Path, target: Path) -> None:
+        """Atomic; durable once both directories are synced."""
+        os.rename(source, target)
+
+    def shred(self, path: Path) -> None:
+        """Remove a file no one reads any more, freeing its space in steps (blocks:
+        on a worker thread). Its content is cut as it goes, so only a file whose
+        name no recovery reads (the store's trash) is shredded."""
+        with contextlib.suppress(FileNotFoundError):
+            fd = os.open(path, os.O_WRONLY)
+            try:
+                size = os.fstat(fd).st_size
+                while size > SHRED_STEP_BYTES:
+                    size -= SHRED_STEP_BYTES
+                    os.ftruncate(fd, size)
+                    time.sleep(SHRED_PAUSE_SECONDS)
+            finally:
+                os.close(fd)
+            path.unlink()
 
     def listdir(self, path: Path) -> list[Path]:
         if not path.exists():

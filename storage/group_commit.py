@@ -79,6 +79,7 @@ class GroupCommitter:
         self._idle_waiters: list[asyncio.Future] = []
         # the slow half of a rollover (copying into segments) runs beside new batches
         self._rollover_task: asyncio.Task | None = None
+        self._shredding: asyncio.Task | None = None   # freeing what rollovers let go (LogStore.shred_trash)
         self.failed_batches = 0
 
     def append(self, encoded_record: bytes) -> int:
@@ -229,10 +230,24 @@ class GroupCommitter:
             if not self._busy and not self._pending and not self._sealed:
                 self._notify_idle()
         log.info("wal.rolled_over", segments=self.store.segment_count)
+        if self._shredding is None:   # else the running one takes these too
+            self._shredding = loop.create_task(self._shred(loop))
+
+    async def _shred(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The files the rollovers let go, freed a step at a time beside the batches
+        (an unlink of a whole one stalls the WAL's fdatasyncs: storage/files.py)."""
+        try:
+            await loop.run_in_executor(None, self.store.shred_trash)
+        except OSError as error:   # what is left in the trash goes at the next start
+            log.error("wal.shred_failed", error=str(error))
+        finally:
+            self._shredding = None
+        if self.store.trash_to_shred:   # let go while the last pass ended
+            self._shredding = loop.create_task(self._shred(loop))
 
     async def drain(self) -> None:
-        """Wait until everything appended so far is on disk and a rollover
-        under way is done (used at shutdown)."""
+        """Wait until everything appended so far is on disk, a rollover under
+        way is done and what rollovers let go is freed (used at shutdown)."""
         while self._busy or self._pending or self._sealed or self._rollover_task is not None:
             if not self._busy:
                 self._write_next()
@@ -241,6 +256,8 @@ class GroupCommitter:
             waiter = asyncio.get_running_loop().create_future()
             self._idle_waiters.append(waiter)
             await waiter
+        while self._shredding is not None:
+            await asyncio.shield(self._shredding)
 
     def close(self) -> None:
         """Stop the writer thread (after `drain`)."""

@@ -34,6 +34,9 @@ log = structlog.get_logger("warren.storage")
 
 WAL_DIR = "wal"
 SEGMENTS_DIR = "segments"
+# Files a rollover let go wait here to be shredded (their space freed a step at a time,
+# storage/files.py): a name no recovery reads, so a file cut short there is never data.
+TRASH_DIR = "trash"
 # A rollover's copy into segments is synced in pieces of this size (`_write_segment`).
 SEGMENT_SYNC_BYTES = 4 * 1024 * 1024
 
@@ -113,6 +116,10 @@ class LogStore:
         self.directory = directory
         self.wal_dir = directory / WAL_DIR
         self.segments_dir = directory / SEGMENTS_DIR
+        self.trash_dir = directory / TRASH_DIR
+        self._trash_number = 0
+        self._discarded: list[Path] = []    # moved to the trash by the rollover under way
+        self._shreddable: list[Path] = []   # in the trash durably: may be cut (shred_trash, another thread)
         self.wal_max_size_bytes = wal_max_size_bytes
         self.segment_max_entries = segment_max_entries
         self.files = files or RealFiles()
@@ -143,9 +150,11 @@ class LogStore:
         if visit is None:
             def visit(record: records.Record, location: Location) -> None:
                 recovered.logs.setdefault(record.log_id, {})[record.index] = record
-        for directory in (self.directory, self.wal_dir, self.segments_dir):
+        for directory in (self.directory, self.wal_dir, self.segments_dir, self.trash_dir):
             self.files.makedirs(directory)
             self.files.sync_directory(directory.parent)
+        for path in self.files.listdir(self.trash_dir):   # let go before a crash or a stop
+            self.files.remove(path)
         wal_paths = [p for p in self.files.listdir(self.wal_dir) if p.suffix == ".wal"]
         # A rollover opens the new WAL file before it moves entries to segments and
         # deletes the old one: with two or more WAL files a crash hit a rollover.
@@ -265,6 +274,7 @@ class LogStore:
         """All steps of a rollover at once (for callers that read nothing meanwhile)."""
         moved = self.start_rollover(cursors, first_batch)
         self.finish_rollover(cursors)
+        self.shred_trash()
         return moved
 
     def start_rollover(self, cursors: dict[int, int], first_batch: bytes = b"") -> list[Relocation]:
@@ -297,17 +307,37 @@ class LogStore:
         return moved
 
     def finish_rollover(self, cursors: dict[int, int]) -> None:
-        """Delete the old WAL files and the segment files wholly below their cursor."""
+        """Let the old WAL files go, and the segment files wholly below their cursor:
+        into the trash, which `shred_trash` empties."""
         done = list(self._old_wals)
         for path in done:
-            self.files.remove(path)
-            self.files.forget(path)
+            self._discard(path)
             self._heads.pop(path, None)
         self.files.sync_directory(self.wal_dir)
         self._old_wals = [p for p in self._old_wals if p not in done]
         self.truncate_segments(cursors)
+        self.files.sync_directory(self.trash_dir)   # before any of it is cut: see TRASH_DIR
+        self._shreddable += self._discarded
+        self._discarded = []
         self._count_segments()
         self.rollovers += 1
+
+    def _discard(self, path: Path) -> None:
+        self.files.forget(path)
+        self._trash_number += 1
+        target = self.trash_dir / f"{self._trash_number:08d}.{path.name}"
+        self.files.rename(path, target)
+        self._discarded.append(target)
+
+    @property
+    def trash_to_shred(self) -> bool:
+        return bool(self._shreddable)
+
+    def shred_trash(self) -> None:
+        """Free what finished rollovers let go, a step at a time (blocks: a worker thread's;
+        may run beside the next rollover, which adds to the list only once its renames are durable)."""
+        while self._shreddable:
+            self.files.shred(self._shreddable.pop(0))
 
     def _move_to_segments(self, wal_path: Path, cursors: dict[int, int], moved: list[Relocation]) -> None:
         data = self.files.read_bytes(wal_path)
@@ -389,16 +419,18 @@ class LogStore:
         return size_before + (records.FILE_HEADER_SIZE if new_file else 0)
 
     def truncate_segments(self, cursors: dict[int, int]) -> None:
-        """Delete segment files wholly below their log's cursor, and deleted logs' files."""
+        """Let segment files wholly below their log's cursor go, and deleted logs' files."""
         for log_id in list(self.segments):
             cursor = cursors.get(log_id)
             kept = []
             for segment in self.segments[log_id]:
                 if cursor is None or segment.last_index < cursor:
-                    self.files.remove(segment.path)
-                    self.files.forget(segment.path)
+                    self._discard(segment.path)
                 else:
                     kept.append(segment)
+            if len(kept) == len(self.segments[log_id]):
+                continue
+            self.files.sync_directory(self.segments_dir / str(log_id))
             if kept:
                 self.segments[log_id] = kept
             else:

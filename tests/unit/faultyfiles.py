@@ -265,6 +265,19 @@ class FaultyFiles:
             raise IsADirectoryError(errno.EISDIR, "Is a directory", str(path))
         self.nodes.pop(path, None)
 
+    def rename(self, source: Path, target: Path) -> None:
+        """The node moves now; each name's change is durable once its directory is synced."""
+        self.tick("rename", source)
+        node = self.nodes.get(source)
+        if not isinstance(node, FakeFile):
+            raise FileNotFoundError(errno.ENOENT, "No such file", str(source))
+        if not self._parent_exists(target, self.nodes):
+            raise FileNotFoundError(errno.ENOENT, "No such directory", str(target.parent))
+        self.nodes[target] = self.nodes.pop(source)
+
+    def shred(self, path: Path) -> None:
+        self.remove(path)
+
     def listdir(self, path: Path) -> list[Path]:
         node = self.nodes.get(path)
         if node is None:

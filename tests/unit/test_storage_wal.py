@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from tests.unit.faultyfiles import FaultyFiles, SimulatedCrash
+from warren.storage import files as files_module
 from warren.storage import records, wal
 from warren.storage.group_commit import GroupCommitter
 from warren.storage.records import CorruptLog, Record
@@ -323,6 +324,69 @@ def test_rollover_syncs_a_segment_in_pieces_so_wal_syncs_do_not_wait_behind_all_
     store.close()
     _, recovered = open_store(fake)
     check_recovered(model, recovered)
+
+
+def test_what_a_rollover_lets_go_waits_in_the_trash_and_a_restart_empties_it(tmp_path):
+    """The old WAL file and the segments below their cursor are renamed into the trash
+    (durably, before any is cut), shredded later; a stop before that leaves them there,
+    and the next start removes them without reading them, even cut short."""
+    store = LogStore(tmp_path / "log", 4096, 4)
+    store.recover()
+    for index in range(1, 30):
+        store.write_batch(records.encode(1, 0, index, b"x" * 200))
+    old_wal = store.wal_path
+    store.start_rollover({1: 1})
+    store.finish_rollover({1: 1})
+    store.switch_wal()
+    store.move_to_segments({1: 26})
+    store.finish_rollover({1: 26})     # segments wholly below 26 let go too
+    trash = sorted(p.name for p in (tmp_path / "log" / wal.TRASH_DIR).iterdir())
+    assert f"00000001.{old_wal.name}" in trash and any(name.endswith(".seg") for name in trash), trash
+    assert not old_wal.exists()
+    victim = next((tmp_path / "log" / wal.TRASH_DIR).iterdir())
+    os.truncate(victim, 7)   # a shred cut short by a crash: not a torn log
+    store.close()
+    again = LogStore(tmp_path / "log", 4096, 4)
+    recovered = again.recover()
+    kept = sorted(recovered.logs[1])   # whole segments of 4 below 26 went
+    assert kept[-4:] == [26, 27, 28, 29] and kept[0] > 22, kept
+    assert list((tmp_path / "log" / wal.TRASH_DIR).iterdir()) == []
+    again.close()
+
+
+def test_shredding_frees_a_file_in_steps_then_removes_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(files_module, "SHRED_STEP_BYTES", 1000)
+    monkeypatch.setattr(files_module, "SHRED_PAUSE_SECONDS", 0)
+    cuts: list[int] = []
+    ftruncate = os.ftruncate
+    monkeypatch.setattr(os, "ftruncate", lambda fd, size: (cuts.append(size), ftruncate(fd, size))[1])
+    path = tmp_path / "big"
+    path.write_bytes(b"z" * 3500)
+    files_module.RealFiles().shred(path)
+    assert cuts == [2500, 1500, 500] and not path.exists()
+    files_module.RealFiles().shred(path)   # gone already: nothing to do
+
+
+async def test_the_committer_shreds_what_its_rollovers_let_go_off_the_loop(tmp_path):
+    store = real_store(tmp_path, wal_max_size_bytes=600)
+    shredded_on: list[str] = []
+    shred = store.files.shred
+    store.files.shred = lambda path: (shredded_on.append(threading.current_thread().name), shred(path))[1]
+    cursor = {"at": 1}
+
+    def prepare_rollover() -> tuple[dict[int, int], bytes]:
+        return {METADATA_LOG_ID: 1, 1: cursor["at"]}, records.encode(METADATA_LOG_ID, 0, 1, b"snapshot")
+
+    committer = GroupCommitter(store, prepare_rollover)
+    for index in range(1, 41):
+        committer.append(records.encode(1, 0, index, b"p" * 50))
+        cursor["at"] = index
+        await committer.drain()
+    assert store.rollovers >= 3
+    assert shredded_on and threading.main_thread().name not in shredded_on, shredded_on
+    assert list(store.trash_dir.iterdir()) == [] and not store.trash_to_shred
+    committer.close()
+    store.close()
 
 
 def segment_indexes(fake: FaultyFiles, log_id: int) -> list[list[int]]:
