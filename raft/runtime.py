@@ -324,6 +324,9 @@ class RaftRuntime:
         self.system.remove_group(group_id)
         self.persistence.compactions.pop(group_id, None)
         self.committer.append(removed_record(storage.log_id))
+        store = self.committer.store
+        if store.log_segment_bytes(storage.log_id) >= store.wal_max_size_bytes:
+            self.committer.rollover_soon()   # its segments go at a rollover: one now, not once the WAL is full
         return True
 
     def propose(self, group_id: GroupId, data: bytes) -> int | None:

@@ -79,6 +79,7 @@ class GroupCommitter:
         self._idle_waiters: list[asyncio.Future] = []
         # the slow half of a rollover (copying into segments) runs beside new batches
         self._rollover_task: asyncio.Task | None = None
+        self._rollover_wanted = False   # before the WAL is full (rollover_soon)
         self._shredding: asyncio.Task | None = None   # freeing what rollovers let go (LogStore.shred_trash)
         self.failed_batches = 0
 
@@ -177,8 +178,18 @@ class GroupCommitter:
         finally:   # a callback that raises must not stop the writer
             self._write_on(ok)
 
+    def rollover_soon(self) -> None:
+        """Roll over between the next two batches, or now if none is being written,
+        though the WAL is not full: what it lets go (a deleted queue's segments) is freed
+        then, not once the WAL has filled up, which on a quiet node may take long."""
+        self._rollover_wanted = True
+        if not self._busy:
+            self._busy = True   # no batch is handed over while the WAL is switched
+            self._write_on(True)
+
     def _write_on(self, ok: bool) -> None:
-        if ok and self._rollover_task is None and self.store.needs_rollover():
+        if ok and self._rollover_task is None and (self._rollover_wanted or self.store.needs_rollover()):
+            self._rollover_wanted = False
             asyncio.get_running_loop().create_task(self._switch_then_write())
             return
         self._busy = False
@@ -227,7 +238,10 @@ class GroupCommitter:
             return
         finally:
             self._rollover_task = None
-            if not self._busy and not self._pending and not self._sealed:
+            if self._rollover_wanted and not self._busy:   # asked for while this one ran
+                self._busy = True
+                self._write_on(True)
+            elif not self._busy and not self._pending and not self._sealed:
                 self._notify_idle()
         log.info("wal.rolled_over", segments=self.store.segment_count)
         if self._shredding is None:   # else the running one takes these too

@@ -437,6 +437,10 @@ class LogStore:
                 del self.segments[log_id]
                 self.files.remove_tree(self.segments_dir / str(log_id))
 
+    def log_segment_bytes(self, log_id: int) -> int:
+        """The size of one log's segment files (read on the loop; a rollover may be appending)."""
+        return sum(self.files.size(segment.path) for segment in list(self.segments.get(log_id, ())))
+
     def _count_segments(self) -> None:
         self.segment_count = sum(len(files) for files in self.segments.values())
         self.segment_bytes = sum(self.files.size(s.path) for files in self.segments.values() for s in files)

@@ -371,3 +371,42 @@ async def test_leaders_of_a_node_whose_loop_stalled_step_down_and_a_group_of_one
     finally:
         for node in nodes:
             await node.stop()
+
+
+async def test_a_removed_groups_segments_go_at_a_rollover_made_for_them_not_once_the_wal_is_full(tmp_path):
+    """A deleted queue's segments are let go at a rollover; one over a WAL file's worth gets
+    a rollover of its own when the group is removed (on a quiet node the WAL may take long to
+    fill), and the node's other groups are unharmed."""
+    member = ClusterNode(name="node-a", host="127.0.0.1", port=free_port())
+    node = Node("node-a", [member], tmp_path / "node-a", 1)
+    try:
+        await node.start()
+        for group_id in ("big", "kept"):
+            assert node.runtime.add_group(group_id, ["node-a"])
+        await until(lambda: node.role("big") == "leader" and node.role("kept") == "leader",
+                    lambda: str(node.role_changes), ELECTION_BOUND_SECONDS)
+        log_id = node.runtime.groups["big"].log_id
+        for number in range(400):   # kept whole (no snapshot): each rollover copies it into segments
+            assert node.runtime.propose("big", b"%d:" % number + b"x" * 1024) is not None
+            assert node.runtime.propose("kept", b"k%d" % number) is not None
+            await asyncio.sleep(0)
+        await until(lambda: node.store.log_segment_bytes(log_id) >= WAL_MAX_SIZE_BYTES
+                    and node.applied["kept"] and len(node.applied["kept"]) == 400,
+                    lambda: f"segments {node.store.log_segment_bytes(log_id)} B, rollovers {node.rollovers}", 10)
+        for number in range(1000):   # small writes until a rollover leaves the WAL under its size
+            if node.store.wal_size_bytes < WAL_MAX_SIZE_BYTES // 2:
+                break
+            assert node.runtime.propose("kept", b"s%d" % number) is not None
+            await asyncio.sleep(0.001)
+        await asyncio.wait_for(node.committer.drain(), 5)   # no rollover under way
+        rollovers, wal_bytes = node.rollovers, node.store.wal_size_bytes
+        assert node.runtime.remove_group("big")
+        await until(lambda: not (node.store.segments_dir / str(log_id)).exists() and not node.store.trash_to_shred,
+                    lambda: f"segments {node.store.log_segment_bytes(log_id)} B after the removal, "
+                            f"rollovers {node.rollovers - rollovers}", 10)
+        assert node.rollovers == rollovers + 1, "one rollover for the removed group's segments"
+        assert wal_bytes < WAL_MAX_SIZE_BYTES, "the WAL was not full: the rollover was the removal's"
+        assert node.runtime.propose("kept", b"after") is not None
+        await until(lambda: node.applied["kept"][-1:] == [b"after"], lambda: str(node.applied["kept"][-3:]), 5)
+    finally:
+        await node.stop()

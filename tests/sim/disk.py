@@ -74,6 +74,9 @@ class SimCommitter:
     def when_durable(self, batch: int, callback: Callable[[bool], None]) -> None:
         self._callbacks.setdefault(batch, []).append(callback)
 
+    def rollover_soon(self) -> None:
+        """No rollover in the simulation (WAL_MAX_BYTES)."""
+
     def write_some(self, rng: random.Random, rate: float) -> None:
         """The writer: the oldest handed batches become durable (or fail), each with chance `rate`."""
         while self.handed and rng.random() < rate:

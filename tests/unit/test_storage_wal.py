@@ -389,6 +389,29 @@ async def test_the_committer_shreds_what_its_rollovers_let_go_off_the_loop(tmp_p
     store.close()
 
 
+async def test_a_rollover_asked_for_runs_though_the_wal_is_not_full(tmp_path):
+    """`rollover_soon` on an idle committer: the WAL is switched now, and a log missing
+    from the cursors (a removed group's) loses its segments then."""
+    store = real_store(tmp_path, wal_max_size_bytes=4096)
+    live = {"logs": {1: 1, 2: 1}}
+    committer = GroupCommitter(store, lambda: (dict(live["logs"]), b""))
+    for index in range(1, 41):
+        for log_id in (1, 2):
+            committer.append(records.encode(log_id, 0, index, b"e" * 100))
+        await committer.drain()
+    assert store.rollovers >= 2 and store.log_segment_bytes(2) > 0
+    rollovers = store.rollovers
+    assert not store.needs_rollover()
+    del live["logs"][2]
+    committer.rollover_soon()
+    await committer.drain()
+    assert store.rollovers == rollovers + 1
+    assert store.log_segment_bytes(2) == 0 and not (store.segments_dir / "2").exists()
+    assert store.log_segment_bytes(1) > 0 and list(store.trash_dir.iterdir()) == []
+    committer.close()
+    store.close()
+
+
 def segment_indexes(fake: FaultyFiles, log_id: int) -> list[list[int]]:
     out = []
     for path in fake.listdir(SEGMENTS_DIR / str(log_id)):
