@@ -177,8 +177,11 @@ class Cluster:
         waiting = self.settings.cluster_startup_catch_up_seconds
         if (self.multi_node or seed is not None) and not await self.metadata.catch_up(waiting, seed):
             log.warning("cluster.metadata_not_caught_up", waited_seconds=waiting)
-        if self.multi_node:
-            await self._await_links(STARTUP_LINKS_SECONDS)
+        if self.multi_node and await self._await_links(STARTUP_LINKS_SECONDS):
+            # A declaration a peer answered before it counted this node running did not wait for
+            # it, and may have committed after the first barrier: a second one takes it in.
+            if not await self.metadata.catch_up(waiting):
+                log.warning("cluster.metadata_not_caught_up", waited_seconds=waiting)
 
     def host_groups(self) -> "SeedDefinitions | None":
         """The runtime started (the metadata snapshot installed): the metadata group
@@ -192,15 +195,18 @@ class Cluster:
         self.runtime.on_turn()
         return seed
 
-    async def _await_links(self, seconds: float) -> None:
-        """Before clients connect, let the links to the running nodes come up: a node
-        answers a declaration once every node it is linked to applied it, so a peer
-        that has not seen this one yet would answer without it (and a publish
-        through this node could miss the new queue). A peer that is down does not
-        answer its dial; after `seconds` the port opens without it."""
+    async def _await_links(self, seconds: float) -> bool:
+        """Before clients connect, let the links to the running nodes come up and each
+        peer greet this node: a node answers a declaration once every node it counts
+        running applied it, so a peer that has not counted this one yet would answer
+        without it (and a publish through this node could miss the new queue). A
+        peer's HELLO comes from its `peer_up`, so once it is here the peer counts this
+        node. A peer that is down does not answer its dial; after `seconds` the port
+        opens without it. True if any peer greeted this node."""
         deadline = time.monotonic() + seconds
-        while len(self.running_peers()) < len(self.nodes) - 1 and time.monotonic() < deadline:
+        while len(self.core.greeting_peers()) < len(self.nodes) - 1 and time.monotonic() < deadline:
             await asyncio.sleep(0.01)   # the transport dials and handshakes meanwhile
+        return bool(self.core.greeting_peers())
 
     async def _settle_solo_groups(self) -> None:
         """Groups whose only voter is this node (a single node's queues, classic

@@ -392,6 +392,10 @@ class NodeCore:
         """The other nodes whose link is up."""
         return [peer for peer in self.nodes if peer != self.node and peer not in self.down_since]
 
+    def greeting_peers(self) -> list[str]:
+        """The running peers whose HELLO came since their link did: they count this node running."""
+        return [peer for peer in self.running_peers() if peer in self.greeted]
+
     def peer_up(self, peer: str) -> None:
         self.down_since.pop(peer, None)
         self.send(peer, [HELLO, self.incarnation])

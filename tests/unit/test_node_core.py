@@ -176,6 +176,22 @@ def test_a_repeated_hello_states_a_node_up_once_per_link():
     assert ups == [("b", "b1"), ("b", "b2"), ("b", "b2")]
 
 
+def test_a_peer_greets_this_node_once_it_counts_it_running():
+    """A restarted node opens its port once every linked peer greeted it (Cluster._await_links):
+    a peer sends HELLO from its own peer_up, after which its answers wait for this node."""
+    core = core_on_a({"g": "a"})
+    core.peer_down("b")
+    core.peer_down("c")
+    core.peer_up("b")
+    core.peer_up("c")
+    assert core.running_peers() == ["b", "c"] and core.greeting_peers() == []
+    core.on_messages("c", [[HELLO, "c1"]])
+    assert core.greeting_peers() == ["c"]
+    core.peer_down("c")
+    core.on_messages("b", [[HELLO, "b1"]])
+    assert core.greeting_peers() == ["b"]
+
+
 def test_consumers_ask_the_leader_again_for_lost_deliveries():
     """A delivery lost at the end of a consumer's window leaves no gap to notice
     (tests/sim seed 33): now and then the queue asks its leader (its link-up hook)."""
