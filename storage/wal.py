@@ -309,12 +309,11 @@ class LogStore:
     def finish_rollover(self, cursors: dict[int, int]) -> None:
         """Let the old WAL files go, and the segment files wholly below their cursor:
         into the trash, which `shred_trash` empties."""
-        done = list(self._old_wals)
-        for path in done:
+        for path in list(self._old_wals):
             self._discard(path)
             self._heads.pop(path, None)
+            self._old_wals.remove(path)   # one by one: a failure half way is retried from where it stopped
         self.files.sync_directory(self.wal_dir)
-        self._old_wals = [p for p in self._old_wals if p not in done]
         self.truncate_segments(cursors)
         self.files.sync_directory(self.trash_dir)   # before any of it is cut: see TRASH_DIR
         self._shreddable += self._discarded
@@ -326,7 +325,10 @@ class LogStore:
         self.files.forget(path)
         self._trash_number += 1
         target = self.trash_dir / f"{self._trash_number:08d}.{path.name}"
-        self.files.rename(path, target)
+        try:
+            self.files.rename(path, target)
+        except FileNotFoundError:   # moved by a rollover that failed after it: retried
+            return
         self._discarded.append(target)
 
     @property

@@ -354,6 +354,34 @@ def test_what_a_rollover_lets_go_waits_in_the_trash_and_a_restart_empties_it(tmp
     again.close()
 
 
+def test_a_rollover_that_fails_half_way_through_letting_go_is_finished_by_the_next(tmp_path):
+    store = LogStore(tmp_path / "log", 2048, 4)
+    store.recover()
+    rename, calls = store.files.rename, []
+
+    def failing_second(source, target):
+        calls.append(source)
+        if len(calls) == 2:
+            raise OSError(errno.EIO, "injected rename failure")
+        rename(source, target)
+    store.files.rename = failing_second
+    index = 0
+    for _ in range(2):   # two old WAL files for one rollover to let go
+        for _ in range(12):
+            index += 1
+            store.write_batch(records.encode(1, 0, index, b"y" * 200))
+        store.switch_wal()
+    store.move_to_segments({1: 1})
+    with pytest.raises(OSError, match="injected"):
+        store.finish_rollover({1: 1})
+    store.rollover({1: 1})   # the next one lets go of what is left, and of its own old file
+    assert len(list(store.wal_dir.iterdir())) == 1 and list(store.trash_dir.iterdir()) == []
+    store.close()
+    again = LogStore(tmp_path / "log", 2048, 4)
+    assert sorted(again.recover().logs[1]) == list(range(1, index + 1))
+    again.close()
+
+
 def test_shredding_frees_a_file_in_steps_then_removes_it(tmp_path, monkeypatch):
     monkeypatch.setattr(files_module, "SHRED_STEP_BYTES", 1000)
     monkeypatch.setattr(files_module, "SHRED_PAUSE_SECONDS", 0)
