@@ -239,25 +239,23 @@ class GroupCommitter:
         finally:
             self._rollover_task = None
             if self._rollover_wanted and not self._busy:   # asked for while this one ran
-                self._busy = True
-                self._write_on(True)
+                self.rollover_soon()
             elif not self._busy and not self._pending and not self._sealed:
                 self._notify_idle()
         log.info("wal.rolled_over", segments=self.store.segment_count)
-        if self._shredding is None:   # else the running one takes these too
+        if self._shredding is None and self.store.trash_to_shred:   # else the running one takes these too
             self._shredding = loop.create_task(self._shred(loop))
 
     async def _shred(self, loop: asyncio.AbstractEventLoop) -> None:
         """The files the rollovers let go, freed a step at a time beside the batches
         (an unlink of a whole one stalls the WAL's fdatasyncs: storage/files.py)."""
         try:
-            await loop.run_in_executor(None, self.store.shred_trash)
+            while self.store.trash_to_shred:   # with what rollovers let go meanwhile
+                await loop.run_in_executor(None, self.store.shred_trash)
         except Exception:  # noqa: BLE001 -- what is left in the trash goes at the next start; never stop the node
             log.exception("wal.shred_failed")
         finally:
             self._shredding = None
-        if self.store.trash_to_shred:   # let go while the last pass ended
-            self._shredding = loop.create_task(self._shred(loop))
 
     async def drain(self) -> None:
         """Wait until everything appended so far is on disk, a rollover under

@@ -445,7 +445,7 @@ class LogStore:
 
     def _count_segments(self) -> None:
         self.segment_count = sum(len(files) for files in self.segments.values())
-        self.segment_bytes = sum(self.files.size(s.path) for files in self.segments.values() for s in files)
+        self.segment_bytes = sum(self.log_segment_bytes(log_id) for log_id in list(self.segments))
 
     def close(self) -> None:
         if self._wal is not None:

@@ -174,14 +174,17 @@ class Cluster:
         seed = self.host_groups()
         await self._settle_solo_groups()
         # Clients connect once this node knows what was declared while it was away.
-        waiting = self.settings.cluster_startup_catch_up_seconds
-        if (self.multi_node or seed is not None) and not await self.metadata.catch_up(waiting, seed):
-            log.warning("cluster.metadata_not_caught_up", waited_seconds=waiting)
+        if self.multi_node or seed is not None:
+            await self._catch_up(seed)
         if self.multi_node and await self._await_links(STARTUP_LINKS_SECONDS):
             # A declaration a peer answered before it counted this node running did not wait for
             # it, and may have committed after the first barrier: a second one takes it in.
-            if not await self.metadata.catch_up(waiting):
-                log.warning("cluster.metadata_not_caught_up", waited_seconds=waiting)
+            await self._catch_up()
+
+    async def _catch_up(self, barrier: "SeedDefinitions | None" = None) -> None:
+        waiting = self.settings.cluster_startup_catch_up_seconds
+        if not await self.metadata.catch_up(waiting, barrier):
+            log.warning("cluster.metadata_not_caught_up", waited_seconds=waiting)
 
     def host_groups(self) -> "SeedDefinitions | None":
         """The runtime started (the metadata snapshot installed): the metadata group
