@@ -63,3 +63,15 @@ def test_seeded_chaos_run_is_judged_clean_by_the_pipeline(tmp_path, spark):
         f"the judge found loss or phantoms: {totals}, e.g. {verdict['lost_examples']}"
     assert verdict["ok"] and verdict["drained"], verdict["totals"]
     assert [f["detail"].split()[0] for f in verdict["faults"]] == [f"kind={kind}" for kind in starts]
+
+
+def test_more_queues_than_publishers_is_refused(tmp_path, capsys):
+    """A queue without a publisher is never declared, and the final drain would wait for it
+    until --drain-max: refused before anything starts."""
+    from warren.verification.chaos import cli
+
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["--queues", "4", "--run-dir", str(tmp_path / "run")])
+    assert exit_info.value.code == 2
+    assert "--queues 4 needs a publisher each: --perf-processes x --producers is 2" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()

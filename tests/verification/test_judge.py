@@ -79,6 +79,16 @@ def test_exit_status(spark, tmp_path, anomaly, code):
             {"duplicates_unflagged": 1, "unconfirmed_delivered": 1, "returned": 1}
 
 
+def test_a_drain_that_timed_out_is_said(spark, tmp_path, capsys):
+    rows = published_confirmed(0, 0) + delivered(0, 100)
+    rows += [event("drain_end", 1000, queue=None, publisher=None, detail="drained=1 timed_out=True")]
+    history = write_history(tmp_path / "h", rows)
+    assert cli.main([str(history), "--out", str(tmp_path / "out"), "--no-html"]) == 0   # nothing lost
+    verdict = json.loads((tmp_path / "out" / "verdict.json").read_text())["histories"][0]
+    assert verdict["drained"] and verdict["drain_timed_out"]
+    assert "the final drain timed out" in capsys.readouterr().out
+
+
 def test_report_is_self_contained_with_both_histories(spark, tmp_path):
     directory, clean = tmp_path / "anomalies", tmp_path / "clean"
     generate(8_000, directory, seed=5, anomalies_each=1)

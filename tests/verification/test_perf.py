@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 
 from tests.verification.histories import assert_consistent, ids, read_events
 from warren.verification.perf.options import parse, to_argv
+from warren.verification.perf.runner import ProcessRun
 
 RUN_TIMEOUT_SECONDS = 90
 
@@ -25,6 +26,18 @@ def test_options_round_trip_through_a_child_command_line():
                      "--time", "2", "--history", "h", "--queues", "4", "--multi-ack-every", "8"])
     assert parse(to_argv(options)) == options
     assert options.queue_args == {"x-max-length": 10}
+
+
+def test_the_processes_clients_are_spread_over_the_queues_together():
+    """Two processes of one publisher and one consumer each, two queues: one of each per
+    queue (before, every process numbered its clients from 0: all four on the first queue,
+    and warren-chaos --queues 4 left three queues undeclared for its final drain to wait on)."""
+    placed = []
+    for index in range(2):
+        run = ProcessRun(parse(["--url", "amqp://a", "--queues", "2", "--queue", "q", "-x", "1", "-y", "1",
+                                "--time", "1", "--process-index", str(index)]))
+        placed.append(([p.queue for p in run.publishers], [c.queue for c in run.consumers]))
+    assert placed == [(["q-0"], ["q-0"]), (["q-1"], ["q-1"])], placed
 
 
 def test_history_of_a_run_is_consistent(fresh_server, tmp_path, name):

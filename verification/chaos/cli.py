@@ -63,7 +63,12 @@ async def _main(args) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.queues > args.perf_processes * args.producers:
+        # a queue without a publisher is never declared: the final drain would wait for it until --drain-max
+        parser.error(f"--queues {args.queues} needs a publisher each: --perf-processes x --producers is "
+                     f"{args.perf_processes * args.producers}")
     try:
         report = asyncio.run(_main(args))
     except asyncio.CancelledError:

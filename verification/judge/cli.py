@@ -78,7 +78,15 @@ def one_line(verdict: dict) -> str:
             f"{t['confirmed_lost']} confirmed-and-lost, {t['phantom_messages']} phantom, "
             f"{t['duplicates_redelivered']}+{t['duplicates_unflagged']} duplicates (flagged+unflagged), "
             f"{t['order_violations']} order violations, {t['unconfirmed_delivered']} unconfirmed-but-delivered"
-            + ("" if verdict["drained"] else " (no drain_end recorded)"))
+            + drain_note(verdict))
+
+
+def drain_note(verdict: dict) -> str:
+    if not verdict["drained"]:
+        return " (no drain_end recorded)"
+    if verdict.get("drain_timed_out"):
+        return " (the final drain timed out: a queue was not emptied, or could not be consumed from)"
+    return ""
 
 
 if __name__ == "__main__":

@@ -125,7 +125,10 @@ def faults_table(verdict: dict) -> str:
 def history_column(verdict: dict) -> str:
     status = ("<span class=ok>OK</span>" if verdict["ok"]
               else "<span class=fail>FAIL: confirmed messages lost or phantoms</span>")
-    drained = "" if verdict["drained"] else " <b>No drain_end recorded: messages left in queues count as lost.</b>"
+    drained = ("" if verdict["drained"] else " <b>No drain_end recorded: messages left in queues count as lost.</b>")
+    if verdict.get("drain_timed_out"):
+        drained += (" <b>The final drain timed out: a queue was not emptied, or could not be consumed from;"
+                    " messages left in it count as lost.</b>")
     figures = "".join(f.to_html(full_html=False, include_plotlyjs=False)
                       for f in (throughput_figure(verdict), latency_figure(verdict), histogram_figure(verdict)))
     lost = "".join(f"<li>{html.escape(str(q))}: {html.escape(', '.join(ids))}</li>"

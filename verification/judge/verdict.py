@@ -27,6 +27,8 @@ def judge_history(spark: SparkSession, path: str, grace_s: float = 30.0) -> dict
             "t0_mono_ns": events.t0_ns,
             "duration_s": (events.end_ns - events.t0_ns) / 1e9,
             "drained": any(e["event"] == "drain_end" for e in control),
+            "drain_timed_out": any(e["event"] == "drain_end" and "timed_out=True" in (e["detail"] or "")
+                                   for e in control),
             "queues": queues,
             "totals": {name: sum(q[name] for q in queues.values()) for name in (*COUNT_COLUMNS, "order_violations")},
             "lost_examples": lost_examples(messages),

@@ -36,10 +36,13 @@ class ProcessRun:
         o = self.options
         first = o.process_index * (o.producers + o.consumers)  # spread processes' clients over the URLs too
         queues = [f"{o.queue_prefix}-{n}" if o.queues > 1 else o.queue_prefix for n in range(o.queues)]
-        consumers = [Consumer(f"{self.writer}-c{n}", queues[n % o.queues],
+        # the processes' clients are numbered on from each other's, so that N processes of one publisher
+        # each cover N queues (not N publishers on the first queue)
+        first_consumer, first_producer = o.process_index * o.consumers, o.process_index * o.producers
+        consumers = [Consumer(f"{self.writer}-c{n}", queues[(first_consumer + n) % o.queues],
                               Link(o.urls, first + n, f"{self.writer}-c{n}", self.stats, self.recorder),
                               o, self.stats, self.recorder) for n in range(o.consumers)]
-        publishers = [Publisher(f"{self.writer}-p{n}", queues[n % o.queues],
+        publishers = [Publisher(f"{self.writer}-p{n}", queues[(first_producer + n) % o.queues],
                                 Link(o.urls, first + o.consumers + n, f"{self.writer}-p{n}", self.stats,
                                      self.recorder, is_publisher=True),
                                 o, self.stats, self.recorder) for n in range(o.producers)]
