@@ -78,6 +78,8 @@ class Channel(TopologyMethods, ConsumerMethods):
         self.commands_paused = False
         self._last_time_mark = 0.0
         self.awaiting_replies = 0   # durable topology changes not yet applied (channel_topology.py)
+        # while the channel deletes a queue: its own consumers' cancels, sent after the delete-ok
+        self.held_cancels: list[spec.Basic.Cancel] | None = None
         self.closed = False
         # the user's permissions on the vhost as this channel opened, and what they allowed
         self.permission = self.broker.access.permission(connection.user_name, self.vhost.name)

@@ -130,5 +130,9 @@ class ConsumerMethods:
             return
         self._consume_ok(consumer)
         if self.connection.client_capabilities.get("consumer_cancel_notify"):
-            self.send(spec.Basic.Cancel(consumer_tag, nowait=True))
+            cancel = spec.Basic.Cancel(consumer_tag, nowait=True)
+            if self.held_cancels is not None:   # the channel's own queue.delete: after its delete-ok
+                self.held_cancels.append(cancel)
+            else:
+                self.send(cancel)
         self.connection.want_flush(self)

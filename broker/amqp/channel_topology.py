@@ -74,8 +74,17 @@ class TopologyMethods:
 
     def reply_arrived(self) -> None:
         self.awaiting_replies -= 1
+        if not self.awaiting_replies:
+            self._release_cancels()
         if not self.awaiting_replies and not self.closed:
             self.connection.release_held(self.number)
+
+    def _release_cancels(self) -> None:
+        held, self.held_cancels = self.held_cancels, None
+        if held and not self.closed:
+            for cancel in held:
+                self.send(cancel)
+            self.connection.want_flush(self)
 
     def _replicate(self, command: mc.Command, reply: Any | None,
                    on_applied: Callable[[Any], Any | None] | None = None) -> Callable[..., None]:
@@ -291,6 +300,17 @@ class TopologyMethods:
     def on_queue_delete(self, method: spec.Queue.Delete) -> None:
         name = self._queue_name(method.queue, 50, 40)
         self.check_access("configure", "queue", name, 50, 40)
+        # As RabbitMQ's channel, blocked in the delete while the queue's cancels wait in its
+        # mailbox: the delete-ok first, then the cancels of this channel's own consumers
+        # (py-amqp fails a delete whose answer comes after a cancel).
+        self.held_cancels = []
+        try:
+            self._delete_queue(method, name)
+        finally:
+            if not self.awaiting_replies:
+                self._release_cancels()
+
+    def _delete_queue(self, method: spec.Queue.Delete, name: str) -> None:
         replicate = self._replicate(mc.DeleteQueue(self.vhost.name, name), None,
                                     lambda count: None if method.nowait else spec.Queue.DeleteOk(count or 0))
         count = self.vhost.delete_queue(name, self.connection.id, method.if_unused, method.if_empty, replicate,

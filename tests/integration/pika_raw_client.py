@@ -31,6 +31,7 @@ class RawClient:
         self.buffer = b""
         self.frames: list[tuple[int, int, int, bytes]] = []
         self.frame_max = 0
+        self.server_properties: dict = {}
 
     def close(self) -> None:
         self.sock.close()
@@ -106,7 +107,7 @@ class RawClient:
                   expect_open_ok: bool = True) -> commands.Connection.Tune:
         """PLAIN login; tune values default to the server's proposal."""
         self.sock.sendall(PROTOCOL_HEADER)
-        self.expect(commands.Connection.Start)
+        self.server_properties = self.expect(commands.Connection.Start).server_properties
         self.send(0, commands.Connection.StartOk(
             client_properties={"product": "warren-raw-test",
                                "capabilities": {"consumer_cancel_notify": True, "basic.nack": True,

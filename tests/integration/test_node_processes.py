@@ -13,7 +13,9 @@ import urllib.request
 
 import pika
 import pytest
+from pamqp import commands
 
+from tests.integration.pika_raw_client import RawClient
 from tests.integration.pika_support import publish_confirmed
 from tests.integration.quorum_cluster import wait_for
 from tests.serverproc import ServerProcess, make_server
@@ -333,6 +335,32 @@ def test_an_exclusive_queue_is_locked_from_another_shard(two_shards):
     channel.confirm_delivery()
     channel.basic_publish("", "mine", b"to the owner", mandatory=True)
     assert drain(owner.channel(), "mine", 1) == [b"to the owner"]
+
+
+def raw_client_on_shard(server: ShardedServer, shard: int) -> RawClient:
+    for _ in range(CONNECTIONS_TO_REACH_EVERY_SHARD_MAX):
+        client = RawClient(server.amqp_port)
+        client.handshake()
+        if client.server_properties["cluster_name"].endswith(f"#{shard}"):
+            return client
+        client.close_connection()
+        client.close()
+    raise AssertionError(f"{CONNECTIONS_TO_REACH_EVERY_SHARD_MAX} connections, none on shard {shard}")
+
+
+def test_deleting_another_shards_queue_answers_delete_ok_before_the_own_consumers_cancel(node, two_shards):
+    """As on one process (test_pika_consumers.py), and RabbitMQ: the delete-ok, then the cancel."""
+    _, home = two_shards
+    home.channel().queue_declare("far", durable=True, arguments=QUORUM)
+    with raw_client_on_shard(node, 0) as client:
+        client.open_channel(1)
+        client.send(1, commands.Basic.Consume(queue="far", consumer_tag="own"))
+        client.expect(commands.Basic.ConsumeOk)
+        client.send(1, commands.Queue.Delete(queue="far"))
+        first = client.expect(object)
+        assert isinstance(first, commands.Queue.DeleteOk), f"before the delete-ok came {first!r}"
+        assert client.expect(commands.Basic.Cancel).consumer_tag == "own"
+        client.close_connection()
 
 
 def test_an_exclusive_queue_goes_with_its_owner_on_every_shard(two_shards):

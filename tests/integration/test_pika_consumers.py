@@ -252,6 +252,29 @@ def test_consumer_cancel_notify_when_queue_is_deleted(connection, name, cleanup)
     sync(channel)
 
 
+@pytest.mark.parametrize("arguments", [{"durable": True}, {"durable": False},
+                                       {"durable": True, "arguments": {"x-queue-type": "quorum"}}],
+                         ids=["durable", "transient", "quorum"])
+def test_a_channel_deleting_the_queue_it_consumes_gets_delete_ok_before_its_cancel(server, name, cleanup, arguments):
+    """RabbitMQ's channel answers queue.delete-ok, then sends basic.cancel for its own
+    consumer of that queue (the queue's cancel waits in the channel's mailbox behind the
+    delete it is blocked in). py-amqp (kombu, Celery) raises ConsumerCancelled when the
+    cancel comes while it waits for the delete-ok (kombu's own integration tests do this)."""
+    with RawClient(server.amqp_port) as client:
+        client.handshake()
+        client.open_channel(1)
+        client.send(1, commands.Queue.Declare(queue=cleanup.queue(name), **arguments))
+        client.expect(commands.Queue.DeclareOk)
+        client.send(1, commands.Basic.Consume(queue=name, consumer_tag="own"))
+        client.expect(commands.Basic.ConsumeOk)
+        client.send(1, commands.Queue.Delete(queue=name))
+        first = client.expect(object)
+        assert isinstance(first, commands.Queue.DeleteOk), f"before the delete-ok came {first!r}"
+        cancel = client.expect(commands.Basic.Cancel)
+        assert cancel.consumer_tag == "own"
+        client.close_connection()
+
+
 def test_basic_get_and_get_empty(connection, name, cleanup):
     channel = connection.channel()
     channel.queue_declare(cleanup.queue(name))
