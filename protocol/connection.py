@@ -333,8 +333,8 @@ class ServerConnection:
             self.state = {AWAIT_START_OK: AWAIT_TUNE_OK, AWAIT_TUNE_OK: AWAIT_OPEN, AWAIT_OPEN: OPEN}[state]
         elif not isinstance(method, (spec.Connection.UpdateSecret, spec.Connection.Blocked,
                                      spec.Connection.Unblocked, spec.Connection.CloseOk)):
-            raise AMQPConnectionError(
-                COMMAND_INVALID, f"unexpected method '{method.name.lower()}' on channel 0")
+            # rabbit_reader:handle_method0's last clause (the state is always 'running' here)
+            raise AMQPConnectionError(CHANNEL_ERROR, "unexpected method in connection state running")
         events.append((EV_METHOD, 0, method))
 
     def _on_header(self, channel: int, payload: bytes, events: list) -> None:

@@ -148,8 +148,6 @@ def test_header_fed_byte_by_byte_then_start_ok():
     (start_ok(), connection_open(), "open before tune-ok"),
     (start_ok() + tune_ok(), tune_ok(), "tune-ok twice"),
     (start_ok() + tune_ok(), start_ok(), "start-ok after tune-ok"),
-    (start_ok() + tune_ok() + connection_open(), connection_open(), "open twice"),
-    (start_ok() + tune_ok() + connection_open(), start_ok(), "start-ok after open"),
     (b"", method(0, spec.Channel.Open()), "channel.open on channel 0"),
     (b"", method(0, spec.Basic.Qos(prefetch_count=1)), "basic.qos on channel 0 in handshake"),
 ], ids=lambda v: v if isinstance(v, str) else "")
@@ -174,6 +172,20 @@ def test_connection_close_is_accepted_during_the_handshake():
     events = conn.receive_data(PROTOCOL_HEADER + start_ok() + method(0, spec.Connection.Close(
         reply_code=200, reply_text="bye", class_id=0, method_id=0)))
     assert methods(events) == [(0, "Connection.StartOk"), (0, "Connection.Close")], describe(events)
+
+
+@pytest.mark.parametrize("wrong", [spec.Basic.Ack(delivery_tag=1), spec.Channel.Open(), spec.Connection.Open(),
+                                   spec.Connection.TuneOk(channel_max=1, frame_max=4096, heartbeat=0),
+                                   spec.Connection.StartOk(mechanism="PLAIN", response="\0guest\0guest")],
+                         ids=lambda m: m.name)
+def test_an_unexpected_method_on_channel_0_of_an_open_connection_is_504(wrong):
+    """rabbit_reader:handle_method0's last clause: 504 CHANNEL_ERROR "unexpected method in
+    connection state running", blaming no method (aiormq's own tests send basic.ack there)."""
+    conn = opened_connection(1)
+    error = hard_error(conn, method(0, wrong))
+    assert_reply(error, CHANNEL_ERROR, f"{wrong.name} on channel 0")
+    assert error.reply_text == "CHANNEL_ERROR - unexpected method in connection state running", error.reply_text
+    assert (error.class_id, error.method_id) == (0, 0)
 
 
 # -- channels -------------------------------------------------------------------
