@@ -125,7 +125,7 @@ def faults_table(verdict: dict) -> str:
 def history_column(verdict: dict) -> str:
     status = ("<span class=ok>OK</span>" if verdict["ok"]
               else "<span class=fail>FAIL: confirmed messages lost or phantoms</span>")
-    drained = ("" if verdict["drained"] else " <b>No drain_end recorded: messages left in queues count as lost.</b>")
+    drained = "" if verdict["drained"] else " <b>No drain_end recorded: messages left in queues count as lost.</b>"
     if verdict.get("drain_timed_out"):
         drained += (" <b>The final drain timed out: a queue was not emptied, or could not be consumed from;"
                     " messages left in it count as lost.</b>")
