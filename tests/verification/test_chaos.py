@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.verification.histories import assert_consistent, ids, read_events
+from warren.verification.chaos import cli
 from warren.verification.chaos.schedule import PARTITION_SHAPES
 from warren.verification.judge.verdict import judge_history
 
@@ -62,14 +63,13 @@ def test_seeded_chaos_run_is_judged_clean_by_the_pipeline(tmp_path, spark):
     assert totals["confirmed_lost"] == 0 and totals["phantom_messages"] == 0, \
         f"the judge found loss or phantoms: {totals}, e.g. {verdict['lost_examples']}"
     assert verdict["ok"] and verdict["drained"], verdict["totals"]
+    assert not verdict["drain_timed_out"], "the final drain ran out of time"
     assert [f["detail"].split()[0] for f in verdict["faults"]] == [f"kind={kind}" for kind in starts]
 
 
 def test_more_queues_than_publishers_is_refused(tmp_path, capsys):
     """A queue without a publisher is never declared, and the final drain would wait for it
     until --drain-max: refused before anything starts."""
-    from warren.verification.chaos import cli
-
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["--queues", "4", "--run-dir", str(tmp_path / "run")])
     assert exit_info.value.code == 2
