@@ -76,8 +76,8 @@ class TopologyMethods:
         self.awaiting_replies -= 1
         if not self.awaiting_replies:
             self._release_cancels()
-        if not self.awaiting_replies and not self.closed:
-            self.connection.release_held(self.number)
+            if not self.closed:
+                self.connection.release_held(self.number)
 
     def _release_cancels(self) -> None:
         held, self.held_cancels = self.held_cancels, None
