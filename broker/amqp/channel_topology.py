@@ -26,8 +26,8 @@ from warren.broker.node.metadata import raise_if_error
 from warren.broker.queues.queue import Queue
 from warren.broker.queues.queue_factory import is_replicated
 from warren.broker.routing.exchanges import Binding
-from warren.protocol.constants import ACCESS_REFUSED, NOT_FOUND, RESOURCE_LOCKED
-from warren.protocol.errors import ChannelError
+from warren.protocol.constants import ACCESS_REFUSED, NOT_FOUND, NOT_IMPLEMENTED, RESOURCE_LOCKED
+from warren.protocol.errors import AMQPConnectionError, ChannelError
 
 REPLY_TO_QUEUE = "amq.rabbitmq.reply-to"
 # what a channel remembers of its permission checks (RabbitMQ keeps a few per channel)
@@ -215,15 +215,14 @@ class TopologyMethods:
             queue.counts_at_home(lambda messages, consumers: self._on_replicated(
                 spec.Queue.DeclareOk(queue.name, messages, consumers), None, None))
             return
-        link = self.broker.shard_link
-        if link is not None and queue.replicated and queue.replica is None and not method.nowait:
-            # a queue group hosted on another shard only: its counts are there (a zero here
-            # would tell a client checking its queue's depth that confirmed messages are gone)
+        if queue.replicated and queue.replica is None and not method.nowait:
+            # a queue group hosted on another node or shard only: its counts are there (a zero
+            # here would tell a client checking its queue's depth that confirmed messages are gone)
             self.await_reply()
-            link.counts_at_home(self.broker.cluster.leader_hint(queue.group) or queue.members[0], queue.group,
-                                lambda counts: self._on_replicated(
-                                    spec.Queue.DeclareOk(queue.name, *(counts or (0, 0))), None, None))
+            queue.stat(lambda ready, consumers: self._on_replicated(
+                spec.Queue.DeclareOk(queue.name, ready, consumers), None, None))
             return
+        link = self.broker.shard_link
         reply = None if method.nowait else spec.Queue.DeclareOk(queue.name, queue.message_count, queue.consumer_count)
         if link is not None and link.unannounced(queue):   # a new queue of this shard's: once every shard has it
             self.await_reply()
@@ -314,7 +313,7 @@ class TopologyMethods:
         replicate = self._replicate(mc.DeleteQueue(self.vhost.name, name), None,
                                     lambda count: None if method.nowait else spec.Queue.DeleteOk(count or 0))
         count = self.vhost.delete_queue(name, self.connection.id, method.if_unused, method.if_empty, replicate,
-                                        partial(self._delete_at_home, method))
+                                        partial(self._delete_at_home, method), partial(self._judge_delete, method))
         if count is None:
             return
         reply = None if method.nowait else spec.Queue.DeleteOk(count)
@@ -323,6 +322,29 @@ class TopologyMethods:
             self.broker.shard_link.synced(partial(self._on_replicated, reply, None, None))
             return
         self._reply(reply)
+
+    def _judge_delete(self, method: spec.Queue.Delete, queue: Queue) -> None:
+        """A replicated queue's if-unused or if-empty: a quorum queue refuses them with 540
+        (rabbit_quorum_queue:delete); a durable classic queue is judged on its leader's
+        counts (this node may hold neither its messages nor the other nodes' consumers),
+        then deleted through the metadata group."""
+        if queue.queue_type == "quorum":
+            flag = "if-unused" if method.if_unused else "if-empty"
+            raise AMQPConnectionError(NOT_IMPLEMENTED, f"cannot delete queue '{queue.name}' in vhost "
+                                      f"'{self.vhost.name}'. queue.delete operations with {flag} flag set are "
+                                      "not supported by quorum queues", 50, 40)
+        self.await_reply()
+
+        def judged(ready: int, consumers: int) -> None:
+            def delete(_: Any) -> None:
+                self.vhost.check_delete_conditions(queue.name, method.if_unused, method.if_empty, consumers, ready)
+                if self.vhost.queues.get(queue.name) is not queue:   # deleted meanwhile: as a missing queue
+                    return None if method.nowait else spec.Queue.DeleteOk(0)
+                self._replicate(mc.DeleteQueue(self.vhost.name, queue.name), None,
+                                lambda count: None if method.nowait else spec.Queue.DeleteOk(count or 0))()
+                return None
+            self._on_replicated(None, delete, None)
+        queue.stat(judged)
 
     def _delete_at_home(self, method: spec.Queue.Delete, queue: Queue) -> None:
         """Another shard's queue: its home shard checks and deletes it (broker/node/shard_queues.py)."""

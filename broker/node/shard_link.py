@@ -110,11 +110,6 @@ class ShardLink:
                        on_done: Callable[[Any], None]) -> None:
         self.ask(home, [DELETE_ASK, group, if_unused, if_empty], on_done)
 
-    def _hosted(self, group: str) -> Any:
-        """A replicated queue whose group this shard hosts (its counts are here), or None."""
-        queue = self.broker.cluster.queues.get(group)
-        return queue if queue is not None and queue.replica is not None else None
-
     # -- direct reply-to ------------------------------------------------------------------
     def reply_token(self) -> str:
         return f"{secrets.token_urlsafe(18)}{TOKEN_SEPARATOR}{self.shard}"
@@ -274,7 +269,7 @@ class ShardLink:
         elif kind == DELETE_ASK:
             self._on_delete_ask(peer, *message[1:])
         elif kind == COUNTS:
-            queue = self.home.get(message[1]) or self._hosted(message[1])
+            queue = self.home.get(message[1])
             self.send(peer, [DONE, message[2], None if queue is None else [queue.message_count, queue.consumer_count]])
         elif kind == EXCHANGE:
             self._on_exchange(peer, *message[1:7])

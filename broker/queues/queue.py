@@ -176,6 +176,11 @@ class Queue:
     def purge(self, on_done: Callable[[int], None]) -> None:
         self.client.purge(lambda count: on_done(count or 0))
 
+    def stat(self, on_done: Callable[[int, int], None]) -> None:
+        """`on_done(ready, consumers)` as the queue's leader has them, after this node's
+        commands so far (a node without the queue's replica has neither)."""
+        self.client.stat(lambda counts: on_done(*(counts or (0, 0))))
+
     def add_consumer(self, consumer_id: Hashable, sink: ConsumerSink, prefetch: int,
                      priority: int, no_ack: bool, exclusive: bool, active: bool = True,
                      on_checked_out: Callable[[bool], None] | None = None) -> None:

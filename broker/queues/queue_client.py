@@ -194,6 +194,9 @@ class QueueClient:
     def purge(self, on_done: Callable[[Any], None]) -> None:
         self.submit(qc.Purge(self.route.node, next(self.requests), now_ms()), on_done)
 
+    def stat(self, on_done: Callable[[Any], None]) -> None:
+        self.submit(qc.Stat(self.route.node, now_ms()), on_done)
+
     def checkout(self, consumer_id: tuple, sink: Any, prefetch: int, priority: int, no_ack: bool,
                  active: bool, exclusive: bool = False, on_done: Callable[[Any], None] | None = None) -> None:
         owner, tag = consumer_id

@@ -193,8 +193,17 @@ class DropTransientBefore:
     now_ms: int
 
 
+@dataclass(frozen=True, slots=True)
+class Stat:
+    """The queue's ready and consumer counts as its leader applies them (a passive declare
+    or a conditional queue.delete on a node without the queue's replica); changes nothing."""
+    TAG: ClassVar[int] = 18
+    owner: str
+    now_ms: int
+
+
 COMMANDS: tuple[type, ...] = (Enqueue, Checkout, Cancel, Settle, Return, Discard, Suspend, Dequeue, Purge, Down,
-                              NodeDown, NodeUp, NodeGone, Tick, EnqueueBatch, DropTransient, DropTransientBefore)
+                              NodeDown, NodeUp, NodeGone, Tick, EnqueueBatch, DropTransient, DropTransientBefore, Stat)
 # What one node states about others: proposed only by a leader into its own log, never
 # forwarded, so a peer that sends one is refused.
 LIVENESS: tuple[type, ...] = (NodeDown, NodeUp, NodeGone)

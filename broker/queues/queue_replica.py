@@ -257,6 +257,8 @@ class QueueReplica:
             return [reply.msg_id, list(payload), reply.redelivered, reply.message_count, reply.delivery_count]
         if reply is None or isinstance(reply, (int, str, bool)):
             return reply
+        if type(reply) is tuple:   # a Stat's counts
+            return list(reply)
         return None
 
     def resend_deliveries(self, owner: str, tag: str, after_seq: int) -> None:

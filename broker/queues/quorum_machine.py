@@ -299,6 +299,9 @@ class QuorumMachine:
         effects.append(Purged(command.owner, command.request_id, count))
         return count
 
+    def _on_stat(self, command: qc.Stat, effects: list) -> tuple[int, int]:
+        return self.ready_count, self.consumer_count
+
     def _on_down(self, command: qc.Down, effects: list) -> int:
         """The channel closed: what it held returns, and as a publisher it is done."""
         returned = self._down_owners(command.now_ms, [command.owner], effects)
@@ -586,6 +589,7 @@ _APPLY = {
     qc.Down: QuorumMachine._on_down, qc.NodeDown: QuorumMachine._on_node_down, qc.NodeUp: QuorumMachine._on_node_up,
     qc.NodeGone: QuorumMachine._on_node_gone, qc.Tick: QuorumMachine._on_tick,
     qc.DropTransient: QuorumMachine._on_drop_transient, qc.DropTransientBefore: QuorumMachine._on_drop_transient_before,
+    qc.Stat: QuorumMachine._on_stat,
 }
 assert set(_APPLY) == set(qc.COMMANDS), "every command has its handler"
 

@@ -207,10 +207,13 @@ class VirtualHost:
 
     def delete_queue(self, name: str, owner: Hashable, if_unused: bool, if_empty: bool,
                      replicate: Callable[[str], None] | None = None,
-                     forward: Callable[[Queue], None] | None = None) -> int | None:
+                     forward: Callable[[Queue], None] | None = None,
+                     judge: Callable[[Queue], None] | None = None) -> int | None:
         # a queue without a log goes through the node's own machine (`delete_queue_now`)
         """The message count; None when a replicated queue was handed to `replicate(name)`,
-        or another shard's queue to `forward(queue)` (its home checks and deletes it)."""
+        another shard's queue to `forward(queue)` (its home checks and deletes it), or a
+        replicated queue with if-unused or if-empty to `judge(queue)`: this node's view of
+        it may have neither its messages nor the other nodes' consumers."""
         queue = self.queues.get(name)
         if queue is None:
             return 0  # as RabbitMQ 3.x: deleting a missing queue succeeds
@@ -218,16 +221,23 @@ class VirtualHost:
         if forward is not None and queue.forwarded:
             forward(queue)
             return None
-        if if_unused and queue.consumer_count:
-            raise ChannelError(PRECONDITION_FAILED, f"queue '{name}' in vhost '{self.name}' in use", 50, 40)
-        if if_empty and queue.message_count:
-            raise ChannelError(PRECONDITION_FAILED, f"queue '{name}' in vhost '{self.name}' is not empty", 50, 40)
+        if judge is not None and queue.replicated and (if_unused or if_empty):
+            judge(queue)
+            return None
+        self.check_delete_conditions(name, if_unused, if_empty, queue.consumer_count, queue.message_count)
         if queue.replicated and replicate is not None:
             replicate(name)
             return None
         count = queue.message_count
         self.delete_queue_now(queue)
         return count
+
+    def check_delete_conditions(self, name: str, if_unused: bool, if_empty: bool, consumers: int, ready: int) -> None:
+        """rabbit_amqqueue:delete's checks, on the queue's own counts."""
+        if if_unused and consumers:
+            raise ChannelError(PRECONDITION_FAILED, f"queue '{name}' in vhost '{self.name}' in use", 50, 40)
+        if if_empty and ready:
+            raise ChannelError(PRECONDITION_FAILED, f"queue '{name}' in vhost '{self.name}' is not empty", 50, 40)
 
     def delete_queue_now(self, queue: Queue) -> None:
         """The queue goes (deleted, auto-deleted, expired, its exclusive owner gone):

@@ -533,3 +533,28 @@ def test_a_passive_declare_on_another_shard_counts_a_quorum_queue_where_it_is_ho
     declared = other.channel().queue_declare("counted", passive=True)
     assert (declared.method.message_count, declared.method.consumer_count) == (7, 0), \
         "a passive declare on the shard without the queue's group miscounted it"
+
+
+def test_a_durable_classic_queue_is_judged_for_if_unused_and_if_empty_on_its_own_shard(two_shards):
+    """queue.delete's flags from the shard without the queue's group are judged on the
+    counts where the group lives: that shard's view has neither its messages nor the
+    other shard's consumers (the delete went ahead, dropping confirmed messages)."""
+    home, other = two_shards
+    channel = home.channel()
+    channel.queue_declare("judged", durable=True)
+    publish_confirmed(channel, "judged", [b"kept"])
+    channel.basic_consume("judged", lambda *delivery: None)
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as in_use:
+        other.channel().queue_delete("judged", if_unused=True)
+    assert (in_use.value.reply_code, in_use.value.reply_text) == (
+        406, "PRECONDITION_FAILED - queue 'judged' in vhost '/' in use")
+    channel.close()
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as not_empty:
+        other.channel().queue_delete("judged", if_empty=True)
+    assert (not_empty.value.reply_code, not_empty.value.reply_text) == (
+        406, "PRECONDITION_FAILED - queue 'judged' in vhost '/' is not empty")
+    declared = other.channel().queue_declare("judged", passive=True)
+    assert (declared.method.message_count, declared.method.consumer_count) == (1, 0), \
+        "a refused delete changed the queue"
+    home.channel().queue_purge("judged")
+    assert other.channel().queue_delete("judged", if_unused=True, if_empty=True).method.message_count == 0

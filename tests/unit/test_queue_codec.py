@@ -31,6 +31,7 @@ COMMANDS = [
     qc.EnqueueBatch(P1, 3, 5, [MESSAGE, ["", "q", b"", b"", 7, 9]]),
     qc.DropTransient(5),
     qc.DropTransientBefore(7, 5),
+    qc.Stat("o", 5),
     qc.Checkout("o", "t", 5, 10, 1, True, False, True),   # exclusive
 ]
 EFFECTS = [
@@ -62,6 +63,7 @@ OLD_FORMS = [
     ([15, P1, 3, 5, [MESSAGE, ["", "q", b"", b"", 7, 9]]], COMMANDS[14]),
     ([16, 5], COMMANDS[15]),
     ([17, 7, 5], COMMANDS[16]),
+    ([18, "o", 5], COMMANDS[17]),
 ]
 
 

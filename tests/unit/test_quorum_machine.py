@@ -807,3 +807,13 @@ def test_drop_transient_before_keeps_the_transient_messages_of_later_entries():
     assert machine.apply(wire(qc.DropTransientBefore(4, 6)), 5)[0] == 1, "only entry 2's"
     assert machine.ready_count == 1 and machine.oldest_ref_index() == 4
     assert machine.apply(wire(qc.DropTransientBefore(4, 7)), 6)[0] == 0, "a resend drops nothing"
+
+
+def test_stat_answers_the_ready_and_consumer_counts_and_changes_nothing():
+    machine = qm.QuorumMachine()
+    machine.apply(qc.EnqueueBatch("n/1/p", 1, 0, [["", "q", b"", b"a", None, 0], ["", "q", b"", b"b", None, 0]]), 1)
+    machine.apply(qc.Checkout("n/1/c", "t", 0, 1, 0, False, True), 2)   # takes one of the two
+    before = machine.snapshot()
+    reply, effects = machine.apply(qc.Stat("n/1/x", 0), 3)
+    assert reply == (1, 1) and effects == []
+    assert machine.snapshot() == before

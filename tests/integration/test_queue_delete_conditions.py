@@ -1,0 +1,95 @@
+"""queue.delete's if-unused and if-empty, and a passive declare's counts, as RabbitMQ
+answers them from any node: a classic queue is judged where it lives (its process in
+RabbitMQ, its group's leader here), not by the asking node's own view, which on a node
+without the queue's replica has no messages and none of the other nodes' consumers;
+a quorum queue refuses both flags with 540 NOT_IMPLEMENTED, as rabbit_quorum_queue:delete
+does. A delete that ignored them dropped a queue in use and confirmed messages."""
+from __future__ import annotations
+
+import uuid
+
+import pika
+import pika.exceptions
+import pytest
+
+from tests.integration.pika_support import publish_confirmed
+from tests.integration.quorum_cluster import connect, start_cluster, stop_all
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+def delete_refused(connection: pika.BlockingConnection, name: str, **flags) -> str | None:
+    """The reply code and text of a refused queue.delete, None when it was deleted."""
+    try:
+        connection.channel().queue_delete(name, **flags)
+    except (pika.exceptions.ChannelClosedByBroker, pika.exceptions.ConnectionClosedByBroker) as error:
+        return f"{error.reply_code} {error.reply_text}"
+    return None
+
+
+def counts(connection: pika.BlockingConnection, name: str) -> tuple[int, int]:
+    declared = connection.channel().queue_declare(name, passive=True).method
+    return declared.message_count, declared.consumer_count
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    servers = start_cluster(tmp_path_factory.mktemp("delete-conditions"))
+    yield servers
+    stop_all(servers)
+
+
+def test_a_classic_queue_on_another_node_is_counted_and_judged_where_it_lives(cluster):
+    name = unique("classic")
+    home, other = connect(cluster["a@local"]), connect(cluster["b@local"])
+    try:
+        channel = home.channel()
+        channel.queue_declare(name, durable=True)
+        publish_confirmed(channel, name, [b"held", b"ready"])
+        channel.basic_qos(prefetch_count=1)
+        channel.basic_consume(name, lambda *delivery: None)
+        home.process_data_events(time_limit=0.5)   # "held" goes to the consumer, unacked
+
+        assert counts(other, name) == (1, 1), "a passive declare on another node miscounted the queue"
+        assert delete_refused(other, name, if_unused=True) == \
+            f"406 PRECONDITION_FAILED - queue '{name}' in vhost '/' in use"
+        assert counts(home, name) == (1, 1), "a refused if-unused delete changed the queue"
+
+        channel.close()   # the consumer goes; "held" is ready again
+        assert counts(other, name) == (2, 0)
+        assert delete_refused(other, name, if_empty=True) == \
+            f"406 PRECONDITION_FAILED - queue '{name}' in vhost '/' is not empty"
+        assert counts(home, name) == (2, 0), "a refused if-empty delete lost confirmed messages"
+
+        home.channel().queue_purge(name)
+        assert delete_refused(other, name, if_unused=True, if_empty=True) is None
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as gone:
+            counts(home, name)
+        assert gone.value.reply_code == 404
+    finally:
+        for connection in (home, other):
+            if connection.is_open:
+                connection.close()
+
+
+@pytest.mark.parametrize("flag, text", [
+    ("if_unused", "if-unused flag set"),
+    ("if_empty", "if-empty flag set"),
+])
+def test_a_quorum_queue_refuses_the_delete_flags_with_540_as_rabbitmq(cluster, flag, text):
+    name = unique("quorum")
+    with connect(cluster["a@local"]) as connection:
+        channel = connection.channel()
+        channel.queue_declare(name, durable=True, arguments={"x-queue-type": "quorum"})
+        publish_confirmed(channel, name, [b"kept"])
+    with connect(cluster["c@local"]) as connection:
+        assert delete_refused(connection, name, **{flag: True}) == (
+            f"540 NOT_IMPLEMENTED - cannot delete queue '{name}' in vhost '/'. queue.delete operations "
+            f"with {text} are not supported by quorum queues")
+    with connect(cluster["b@local"]) as connection:
+        assert counts(connection, name)[0] == 1, "the refused delete lost the confirmed message"
+        connection.channel().queue_delete(name)
