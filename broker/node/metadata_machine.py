@@ -200,8 +200,7 @@ def _check_exchange_declare(command: mc.DeclareExchange, vhost: VhostRecord) -> 
     """VirtualHost.declare_exchange's checks, in its order, with RabbitMQ's texts."""
     name, where = command.name, f"in vhost '{command.vhost}'"
     if command.type not in EXCHANGE_TYPES:
-        raise ChannelError(PRECONDITION_FAILED,
-                           f"invalid exchange type '{command.type}' for exchange '{name}' {where}", 40, 10)
+        raise ChannelError(PRECONDITION_FAILED, f"unknown exchange type '{command.type}'", 40, 10)
     if name == "":
         raise ChannelError(ACCESS_REFUSED, "operation not permitted on the default exchange", 40, 10)
     existing = vhost.exchanges.get(name)

@@ -75,9 +75,8 @@ class VirtualHost:
             _check_not_default_exchange(name, 40, 10)  # as RabbitMQ: a passive declare too
             return self.exchange(name)
         if method.exchange_type not in EXCHANGE_TYPES:
-            raise ChannelError(
-                PRECONDITION_FAILED, f"invalid exchange type '{method.exchange_type}' for exchange "
-                f"'{name}' in vhost '{self.name}'", 40, 10)
+            # a channel refuses it before (503); other callers get the 406 of RabbitMQ 3.12+
+            raise ChannelError(PRECONDITION_FAILED, f"unknown exchange type '{method.exchange_type}'", 40, 10)
         existing = self.exchanges.get(name)
         _check_not_default_exchange(name, 40, 10)
         if name.startswith("amq.") and existing is None:

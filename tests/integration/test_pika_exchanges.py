@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pika
 import pytest
-from pika.exceptions import ChannelClosedByBroker
+from pika.exceptions import ChannelClosedByBroker, ConnectionClosedByBroker
 
 from tests.integration.pika_support import (  # noqa: F401
     assert_closed_by,
@@ -65,12 +65,14 @@ def test_redeclare_with_other_durable_is_406(connection, name, cleanup):
     assert_closed_by(excinfo.value, 406, "inequivalent arg 'durable'")
 
 
-def test_unknown_exchange_type_is_406_on_the_channel(connection, name):
+def test_unknown_exchange_type_closes_the_connection_with_503(connection, name):
+    """As RabbitMQ 3.10 (rabbit_exchange:check_type's command_invalid), which pika's own
+    acceptance test (TestInvalidExchangeTypeRaisesConnectionClosed) holds it to."""
     channel = connection.channel()
-    with pytest.raises(ChannelClosedByBroker) as excinfo:
+    with pytest.raises(ConnectionClosedByBroker) as excinfo:
         channel.exchange_declare(name, "x-no-such-type-warren")
-    assert_closed_by(excinfo.value, 406, "exchange type")
-    assert connection.is_open, "an unknown exchange type is a channel error in RabbitMQ 3.12+"
+    assert (excinfo.value.reply_code, excinfo.value.reply_text) == (
+        503, "COMMAND_INVALID - unknown exchange type 'x-no-such-type-warren'")
 
 
 def test_delete_if_unused_with_bindings_is_406(connection, name, cleanup):
