@@ -163,8 +163,10 @@ class VirtualHost:
             name = "amq.gen-" + secrets.token_urlsafe(16)
         if authorize is not None:
             authorize(name)
-        queue_arguments.validate_queue_arguments(arguments, name, self.name)
         existing = self.queues.get(name)
+        if existing is None:
+            queue_arguments.check_type_arguments(arguments, name, self.name)
+        queue_arguments.validate_queue_arguments(arguments, name, self.name)
         if existing is not None:
             self._check_queue_equivalent(existing, method, arguments, owner)
             existing.touch()

@@ -135,6 +135,26 @@ def test_bad_argument_value_is_406_naming_it(connection, name, argument, value):
     assert connection.is_open
 
 
+@pytest.mark.parametrize("argument,value,queue_type", [
+    ("x-max-priority", 5, "quorum"),
+    ("x-queue-mode", "lazy", "quorum"),
+    ("x-max-age", "1D", "quorum"),
+    ("x-delivery-limit", 3, "classic"),
+    ("x-quorum-initial-group-size", 3, "classic"),
+    ("x-dead-letter-strategy", "at-least-once", "classic"),
+])
+def test_an_argument_the_queue_type_does_not_take_is_406(connection, name, argument, value, queue_type):
+    """RabbitMQ 3.10's texts, measured beside it; the type is checked before the value
+    and before the type's properties, and only for a new queue."""
+    arguments = {argument: value, **({"x-queue-type": "quorum"} if queue_type == "quorum" else {})}
+    module = {"quorum": "rabbit_quorum_queue", "classic": "rabbit_classic_queue"}[queue_type]
+    with pytest.raises(ChannelClosedByBroker) as excinfo:
+        connection.channel().queue_declare(name, durable=True, arguments=arguments)
+    assert (excinfo.value.reply_code, excinfo.value.reply_text) == (
+        406, f"PRECONDITION_FAILED - invalid arg '{argument}' for queue '{name}' in vhost '/' "
+             f"of queue type {module}")
+
+
 def test_unknown_x_arguments_are_accepted(connection, name, cleanup):
     channel = connection.channel()
     channel.queue_declare(cleanup.queue(name), arguments={"x-warren-custom": "one", "plain": 1})
