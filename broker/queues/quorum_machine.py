@@ -44,9 +44,8 @@ records (the consumer side) and takes each released message through
   on `noconnection`); an older log's NodeGone, and a dead shard's, Down those
   owners; neither touches a newer incarnation that spoke since.
 
-Snapshots (``snapshot``/``restore``) hold the whole state, payloads included,
-in a form that is canonical: two machines that behave the same produce the
-same bytes, so replicas can be compared by their snapshots.
+Snapshots (``snapshot``/``restore``) hold the whole state, payloads included, in a canonical
+form: two machines that behave the same give the same bytes, so replicas compare by snapshots.
 """
 from __future__ import annotations
 
@@ -298,9 +297,6 @@ class QuorumMachine:
         count = self._fifo_apply(command, effects)
         effects.append(Purged(command.owner, command.request_id, count))
         return count
-
-    def _on_stat(self, command: qc.Stat, effects: list) -> tuple[int, int]:
-        return self.ready_count, self.consumer_count
 
     def _on_down(self, command: qc.Down, effects: list) -> int:
         """The channel closed: what it held returns, and as a publisher it is done."""
@@ -589,7 +585,7 @@ _APPLY = {
     qc.Down: QuorumMachine._on_down, qc.NodeDown: QuorumMachine._on_node_down, qc.NodeUp: QuorumMachine._on_node_up,
     qc.NodeGone: QuorumMachine._on_node_gone, qc.Tick: QuorumMachine._on_tick,
     qc.DropTransient: QuorumMachine._on_drop_transient, qc.DropTransientBefore: QuorumMachine._on_drop_transient_before,
-    qc.Stat: QuorumMachine._on_stat,
+    qc.Stat: lambda machine, command, effects: (machine.ready_count, machine.consumer_count),   # reads only
 }
 assert set(_APPLY) == set(qc.COMMANDS), "every command has its handler"
 
