@@ -35,6 +35,7 @@ from warren.broker.node import metadata_commands as mc
 from warren.broker.node import metadata_effects as fx
 from warren.broker.node.definition_checks import check_expression, valid_password_hash
 from warren.broker.node.metadata_state import ExchangeRecord, MetaState, QueueRecord, UserRecord, VhostRecord
+from warren.broker.routing.arguments import check_exchange_equivalent
 from warren.broker.routing.exchanges import EXCHANGE_TYPES, Binding
 from warren.protocol.constants import ACCESS_REFUSED, CONNECTION_FORCED, NOT_FOUND, PRECONDITION_FAILED
 from warren.protocol.errors import ChannelError
@@ -216,6 +217,7 @@ def _check_exchange_declare(command: mc.DeclareExchange, vhost: VhostRecord) -> 
             raise ChannelError(
                 PRECONDITION_FAILED, f"inequivalent arg '{field}' for exchange '{name}' {where}: "
                 f"received '{_erl(received)}' but current is '{_erl(current)}'", 40, 10)
+    check_exchange_equivalent(existing.arguments, command.arguments, name, command.vhost)
 
 
 def _delete_exchange(command: mc.DeleteExchange, state: MetaState) -> tuple[object, list]:
@@ -225,7 +227,7 @@ def _delete_exchange(command: mc.DeleteExchange, state: MetaState) -> tuple[obje
     name = command.name
     if name == "" or name.startswith("amq."):
         text = ("operation not permitted on the default exchange" if name == ""
-                else f"exchange '{name}' in vhost '{command.vhost}' is built in")
+                else f"deletion of system exchange '{name}' in vhost '{command.vhost}' not allowed")
         return error_reply(ChannelError(ACCESS_REFUSED, text, 40, 20)), []
     if name not in vhost.exchanges:
         return None, []   # deleting what does not exist succeeds, as in RabbitMQ 3.x

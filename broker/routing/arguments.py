@@ -131,6 +131,20 @@ def validate_queue_arguments(arguments: dict, queue: str, vhost: str) -> None:
                 f"invalid arg '{name}' for queue '{queue}' in vhost '{vhost}': {problem}", 50, 10)
 
 
+def check_exchange_equivalent(existing: dict, received: dict, exchange: str, vhost: str) -> None:
+    """rabbit_exchange:assert_args_equivalence: of an exchange's arguments only
+    alternate-exchange is compared on redeclare."""
+    old, new = existing.get("alternate-exchange"), received.get("alternate-exchange")
+    if old != new:
+        raise ChannelError(PRECONDITION_FAILED, f"inequivalent arg 'alternate-exchange' for exchange '{exchange}' in "
+                                                f"vhost '{vhost}': received {_described(new)} but current is "
+                                                f"{_described(old)}", 40, 10)
+
+
+def _described(value: object) -> str:
+    return "none" if value is None else f"the value '{value}' of type '{_amqp_type(value)}'"
+
+
 def check_equivalent(existing: dict, received: dict, queue: str, vhost: str) -> None:
     for name in EQUIVALENCE_CHECKED:
         old = existing.get(name)
@@ -139,9 +153,7 @@ def check_equivalent(existing: dict, received: dict, queue: str, vhost: str) -> 
             old = old or "classic"
             new = new or old
         if old != new:
-            current = "none" if old is None else f"the value '{old}' of type '{_amqp_type(old)}'"
-            got = "none" if new is None else f"the value '{new}' of type '{_amqp_type(new)}'"
             raise ChannelError(
                 PRECONDITION_FAILED,
                 f"inequivalent arg '{name}' for queue '{queue}' in vhost '{vhost}': "
-                f"received {got} but current is {current}", 50, 10)
+                f"received {_described(new)} but current is {_described(old)}", 50, 10)

@@ -216,8 +216,23 @@ def headers_match(arguments: dict, headers: dict) -> bool:
     with_x = mode in ("any-with-x", "all-with-x")
     wanted = [(k, v) for k, v in arguments.items() if k != "x-match" and (with_x or not k.startswith("x-"))]
     if mode in ("any", "any-with-x"):
-        return any(k in headers and (v is None or headers[k] == v) for k, v in wanted)
-    return all(k in headers and (v is None or headers[k] == v) for k, v in wanted)
+        return any(k in headers and (v is None or _header_equal(v, headers[k])) for k, v in wanted)
+    return all(k in headers and (v is None or _header_equal(v, headers[k])) for k, v in wanted)
+
+
+def _header_equal(wanted: object, given: object) -> bool:
+    """As rabbit_exchange_type_headers: a string matches a byte array of the same bytes
+    (pika sends `bytes` as one); a boolean matches only a boolean and an integer only an
+    integer (RabbitMQ's type classes; Python's True == 1 and 1 == 1.0 do not hold there)."""
+    if isinstance(wanted, (str, bytes)) and isinstance(given, (str, bytes)):
+        return _as_bytes(wanted) == _as_bytes(given)
+    if isinstance(wanted, bool) or isinstance(given, bool) or isinstance(wanted, float) != isinstance(given, float):
+        return type(wanted) is type(given) and wanted == given
+    return wanted == given
+
+
+def _as_bytes(value: str | bytes) -> bytes:
+    return value.encode() if isinstance(value, str) else value
 
 
 _EMPTY: set[Destination] = frozenset()  # type: ignore[assignment]

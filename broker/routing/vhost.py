@@ -104,11 +104,12 @@ class VirtualHost:
                     PRECONDITION_FAILED,
                     f"inequivalent arg '{field}' for exchange '{existing.name}' in vhost '{self.name}': "
                     f"received '{_erl(received)}' but current is '{_erl(current)}'", 40, 10)
+        queue_arguments.check_exchange_equivalent(existing.arguments, method.arguments or {}, existing.name, self.name)
 
     def delete_exchange(self, name: str, if_unused: bool, change: Callable[[Exchange], None]) -> None:
         if name == "" or name.startswith("amq."):
-            raise ChannelError(ACCESS_REFUSED, "operation not permitted on the default exchange"
-                               if name == "" else f"exchange '{name}' in vhost '{self.name}' is built in", 40, 20)
+            raise ChannelError(ACCESS_REFUSED, "operation not permitted on the default exchange" if name == ""
+                               else f"deletion of system exchange '{name}' in vhost '{self.name}' not allowed", 40, 20)
         exchange = self.exchanges.get(name)
         if exchange is None:
             return  # deleting what does not exist succeeds, as in RabbitMQ 3.x

@@ -57,6 +57,25 @@ def test_redeclare_with_another_type_is_406(connection, name, cleanup):
     assert_closed_by(excinfo.value, 406, "inequivalent arg 'type'")
 
 
+def test_redeclare_with_another_alternate_exchange_is_406(connection, name, cleanup):
+    """rabbit_exchange:assert_args_equivalence compares alternate-exchange (only it)."""
+    channel = connection.channel()
+    channel.exchange_declare(cleanup.exchange(name), "direct", arguments={"other": 1})
+    channel.exchange_declare(name, "direct", arguments={"other": 2})   # not compared
+    with pytest.raises(ChannelClosedByBroker) as excinfo:
+        channel.exchange_declare(name, "direct", arguments={"alternate-exchange": "elsewhere"})
+    assert (excinfo.value.reply_code, excinfo.value.reply_text) == (
+        406, f"PRECONDITION_FAILED - inequivalent arg 'alternate-exchange' for exchange '{name}' in vhost '/': "
+             "received the value 'elsewhere' of type 'longstr' but current is none")
+
+
+def test_deleting_a_system_exchange_is_403_with_rabbitmqs_text(connection):
+    with pytest.raises(ChannelClosedByBroker) as excinfo:
+        connection.channel().exchange_delete("amq.direct")
+    assert (excinfo.value.reply_code, excinfo.value.reply_text) == (
+        403, "ACCESS_REFUSED - deletion of system exchange 'amq.direct' in vhost '/' not allowed")
+
+
 def test_redeclare_with_other_durable_is_406(connection, name, cleanup):
     channel = connection.channel()
     channel.exchange_declare(cleanup.exchange(name), "direct", durable=False)

@@ -114,7 +114,7 @@ def test_deleting_an_exchange_and_its_errors():
     run(state, mc.Bind("/", "x", "exchange", "amq.topic", "k", {}, 40, 30))
     assert run(state, mc.DeleteExchange("/", "x", True))[0] == [406, "exchange 'x' in vhost '/' in use", 40, 20]
     assert run(state, mc.DeleteExchange("/", "amq.topic", False))[0] == [
-        403, "exchange 'amq.topic' in vhost '/' is built in", 40, 20]
+        403, "deletion of system exchange 'amq.topic' in vhost '/' not allowed", 40, 20]
     assert run(state, mc.DeleteExchange("/", "", False))[0] == [
         403, "operation not permitted on the default exchange", 40, 20]
     assert run(state, mc.DeleteExchange("/", "x", False)) == (None, [fx.ExchangeDeleted("/", "x")])
