@@ -14,6 +14,7 @@ publish sent right behind a declare or bind, nowait or not, is routed by it.
 """
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -30,6 +31,9 @@ from warren.protocol.constants import ACCESS_REFUSED, COMMAND_INVALID, NOT_FOUND
 from warren.protocol.errors import AMQPConnectionError, ChannelError
 
 REPLY_TO_QUEUE = "amq.rabbitmq.reply-to"
+# How long a declare's counts wait for the queue's leader (rabbit_quorum_queue:stat waits 250 ms;
+# longer here: a commit on a loaded machine may take that, and a fallback may be stale).
+STAT_WAIT_SECONDS = 1.0
 # what a channel remembers of its permission checks (RabbitMQ keeps a few per channel)
 ACCESS_GRANTED_MAX = 1024
 
@@ -219,12 +223,8 @@ class TopologyMethods:
             queue.counts_at_home(lambda messages, consumers: self._on_replicated(
                 spec.Queue.DeclareOk(queue.name, messages, consumers), None, None))
             return
-        if queue.replicated and queue.replica is None and not method.nowait:
-            # a queue group hosted on another node or shard only: its counts are there (a zero
-            # here would tell a client checking its queue's depth that confirmed messages are gone)
-            self.await_reply()
-            queue.stat(lambda ready, consumers: self._on_replicated(
-                spec.Queue.DeclareOk(queue.name, ready, consumers), None, None))
+        if queue.replicated and not queue.route.leading() and not method.nowait:
+            self._declare_ok_from_leader(queue)
             return
         link = self.broker.shard_link
         reply = None if method.nowait else spec.Queue.DeclareOk(queue.name, queue.message_count, queue.consumer_count)
@@ -233,6 +233,24 @@ class TopologyMethods:
             link.announce(queue, partial(self._on_replicated, reply, None, None))
             return
         self._reply(reply)
+
+    def _declare_ok_from_leader(self, queue: Queue) -> None:
+        """Counted by the group's leader, as RabbitMQ's quorum queue stat: a node without a
+        replica has none of its messages, and a follower's lag the commits (either would tell
+        a client checking its queue's depth that confirmed messages are gone). Without an
+        answer in STAT_WAIT_SECONDS (no leader, no quorum) this node's own view answers, as
+        RabbitMQ answers its zeros after stat's timeout."""
+        self.await_reply()
+        answered = []
+
+        def answer(ready: int, consumers: int) -> None:
+            if not answered:
+                answered.append(True)
+                timer.cancel()
+                self._on_replicated(spec.Queue.DeclareOk(queue.name, ready, consumers), None, None)
+        timer = asyncio.get_running_loop().call_later(
+            STAT_WAIT_SECONDS, lambda: answer(queue.message_count, queue.consumer_count))
+        queue.stat(answer)
 
     def _declare_reply_to_queue(self, method: spec.Queue.Declare) -> None:
         """rabbit_channel: every declare of the direct reply-to pseudo-queue is

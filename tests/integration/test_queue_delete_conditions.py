@@ -6,6 +6,7 @@ a quorum queue refuses both flags with 540 NOT_IMPLEMENTED, as rabbit_quorum_que
 does. A delete that ignored them dropped a queue in use and confirmed messages."""
 from __future__ import annotations
 
+import time
 import uuid
 
 import pika
@@ -14,6 +15,7 @@ import pytest
 
 from tests.integration.pika_support import publish_confirmed
 from tests.integration.quorum_cluster import connect, start_cluster, stop_all
+from warren.broker.amqp.channel_topology import STAT_WAIT_SECONDS
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -93,3 +95,51 @@ def test_a_quorum_queue_refuses_the_delete_flags_with_540_as_rabbitmq(cluster, f
     with connect(cluster["b@local"]) as connection:
         assert counts(connection, name)[0] == 1, "the refused delete lost the confirmed message"
         connection.channel().queue_delete(name)
+
+
+def test_a_passive_declare_on_a_follower_answers_the_leaders_counts(cluster):
+    """RabbitMQ's quorum queue stat asks the leader: a follower's own machine lags it by the
+    commit's way there (50 ms was seen), and a client that counts what it had confirmed on
+    another node must not be told messages are missing, or that they are still there."""
+    name = unique("counted")
+    with connect(cluster["a@local"]) as leader_side, connect(cluster["b@local"]) as consumer_side, \
+            connect(cluster["c@local"]) as follower_side:
+        channel = leader_side.channel()
+        channel.queue_declare(name, durable=True, arguments={"x-queue-type": "quorum"})
+        for round_ in range(5):
+            publish_confirmed(channel, name, [b"m%d" % i for i in range(20)])
+            assert counts(follower_side, name) == (20, 0), f"round {round_}: a follower miscounted confirmed messages"
+            consuming = consumer_side.channel()
+            consuming.basic_qos(prefetch_count=100)
+            got: list[int] = []
+            consuming.basic_consume(name, lambda ch, method, properties, body, got=got: got.append(method.delivery_tag))
+            deadline = time.monotonic() + 30
+            while len(got) < 20 and time.monotonic() < deadline:
+                consumer_side.process_data_events(time_limit=0.1)
+            assert len(got) == 20, f"round {round_}: the consumer got {len(got)} of 20"
+            assert counts(follower_side, name) == (0, 1), f"round {round_}: a follower miscounted a consumer's take"
+            consuming.basic_ack(got[-1], multiple=True)
+            consuming.close()
+        channel.queue_delete(name)
+
+
+def test_a_declare_whose_leader_cannot_answer_answers_from_the_nodes_own_view(tmp_path):
+    """No quorum for the queue's group: the declare does not wait for ever (RabbitMQ answers
+    zeros after stat's timeout); here the node's own view answers after STAT_WAIT_SECONDS."""
+    servers = start_cluster(tmp_path)
+    try:
+        name = unique("stranded")
+        with connect(servers["a@local"]) as connection:
+            channel = connection.channel()
+            channel.queue_declare(name, durable=True, arguments={"x-queue-type": "quorum",
+                                                                  "x-quorum-initial-group-size": 2})
+            publish_confirmed(channel, name, [b"one", b"two"])
+        servers["a@local"].stop()
+        servers["b@local"].stop()
+        with connect(servers["c@local"]) as connection:   # no replica here, and no leader anywhere
+            started = time.monotonic()
+            assert counts(connection, name) == (0, 0)
+            waited = time.monotonic() - started
+        assert STAT_WAIT_SECONDS <= waited < STAT_WAIT_SECONDS + 5, f"the declare took {waited:.2f} s"
+    finally:
+        stop_all(servers)
