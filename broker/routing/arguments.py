@@ -1,8 +1,9 @@
 """Validation of the queue arguments RabbitMQ knows (x-*), with its error texts.
 
 Unknown arguments are kept as given; a known one with a bad value is a 406
-PRECONDITION_FAILED naming the argument, the way RabbitMQ words it:
-``invalid arg 'x-max-length' for queue 'q' in vhost '/': {unacceptable_type,longstr}``.
+PRECONDITION_FAILED naming the argument, the way RabbitMQ 3.10 words it (each
+text measured beside it): ``invalid arg 'x-max-length' for queue 'q' in vhost
+'/': "expected integer, got longstr"``.
 """
 from __future__ import annotations
 
@@ -15,10 +16,12 @@ LEADER_LOCATORS = ("client-local", "balanced", "min-masters", "random", "least-l
 
 
 def _amqp_type(value: object) -> str:
+    """RabbitMQ's name of the field type a client most likely sent: pika and py-amqp send
+    an int that fits 32 bits as a signed int (the decoded value keeps no wire type)."""
     if isinstance(value, bool):
         return "bool"
     if isinstance(value, int):
-        return "long"
+        return "signedint" if -2**31 <= value < 2**31 else "long"
     if isinstance(value, float):
         return "double"
     if isinstance(value, (str, bytes)):
@@ -32,7 +35,7 @@ def _amqp_type(value: object) -> str:
 
 def _non_negative_int(value: object) -> str | None:
     if isinstance(value, bool) or not isinstance(value, int):
-        return f"{{unacceptable_type,{_amqp_type(value)}}}"
+        return f'"expected integer, got {_amqp_type(value)}"'
     if value < 0:
         return f"{{value_negative,{value}}}"
     return None
@@ -45,11 +48,14 @@ def _positive_int(value: object) -> str | None:
     return problem
 
 
-def _string_in(choices: tuple[str, ...]):
+def _string_in(choices: tuple[str, ...], refusal: str | None = None):
+    """One of `choices`; anything else is `refusal` where RabbitMQ names it so."""
     def check(value: object) -> str | None:
         if not isinstance(value, str):
             return f"{{unacceptable_type,{_amqp_type(value)}}}"
         if value not in choices:
+            if refusal is not None:
+                return refusal.format(value=value)
             return f"{{unacceptable_value,{value}}}" if value else "{unacceptable_value,<<>>}"
         return None
     return check
@@ -66,7 +72,7 @@ def _boolean(value: object) -> str | None:
 def _priority(value: object) -> str | None:
     problem = _non_negative_int(value)
     if problem is None and value > 255:  # type: ignore[operator]
-        return f"{{value_too_large,{value},255}}"
+        return f"{{max_value_exceeded,{value}}}"
     return problem
 
 
@@ -76,16 +82,16 @@ QUEUE_ARGUMENT_CHECKS = {
     "x-max-length": _non_negative_int,
     "x-max-length-bytes": _non_negative_int,
     "x-max-priority": _priority,
-    "x-overflow": _string_in(OVERFLOW_MODES),
+    "x-overflow": _string_in(OVERFLOW_MODES, "invalid_overflow"),
     "x-dead-letter-exchange": _string,
     "x-dead-letter-routing-key": _string,
-    "x-dead-letter-strategy": _string_in(("at-most-once", "at-least-once")),
-    "x-queue-type": _string_in(QUEUE_TYPES),
-    "x-queue-mode": _string_in(("default", "lazy")),
+    "x-dead-letter-strategy": _string_in(("at-most-once", "at-least-once"), "invalid_dlx_strategy"),
+    "x-queue-type": _string_in(QUEUE_TYPES, '"unsupported queue type \'{value}\'"'),
+    "x-queue-mode": _string_in(("default", "lazy"), '"unsupported queue mode \'{value}\'"'),
     "x-single-active-consumer": _boolean,
     "x-delivery-limit": _non_negative_int,
     "x-quorum-initial-group-size": _positive_int,
-    "x-queue-leader-locator": _string_in(LEADER_LOCATORS),
+    "x-queue-leader-locator": _string_in(LEADER_LOCATORS, "invalid_queue_locator_arg"),
     "x-queue-master-locator": _string_in(LEADER_LOCATORS),
 }
 
@@ -124,6 +130,9 @@ def validate_queue_arguments(arguments: dict, queue: str, vhost: str) -> None:
         check = QUEUE_ARGUMENT_CHECKS.get(name)
         if check is None:
             continue
+        if check is _string and not isinstance(value, str):   # rabbit_amqqueue's own words for these
+            raise ChannelError(PRECONDITION_FAILED, f"invalid type '{_amqp_type(value)}' for arg '{name}' in queue "
+                                                    f"'{queue}' in vhost '{vhost}'", 50, 10)
         problem = check(value)
         if problem is not None:
             raise ChannelError(

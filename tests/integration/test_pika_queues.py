@@ -120,19 +120,33 @@ def test_redeclare_with_different_durable_is_406(connection, name, cleanup):
     assert_closed_by(excinfo.value, 406, "inequivalent arg 'durable'")
 
 
-@pytest.mark.parametrize("argument,value", [
-    ("x-max-length", "ten"),
-    ("x-max-length", -1),
-    ("x-message-ttl", "soon"),
-    ("x-overflow", "explode"),
-    ("x-queue-type", "stack"),
+@pytest.mark.parametrize("argument,value,problem", [   # RabbitMQ 3.10.8's texts, measured beside it
+    ("x-max-length", "ten", '"expected integer, got longstr"'),
+    ("x-max-length", -1, "{value_negative,-1}"),
+    ("x-message-ttl", "soon", '"expected integer, got longstr"'),
+    ("x-expires", 0, "{value_zero,0}"),
+    ("x-max-priority", 300, "{max_value_exceeded,300}"),
+    ("x-overflow", "explode", "invalid_overflow"),
+    ("x-overflow", 5, "{unacceptable_type,signedint}"),
+    ("x-queue-type", "stack", "\"unsupported queue type 'stack'\""),
+    ("x-queue-mode", "eager", "\"unsupported queue mode 'eager'\""),
+    ("x-single-active-consumer", "yes", "{unacceptable_type,longstr}"),
 ])
-def test_bad_argument_value_is_406_naming_it(connection, name, argument, value):
+def test_bad_argument_value_is_406_naming_it(connection, name, argument, value, problem):
     channel = connection.channel()
     with pytest.raises(ChannelClosedByBroker) as excinfo:
         channel.queue_declare(name, arguments={argument: value})
-    assert_closed_by(excinfo.value, 406, f"invalid arg '{argument}'")
+    assert (excinfo.value.reply_code, excinfo.value.reply_text) == (
+        406, f"PRECONDITION_FAILED - invalid arg '{argument}' for queue '{name}' in vhost '/': {problem}")
     assert connection.is_open
+
+
+def test_a_dead_letter_exchange_that_is_not_a_string_is_406_in_rabbitmqs_words(connection, name):
+    with pytest.raises(ChannelClosedByBroker) as excinfo:
+        connection.channel().queue_declare(name, arguments={"x-dead-letter-exchange": 5})
+    assert (excinfo.value.reply_code, excinfo.value.reply_text) == (
+        406, f"PRECONDITION_FAILED - invalid type 'signedint' for arg 'x-dead-letter-exchange' in queue '{name}' "
+             "in vhost '/'")
 
 
 @pytest.mark.parametrize("argument,value,queue_type", [
