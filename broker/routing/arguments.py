@@ -155,14 +155,21 @@ def _described(value: object) -> str:
 
 
 def check_equivalent(existing: dict, received: dict, queue: str, vhost: str) -> None:
+    """rabbit_amqqueue:assert_args_equivalence over the arguments the queue's type takes."""
+    refused = REFUSED_BY_TYPE.get(existing.get("x-queue-type", "classic"), ())
     for name in EQUIVALENCE_CHECKED:
+        if name in refused:
+            continue
         old = existing.get(name)
         new = received.get(name)
-        if name == "x-queue-type":  # classic is what an untyped declare means
-            old = old or "classic"
-            new = new or old
-        if old != new:
-            raise ChannelError(
-                PRECONDITION_FAILED,
-                f"inequivalent arg '{name}' for queue '{queue}' in vhost '{vhost}': "
-                f"received {_described(new)} but current is {_described(old)}", 50, 10)
+        differs = old != new
+        if name == "x-queue-type":   # classic is what an untyped declare means; no type given matches any
+            differs = new is not None and new != (old or "classic")
+        if not differs:
+            continue
+        if name == "x-queue-type" and old is not None:   # RabbitMQ's own words for a type against a type
+            mismatch = f"received '{new}' but current is '{old}'"
+        else:
+            mismatch = f"received {_described(new)} but current is {_described(old)}"
+        raise ChannelError(PRECONDITION_FAILED,
+                           f"inequivalent arg '{name}' for queue '{queue}' in vhost '{vhost}': {mismatch}", 50, 10)

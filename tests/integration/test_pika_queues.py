@@ -169,6 +169,21 @@ def test_an_argument_the_queue_type_does_not_take_is_406(connection, name, argum
              f"of queue type {module}")
 
 
+@pytest.mark.parametrize("argument,value,queue_type", [
+    ("x-delivery-limit", 3, "classic"),
+    ("x-dead-letter-strategy", "at-most-once", "classic"),
+    ("x-max-priority", 3, "quorum"),
+])
+def test_a_redeclare_does_not_compare_an_argument_the_type_does_not_take(connection, name, cleanup, argument,
+                                                                         value, queue_type):
+    """RabbitMQ compares only its type's arguments on redeclare (measured beside 3.10.8)."""
+    typed = {"x-queue-type": "quorum"} if queue_type == "quorum" else {}
+    channel = connection.channel()
+    channel.queue_declare(cleanup.queue(name), durable=True, arguments=typed)
+    channel.queue_declare(name, durable=True, arguments={**typed, argument: value})
+    assert connection.is_open
+
+
 def test_unknown_x_arguments_are_accepted(connection, name, cleanup):
     channel = connection.channel()
     channel.queue_declare(cleanup.queue(name), arguments={"x-warren-custom": "one", "plain": 1})
