@@ -68,8 +68,10 @@ class Broker:
         # seeded (that entry, or the group's snapshot) the log's replace them
         # (broker/node/metadata_log.py). Until then a node that cannot reach the group
         # still lets its administrator in.
-        # a shard of a node over several processes: what its connections share with the other shards
-        self.shard_link = ShardLink(self, settings.node_shard) if settings.node_shard is not None else None
+        # what connections share with the other shards of a node over several processes, or with the
+        # other nodes of a cluster: transient queues and exchanges, direct reply-to (shard_link.py)
+        shared = settings.node_shard is not None or len(settings.cluster_nodes) > 1
+        self.shard_link = ShardLink(self, settings.node_shard) if shared else None
         # where its connections move to their queues' shards (set by the server, connection_handoff.py)
         self.handoff: ConnectionHandoff | None = None
         self.vhosts = {name: self._new_vhost(name) for name in settings.vhosts}

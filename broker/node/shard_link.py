@@ -1,6 +1,7 @@
-"""What the shards of one node tell each other beside the cluster's own messages
-(docs/multi-process.md section 10): the objects that live on one shard but that
-a connection on any shard uses. Nothing here goes through a Raft group or the WAL.
+"""What the shards of one node, or the nodes of a cluster, tell each other beside the
+cluster's own messages (docs/multi-process.md section 10): the objects that live on one
+shard (node) but that a connection on any uses. Nothing here goes through a Raft group
+or the WAL. Below, "shard" stands for either.
 
 * direct reply-to: a channel's reply address names its shard
   (`amq.rabbitmq.reply-to.<random>_<shard>`); a reply published on another shard
@@ -61,11 +62,20 @@ TOKEN_SEPARATOR = "_"
 
 
 class ShardLink:
-    def __init__(self, broker: "Broker", shard: int) -> None:
+    """Between the shards of one node (`shard`: this one's number) or, with `shard` None,
+    between the nodes of a cluster, which are to each other what shards are: a node's
+    transient objects are usable from every node, as RabbitMQ's are (a reply address names
+    a node by its place in the sorted cluster)."""
+
+    def __init__(self, broker: "Broker", shard: int | None) -> None:
         self.broker = broker
-        self.shard = shard
         self.node = broker.settings.node_name
         self.peers = [n.name for n in broker.settings.cluster_nodes if n.name != self.node]
+        self.members: list[str] | None = None   # a cluster's nodes, in the order reply addresses number them
+        if shard is None:
+            self.members = sorted(n.name for n in broker.settings.cluster_nodes)
+            shard = self.members.index(self.node)
+        self.shard = shard
         self.outbox: dict[str, list] = {}
         self.tokens = itertools.count(1)
         self.waiting: dict[int, tuple[str, Callable[[Any], None]]] = {}   # token -> (asked peer, on_done)
@@ -119,8 +129,11 @@ class ShardLink:
         _, separator, shard = token.rpartition(TOKEN_SEPARATOR)
         if not separator or not shard.isdigit() or int(shard) == self.shard:
             return None
-        peer = self.node.rsplit("#", 1)[0] + f"#{int(shard)}"
-        return peer if peer in self.peers else None   # no such shard: nobody waits for it
+        if self.members is not None:
+            peer = self.members[int(shard)] if int(shard) < len(self.members) else None
+        else:
+            peer = self.node.rsplit("#", 1)[0] + f"#{int(shard)}"
+        return peer if peer in self.peers else None   # no such shard or node: nobody waits for it
 
     # -- transient queues ---------------------------------------------------------------------
     def new_group(self) -> str:
