@@ -163,11 +163,11 @@ def check_equivalent(existing: dict, received: dict, queue: str, vhost: str) -> 
         old = existing.get(name)
         new = received.get(name)
         differs = old != new
-        if name == "x-queue-type":   # classic is what an untyped declare means; no type given matches any
-            differs = new is not None and new != (old or "classic")
+        if name == "x-queue-type":   # classic is what an untyped declare means
+            differs = (new or "classic") != (old or "classic")
         if not differs:
             continue
-        if name == "x-queue-type" and old is not None:   # RabbitMQ's own words for a type against a type
+        if name == "x-queue-type" and old is not None and new is not None:   # RabbitMQ's words, type against type
             mismatch = f"received '{new}' but current is '{old}'"
         else:
             mismatch = f"received {_described(new)} but current is {_described(old)}"

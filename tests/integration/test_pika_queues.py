@@ -366,6 +366,20 @@ def test_quorum_queue_property_rules(connection, name, exclusive, durable, auto_
     assert_closed_by(excinfo.value, 406, f"invalid property '{prop}'")
 
 
+def test_a_redeclare_without_a_type_of_a_quorum_queue_is_406_as_rabbitmq(connection, name, cleanup):
+    """RabbitMQ 3.10 compares x-queue-type like any argument: none is not 'quorum'."""
+    channel = connection.channel()
+    channel.queue_declare(cleanup.queue(name), durable=True, arguments={"x-queue-type": "quorum"})
+    with pytest.raises(ChannelClosedByBroker) as excinfo:
+        channel.queue_declare(name, durable=True)
+    assert (excinfo.value.reply_code, excinfo.value.reply_text) == (
+        406, f"PRECONDITION_FAILED - inequivalent arg 'x-queue-type' for queue '{name}' in vhost '/': "
+             "received none but current is the value 'quorum' of type 'longstr'")
+    channel = connection.channel()
+    channel.queue_declare(name, durable=True, arguments={"x-queue-type": "quorum"})   # the same type: fine
+    channel.queue_declare(name, passive=True)                                          # passive: no check
+
+
 def test_quorum_queue_durable_declare_works(connection, name, cleanup):
     channel = connection.channel()
     channel.queue_declare(cleanup.queue(name), durable=True, arguments={"x-queue-type": "quorum"})
