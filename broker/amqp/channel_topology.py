@@ -335,7 +335,8 @@ class TopologyMethods:
         replicate = self._replicate(mc.DeleteQueue(self.vhost.name, name), None,
                                     lambda count: None if method.nowait else spec.Queue.DeleteOk(count or 0))
         count = self.vhost.delete_queue(name, self.connection.id, method.if_unused, method.if_empty, replicate,
-                                        partial(self._delete_at_home, method), partial(self._judge_delete, method))
+                                        partial(self._delete_at_home, method),
+                                        partial(self._judge_delete, method, replicate))
         if count is None:
             return
         reply = None if method.nowait else spec.Queue.DeleteOk(count)
@@ -345,11 +346,11 @@ class TopologyMethods:
             return
         self._reply(reply)
 
-    def _judge_delete(self, method: spec.Queue.Delete, queue: Queue) -> None:
+    def _judge_delete(self, method: spec.Queue.Delete, replicate: Callable[..., None], queue: Queue) -> None:
         """A replicated queue's if-unused or if-empty: a quorum queue refuses them with 540
         (rabbit_quorum_queue:delete); a durable classic queue is judged on its leader's
         counts (this node may hold neither its messages nor the other nodes' consumers),
-        then deleted through the metadata group."""
+        then deleted through the metadata group (`replicate`, as an unconditional delete)."""
         if queue.queue_type == "quorum":
             flag = "if-unused" if method.if_unused else "if-empty"
             raise AMQPConnectionError(NOT_IMPLEMENTED, f"cannot delete queue '{queue.name}' in vhost "
@@ -362,8 +363,7 @@ class TopologyMethods:
                 self.vhost.check_delete_conditions(queue.name, method.if_unused, method.if_empty, consumers, ready)
                 if self.vhost.queues.get(queue.name) is not queue:   # deleted meanwhile: as a missing queue
                     return None if method.nowait else spec.Queue.DeleteOk(0)
-                self._replicate(mc.DeleteQueue(self.vhost.name, queue.name), None,
-                                lambda count: None if method.nowait else spec.Queue.DeleteOk(count or 0))()
+                replicate()
                 return None
             self._on_replicated(None, delete, None)
         queue.stat(judged)
