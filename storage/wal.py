@@ -127,6 +127,9 @@ class LogStore:
         self._wal_number = 0
         self._wal = None
         self._old_wals: list[Path] = []
+        # bytes of the WAL files an earlier run left (recover): they count toward the next rollover, else a
+        # node restarted before its WAL filled keeps every file its runs left; none once a rollover starts
+        self._inherited_wal_bytes = 0
         # per WAL file written in this run: where each log's records lie (storage/wal_heads.py)
         self._heads: dict[Path, WalHeads] = {}
         # set when a failed batch could not be cut off: no more appends are accepted
@@ -176,6 +179,7 @@ class LogStore:
                 self.files.truncate(path, result.valid_end)
             _visit_all(result, path, visit)
             self._wal_number = max(self._wal_number, int(path.stem))
+            self._inherited_wal_bytes += result.valid_end
         self._old_wals = wal_paths
         self._open_new_wal()
         self._count_segments()
@@ -267,7 +271,7 @@ class LogStore:
         return self._wal.size if self._wal is not None else 0
 
     def needs_rollover(self) -> bool:
-        return self.wal_size_bytes >= self.wal_max_size_bytes
+        return self.wal_size_bytes + self._inherited_wal_bytes >= self.wal_max_size_bytes
 
     # -- rollover ---------------------------------------------------------
     def rollover(self, cursors: dict[int, int], first_batch: bytes = b"") -> list[Relocation]:
@@ -286,6 +290,7 @@ class LogStore:
         Quick: appends go on into the new file while ``move_to_segments`` runs."""
         old = self._wal
         self._old_wals.append(old.path)
+        self._inherited_wal_bytes = 0   # a failed rollover is not retried after every batch
         old.close()
         self._open_new_wal()
         if first_batch:

@@ -991,3 +991,30 @@ async def test_failed_rollover_does_not_break_the_committer(tmp_path):
     assert outcomes == [True] * 30
     store.close()
     assert recovered_indexes(tmp_path) == list(range(1, 31))
+
+
+def test_wal_files_left_by_restarts_count_toward_the_next_rollover():
+    """Every start opens a new WAL file and keeps the older ones until a rollover
+    moves what they hold into segments. If only the newest file counted toward
+    `wal_max_size_bytes`, a node restarted before its WAL filled would keep every
+    file its runs left behind: disk and recovery time growing with each restart."""
+    fake = new_fake(11)
+    max_bytes = 4096
+    store, _ = open_store(fake, wal_max_size_bytes=max_bytes, segment_max_entries=16)
+    batch_bytes = 3 * len(records.encode(1, 0, 1, b"x" * 100))
+    index, rollovers = 1, 0
+    for restart in range(30):
+        for _ in range(4):   # about a third of the WAL's size per run
+            store.write_batch(b"".join(records.encode(1, 0, index + k, b"x" * 100) for k in range(3)))
+            index += 3
+            if store.needs_rollover():
+                store.rollover({1: max(1, index - 40)})
+                rollovers += 1
+        store.close()
+        store, recovered = open_store(fake, wal_max_size_bytes=max_bytes, segment_max_entries=16)
+        assert set(range(max(1, index - 40), index)) <= set(recovered.logs[1])
+        wal_bytes = sum(len(fake.read_bytes(path)) for path in wal_paths(fake))
+        assert wal_bytes <= max_bytes + batch_bytes + 8 * records.FILE_HEADER_SIZE, (
+            f"{wal_bytes} bytes of WAL in {len(wal_paths(fake))} files after {restart + 1} restarts "
+            f"and {rollovers} rollovers")
+    store.close()
