@@ -22,6 +22,7 @@ from pamqp import commands as spec
 from warren.broker.admin.auth import AuthenticationError, authenticate
 from warren.broker.amqp import connection_move
 from warren.broker.amqp.channel import Channel
+from warren.broker.amqp.fence_hold import FenceHold
 from warren.broker.amqp.server_properties import server_properties
 from warren.protocol import codec
 from warren.protocol.connection import (
@@ -96,6 +97,8 @@ class AMQPConnection(asyncio.Protocol):
         self._held: dict[int, deque[tuple]] = {}
         self._releasing: set[int] = set()
         self._held_over_limit = False
+        self.fence_hold = FenceHold(broker.cluster, lambda: None if self.closed else self.data_received(b""),
+                                    self._update_reading)
         self.heartbeat_seconds = 0
         self._last_received = time.monotonic()
         self._held_unread = False  # reading was paused since the last resume
@@ -142,7 +145,7 @@ class AMQPConnection(asyncio.Protocol):
                 self._dispatch(self.protocol.pending_events)
                 self._hard_error(error)
                 return
-            self._dispatch(events)
+            self._dispatch(self.fence_hold.take(events, self._last_received, self.move_watch is not None))
             if self.protocol.stopped_at is not None and not connection_move.try_move(self):
                 # it stays: parse on from its first publish or consume, as any read
                 self._stop_watching()
@@ -197,8 +200,10 @@ class AMQPConnection(asyncio.Protocol):
 
     @property
     def reading_paused(self) -> bool:
-        """We hold the socket unread: backpressure, a resource alarm or a channel over commands_soft_limit."""
-        return bool(self.writes_paused or self.blocked or self.paused_channels or self._held_over_limit)
+        """We hold the socket unread: backpressure, a resource alarm, a channel over commands_soft_limit
+        or the metadata fence."""
+        return bool(self.writes_paused or self.blocked or self.paused_channels or self._held_over_limit
+                    or self.fence_hold.holding)
 
     def _update_reading(self) -> None:
         if self.transport is None or self.transport.is_closing():

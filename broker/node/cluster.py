@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from warren.broker.node.metadata_fence import MetadataFence
 from warren.broker.node.node_core import (  # noqa: F401 -- the message kinds and constants, re-exported for the queue shell
     APPLIED,
     CMD,
@@ -147,6 +148,9 @@ class Cluster:
         self.incarnation = self.core.incarnation
         self.nodes = self.core.nodes
         self.multi_node = len(self.nodes) > 1
+        # held up while this node may have been counted down by the others (metadata_fence.py)
+        self.fence = MetadataFence() if self.multi_node else None
+        self._fence_waiters: list[Callable[[], None]] = []
         self.metadata: "Metadata | None" = None   # set by Metadata, which applies the group's entries
         # queue groups' snapshots and committed entries recovered before the metadata entry
         # declaring the queue is re-applied: the replica takes them when the queue is made
@@ -265,7 +269,10 @@ class Cluster:
         return parts
 
     def on_tick(self) -> None:
-        self._input().tick(time.monotonic())
+        now = time.monotonic()
+        if self.fence is not None:
+            self.fence.saw_time(now)
+        self._input().tick(now)
         late = self.core.answers.late
         while late:
             index, lagging = late.pop()
@@ -405,8 +412,42 @@ class Cluster:
 
     def on_peer_down(self, peer: str) -> None:
         self.broker.peer_down(peer)
+        if self.fence is not None:   # the peer may count this node down too, and answer changes without it
+            self.fence.raise_fence()
         self._input().peer_down(peer)
         self.after_input()
+
+    # -- the metadata fence (metadata_fence.py) ---------------------------------------------
+    def holds_clients(self, now: float) -> bool:
+        """True while this node must catch up before it acts on its clients' frames: the
+        caller holds them and is called back with `when_fence_lowered`. The barrier that
+        lowers the fence is submitted here, for held clients, not when the fence goes up."""
+        fence = self.fence
+        if fence is None:
+            return False
+        fence.saw_time(now)
+        if not fence.up:
+            return False
+        self._start_fence_barrier()
+        return True
+
+    def when_fence_lowered(self, callback: Callable[[], None]) -> None:
+        self._fence_waiters.append(callback)
+
+    def _start_fence_barrier(self) -> None:
+        if self.metadata is not None and self.fence is not None and self.fence.barrier_to_start():
+            self.metadata.barrier(self._on_fence_barrier)
+
+    def _on_fence_barrier(self) -> None:
+        if not self.fence.barrier_applied():   # it went up again meanwhile
+            self._start_fence_barrier()
+            return
+        waiters, self._fence_waiters = self._fence_waiters, []
+        for callback in waiters:
+            try:
+                callback()
+            except Exception:  # noqa: BLE001 -- one connection's bug must not keep the others held
+                log.exception("cluster.fence_release_failed")
 
     @property
     def enqueues_pending(self) -> int:

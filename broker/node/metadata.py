@@ -102,6 +102,11 @@ class Metadata:
         self.cluster.core.submit_meta(mc.encode(command), on_done, everywhere)
         self.cluster.after_input()
 
+    def barrier(self, on_applied: Callable[[], None]) -> None:
+        """A no-op through the group: `on_applied()` once this node applied it, and so
+        everything committed before it was submitted (Raft's read index, by an entry)."""
+        self.submit(mc.Sync(), lambda _: on_applied(), everywhere=False)
+
     async def catch_up(self, seconds: float, barrier: mc.Command | None = None) -> bool:
         """A barrier through the group (Raft's read index, by a no-op entry, or
         `barrier`, e.g. the seed of an empty log): True once this node applied

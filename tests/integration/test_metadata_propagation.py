@@ -3,16 +3,22 @@
 node can use it: a client that declares on one node and publishes through
 another must never lose a message to that, and a node that has just
 restarted opens its AMQP port only once it knows what was declared while it
-was away."""
+was away; nor may a node the others counted down (paused, or cut off) route
+with what it knew before, once its clients reach it again."""
 from __future__ import annotations
 
+import os
+import signal
+import threading
 import uuid
 
 import pika
 import pika.exceptions
 import pytest
 
-from tests.integration.quorum_cluster import NAMES, connect, start_cluster, stop_all
+from tests.integration.partition import Network
+from tests.integration.quorum_cluster import NAMES, api, connect, start_cluster, stop_all, wait_for
+from tests.serverproc import free_port
 
 ROUNDS = 30
 
@@ -131,3 +137,98 @@ def test_a_restarted_node_knows_what_was_declared_while_it_was_away(cluster):
     with connect(cluster[c]) as connection:
         unknown = [name for name in names if passive_declare_fails(connection.channel(), name)]
     assert not unknown, f"{c} accepted clients before it knew {unknown}:\n{cluster[c].log()}"
+
+
+class ConfirmedPublisher(threading.Thread):
+    """Publishes `count` numbered persistent messages with confirms on `connection`, each
+    after the last one's confirm (the first waits unanswered while its node is held)."""
+
+    def __init__(self, connection: pika.BlockingConnection, queue: str, count: int) -> None:
+        super().__init__(daemon=True)
+        self.channel = connection.channel()
+        self.channel.confirm_delivery()
+        self.queue, self.count = queue, count
+        self.publishing = threading.Event()
+        self.confirmed: list[int] = []
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            for number in range(self.count):
+                self.publishing.set()
+                self.channel.basic_publish("", self.queue, str(number).encode(), pika.BasicProperties(delivery_mode=2))
+                self.confirmed.append(number)
+        except BaseException as error:  # noqa: BLE001 -- reported by the test
+            self.error = error
+
+
+def running_nodes(server) -> list[str]:
+    try:
+        return api(server, "/api/overview")["running_nodes"]
+    except OSError:
+        return []
+
+
+def held_out_declare_then_publish(servers, cut_off: str, via: str, hold, release, redeclare: bool) -> str | None:
+    """`hold(cut_off)` until `via` counts it down; delete and declare a quorum queue through
+    `via` (an earlier one of the name known to `cut_off` first if `redeclare`); publish 20
+    confirmed messages through a connection to `cut_off` opened before; `release(cut_off)`.
+    What went wrong, or None."""
+    name = unique("held-out")
+    with connect(servers[via]) as declaring_connection, connect(servers[cut_off]) as publishing_connection:
+        declaring = declaring_connection.channel()
+        if redeclare:
+            declaring.queue_declare(name, durable=True, arguments={"x-queue-type": "quorum"})
+        publisher = ConfirmedPublisher(publishing_connection, name, 20)
+        hold(cut_off)
+        try:
+            wait_for(lambda: cut_off not in running_nodes(servers[via]), f"{via} to count {cut_off} down")
+            declaring.queue_delete(name)
+            declaring.queue_declare(name, durable=True, arguments={"x-queue-type": "quorum"})
+            publisher.start()
+            wait_for(publisher.publishing.is_set, "the publisher to start")
+        finally:
+            release(cut_off)
+        publisher.join(60)
+        if publisher.error is not None or len(publisher.confirmed) != 20:
+            return f"{name}: {len(publisher.confirmed)} of 20 confirmed, {publisher.error!r}"
+        found = []
+        while True:
+            method, _, body = declaring.basic_get(name, auto_ack=True)
+            if method is None:
+                break
+            found.append(int(body))
+        declaring.queue_delete(name)
+    lost = sorted(set(publisher.confirmed) - set(found))
+    return f"{name}: confirmed through {cut_off} and lost: {lost}" if lost else None
+
+
+@pytest.mark.parametrize("redeclare", [False, True], ids=["new-name", "redeclared-name"])
+def test_a_node_paused_past_the_failure_detector_catches_up_before_it_routes(cluster, redeclare):
+    """SIGSTOP a node until another counts it down; declare there (answered without the
+    paused node); the paused node's client publishes, then the node resumes. Before the
+    fix it routed with what it knew before the pause: a new name unroutable, so confirmed
+    and dropped (all 20), a redeclared name into the deleted queue (the first)."""
+    a, _, c = NAMES
+
+    def signal_node(sig):
+        return lambda node: os.kill(cluster[node].process.pid, sig)
+    problem = held_out_declare_then_publish(cluster, a, c, signal_node(signal.SIGSTOP), signal_node(signal.SIGCONT),
+                                            redeclare)
+    wait_for(lambda: all(running_nodes(cluster[node]) == NAMES for node in NAMES), "every node to see all again")
+    assert problem is None, problem + "\n" + cluster[a].log()
+
+
+def test_a_node_cut_off_from_the_others_holds_its_clients_publishes_until_it_caught_up(tmp_path):
+    """A node cut off from every other node while its clients still reach it: a name declared
+    meanwhile is unknown to it, so it must neither drop nor confirm their publishes until it
+    has caught up with the metadata group."""
+    network = Network({name: free_port() for name in NAMES})
+    servers = start_cluster(tmp_path, network=network)
+    try:
+        a, _, c = NAMES
+        problem = held_out_declare_then_publish(servers, a, c, network.isolate, lambda _: network.heal(), False)
+        assert problem is None, problem + "\n" + servers[a].log()
+    finally:
+        stop_all(servers)
+        network.close()
