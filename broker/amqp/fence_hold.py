@@ -1,15 +1,20 @@
-"""A connection's input, held while its node's metadata fence is up.
+"""A connection's publishes, held while its node's metadata fence is up.
 
 A node the others counted down must catch up with the metadata group before it
-acts on its clients' frames (broker/node/metadata_fence.py): the events parsed
-meanwhile wait here, in order, with the socket unread, and are dispatched once
-the fence is lowered, through the connection's own read path.
+routes its clients' publishes (broker/node/metadata_fence.py): a publish parsed
+meanwhile, and every event after it on the connection, wait here in order with
+the socket unread, and are dispatched once the fence is lowered, through the
+connection's own read path. What comes before the first publish goes on (a
+handshake, a declare, a consume, an ack: a node in a minority still answers
+those from its own view, as it did, and none of them can lose a message).
 """
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
 from typing import Any
+
+from warren.protocol.connection import EV_PUBLISH
 
 
 class FenceHold:
@@ -25,10 +30,10 @@ class FenceHold:
         return self._parked is not None
 
     def take(self, events: list, now: float, watched: bool) -> list:
-        """The events to dispatch now: none while the fence holds them (they wait behind
-        what it holds already), else what it held and then `events`. A connection still
-        `watched` for a move to another process (connection_move.py) is not held: its
-        bytes go with it."""
+        """The events to dispatch now: those before the first publish while the fence is
+        up (the rest wait, behind what waits already), else what waited and then `events`.
+        A connection still `watched` for a move to another process (connection_move.py)
+        is not held: its bytes go with it."""
         parked = self._parked
         if parked is not None:
             if not self._released:
@@ -36,12 +41,15 @@ class FenceHold:
                 return []
             self._parked, self._released = None, False
             return [*parked, *events]
-        if not events or watched or not self._cluster.holds_clients(now):
+        if watched or self._cluster.fence is None:   # a single node (no fence) pays nothing more
             return events
-        self._parked = deque(events)
+        first = next((at for at, event in enumerate(events) if event[0] == EV_PUBLISH), None)
+        if first is None or not self._cluster.holds_clients(now):
+            return events
+        self._parked = deque(events[first:])
         self._cluster.when_fence_lowered(self._release)
         self._update_reading()
-        return []
+        return events[:first]
 
     def _release(self) -> None:
         self._released = True

@@ -419,7 +419,7 @@ class Cluster:
 
     # -- the metadata fence (metadata_fence.py) ---------------------------------------------
     def holds_clients(self, now: float) -> bool:
-        """True while this node must catch up before it acts on its clients' frames: the
+        """True while this node must catch up before it routes its clients' publishes: the
         caller holds them and is called back with `when_fence_lowered`. The barrier that
         lowers the fence is submitted here, for held clients, not when the fence goes up."""
         fence = self.fence

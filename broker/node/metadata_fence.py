@@ -9,13 +9,13 @@ dropped), a queue deleted and declared again routed to the deleted one. So
 the node raises this fence when it may have been counted down (a link to a
 peer went down; or its own loop did not run for `GAP_SECONDS`, less than the
 others take to count it down, which a node learns only when it runs again),
-holds its clients' input while the fence is up, and lowers it once a barrier
+holds its clients' publishes while the fence is up, and lowers it once a barrier
 through the metadata group (a no-op entry; a majority must commit it) started
 after the fence went up has been applied here. Cut off from a majority, the
 barrier waits, and so do the clients: nothing they publish is confirmed then,
 and nothing is routed past a name declared elsewhere. Pure: the time and the
 barrier's completion are handed in; the cluster shell submits the barrier when
-a client's frames meet the fence (so a node without clients, as the seeded
+a client's publish meets the fence (so a node without clients, as the seeded
 simulation's, which call the queues directly, only counts).
 """
 from __future__ import annotations
