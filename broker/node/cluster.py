@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from warren.broker.node.metadata_fence import MetadataFence
+from warren.broker.node.metadata_fence import GAP_SECONDS, MetadataFence
 from warren.broker.node.node_core import (  # noqa: F401 -- the message kinds and constants, re-exported for the queue shell
     APPLIED,
     CMD,
@@ -149,7 +149,7 @@ class Cluster:
         self.nodes = self.core.nodes
         self.multi_node = len(self.nodes) > 1
         # held up while this node may have been counted down by the others (metadata_fence.py)
-        self.fence = MetadataFence() if self.multi_node else None
+        self.fence = MetadataFence(min(GAP_SECONDS, settings.cluster_heartbeat_seconds)) if self.multi_node else None
         self._fence_waiters: list[Callable[[], None]] = []
         self.metadata: "Metadata | None" = None   # set by Metadata, which applies the group's entries
         # queue groups' snapshots and committed entries recovered before the metadata entry

@@ -21,7 +21,8 @@ simulation's, which call the queues directly, only counts).
 from __future__ import annotations
 
 # The loop stalled this long and the others may be about to count this node down
-# (3 silent transport heartbeats of 0.25 s: raft/transport.py).
+# (3 silent transport heartbeats of 0.25 s: raft/transport.py); at most one heartbeat,
+# for a cluster that sets them shorter (Cluster).
 GAP_SECONDS = 0.3
 
 
