@@ -272,6 +272,8 @@ class Cluster:
         now = time.monotonic()
         if self.fence is not None:
             self.fence.saw_time(now)
+            if self.broker.connections:   # lowered before its clients' next publish; none (the simulation's): counted
+                self._start_fence_barrier()
         self._input().tick(now)
         late = self.core.answers.late
         while late:
@@ -420,8 +422,7 @@ class Cluster:
     # -- the metadata fence (metadata_fence.py) ---------------------------------------------
     def holds_clients(self, now: float) -> bool:
         """True while this node must catch up before it routes its clients' publishes: the
-        caller holds them and is called back with `when_fence_lowered`. The barrier that
-        lowers the fence is submitted here, for held clients, not when the fence goes up."""
+        caller holds them and is called back with `when_fence_lowered`."""
         fence = self.fence
         if fence is None:
             return False

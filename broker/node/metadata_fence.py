@@ -14,9 +14,10 @@ through the metadata group (a no-op entry; a majority must commit it) started
 after the fence went up has been applied here. Cut off from a majority, the
 barrier waits, and so do the clients: nothing they publish is confirmed then,
 and nothing is routed past a name declared elsewhere. Pure: the time and the
-barrier's completion are handed in; the cluster shell submits the barrier when
-a client's publish meets the fence (so a node without clients, as the seeded
-simulation's, which call the queues directly, only counts).
+barrier's completion are handed in; the cluster shell submits the barrier on its
+next tick while it has AMQP connections, or when a client's publish meets the
+fence (so a node without connections, as the seeded simulation's, whose clients
+call the queues directly, only counts).
 """
 from __future__ import annotations
 

@@ -65,6 +65,7 @@ class SimBroker:
         self.definitions = NoDefinitions()
         self.peers_up: set[str] = set()
         self.shard_link = None   # a node on one process
+        self.connections: set = set()   # clients call the queues directly: no AMQP connection (the metadata fence)
 
     def peer_up(self, name: str) -> None:
         self.peers_up.add(name)
