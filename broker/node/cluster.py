@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from warren.broker.node.metadata_fence import GAP_SECONDS, MetadataFence
+from warren.broker.node.metadata_fence import GAP_SECONDS, MetadataFence, fenced_by_seconds
 from warren.broker.node.node_core import (  # noqa: F401 -- the message kinds and constants, re-exported for the queue shell
     APPLIED,
     CMD,
@@ -144,7 +144,8 @@ class Cluster:
         nodes = {n.name for n in settings.cluster_nodes} | {self.node}
         self.core = NodeCore(self.node, incarnation or secrets.token_hex(4), nodes, RuntimePort(self.runtime),
                              settings.cluster_node_gone_seconds, time.monotonic(),
-                             broker_housekeeping_seconds=settings.alarm_check_interval_seconds)
+                             broker_housekeeping_seconds=settings.alarm_check_interval_seconds,
+                             answer_grace_seconds=fenced_by_seconds(settings.cluster_heartbeat_seconds))
         self.incarnation = self.core.incarnation
         self.nodes = self.core.nodes
         self.multi_node = len(self.nodes) > 1

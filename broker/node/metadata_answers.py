@@ -9,7 +9,8 @@ another running node, applied it: the answer then waits here until this node
 applied `index` and every running peer said (METADATA_APPLIED) it did too,
 or `SPREAD_WAIT_SECONDS` passed (a node that is up but cannot apply, say cut
 off from the group's leader alone, holds no one back). Pure: the time and
-the running peers are handed in.
+the peers to wait for are handed in (the running ones, and those counted
+down only just now: NodeCore.answer_peers).
 """
 from __future__ import annotations
 

@@ -21,10 +21,22 @@ call the queues directly, only counts).
 """
 from __future__ import annotations
 
+from warren.raft.transport import PEER_SILENT_HEARTBEATS_MAX
+
 # The loop stalled this long and the others may be about to count this node down
 # (3 silent transport heartbeats of 0.25 s: raft/transport.py); at most one heartbeat,
 # for a cluster that sets them shorter (Cluster).
 GAP_SECONDS = 0.3
+
+
+def fenced_by_seconds(heartbeat_seconds: float) -> float:
+    """How long after this node counted a peer down that peer's fence is surely up, so an
+    answer given without it is safe (NodeCore.answer_peers). Cut off silently, the peer
+    heard nothing from this node after this node counted it down (the link is closed then;
+    before, the cut drops the rest); it counts this node down by the tick after
+    `PEER_SILENT_HEARTBEATS_MAX` silent heartbeats (4 at most), or, if its loop stalled
+    longer than a heartbeat meanwhile, raises its fence by the gap; one more for the way."""
+    return (PEER_SILENT_HEARTBEATS_MAX + 3) * heartbeat_seconds
 
 
 class MetadataFence:

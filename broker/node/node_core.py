@@ -159,8 +159,11 @@ class Pending:
 
 class NodeCore:
     def __init__(self, node: str, incarnation: str, nodes: Iterable[str], raft: RaftPort,
-                 node_gone_seconds: float, now: float = 0.0, broker_housekeeping_seconds: float = 0.5) -> None:
+                 node_gone_seconds: float, now: float = 0.0, broker_housekeeping_seconds: float = 0.5,
+                 answer_grace_seconds: float = 0.0) -> None:
         self.node = node
+        # a metadata answer still waits this long for a peer counted down (`answer_peers`)
+        self.answer_grace_seconds = answer_grace_seconds
         # Owners and enqueuers carry it: a restarted node's old sessions are told apart.
         self.incarnation = incarnation
         self.nodes = sorted(set(nodes) | {node})
@@ -305,10 +308,10 @@ class NodeCore:
         """Have the metadata group apply `data`; `on_done(reply)` once this node has
         applied it and (`everywhere`) so has every running node (MetadataAnswers)."""
         self.submit(META, data, lambda answer: self.answers.on_answer(
-            answer, on_done, everywhere, self.now, self.meta_applied_index, self.running_peers()))
+            answer, on_done, everywhere, self.now, self.meta_applied_index, self.answer_peers()))
 
     def release_answers(self) -> None:
-        self.answers.release(self.now, self.meta_applied_index, self.running_peers())
+        self.answers.release(self.now, self.meta_applied_index, self.answer_peers())
 
     def campaign_again(self, group: str) -> None:
         """A new group's first leader: campaign again while it has no leader (the
@@ -391,6 +394,17 @@ class NodeCore:
     def running_peers(self) -> list[str]:
         """The other nodes whose link is up."""
         return [peer for peer in self.nodes if peer != self.node and peer not in self.down_since]
+
+    def answer_peers(self) -> list[str]:
+        """The peers a metadata answer waits for: the running ones, and those counted down
+        less than `answer_grace_seconds` ago. A peer cut off silently counts this node down
+        by its own heartbeats, up to a few of them later than this node counted it down;
+        until then its fence is not up (broker/node/metadata_fence.py) and its clients'
+        publishes are routed by what it knew: an answer given before that lets a client
+        publish through it to a name it does not know (tests/integration/test_metadata_propagation.py)."""
+        now, grace = self.now, self.answer_grace_seconds
+        return [peer for peer in self.nodes if peer != self.node
+                and (peer not in self.down_since or now - self.down_since[peer] < grace)]
 
     def greeting_peers(self) -> list[str]:
         """The running peers whose HELLO came since their link did: they count this node running."""

@@ -232,3 +232,46 @@ def test_a_node_cut_off_from_the_others_holds_its_clients_publishes_until_it_cau
     finally:
         stop_all(servers)
         network.close()
+
+
+SILENT_CUT_ROUNDS = 8
+
+
+def test_a_node_that_counts_another_down_first_answers_only_once_the_other_holds_its_clients(tmp_path):
+    """A silent partition (nothing closed, as with lost packets): each side counts the other
+    down by its own heartbeats, one side up to a few heartbeats before the other. A
+    declaration made through the faster side the moment it counted the cut-off node down
+    must not be answered before that node holds its clients' publishes (its fence), or a
+    client that publishes through it at once routes by what it knew before: unroutable,
+    so confirmed and dropped. Before the fix, which side noticed first was chance, and
+    some of these rounds lost every message published through the cut-off node."""
+    network = Network({name: free_port() for name in NAMES}, silent_closes=True)
+    servers = start_cluster(tmp_path, network=network)
+    try:
+        a, _, c = NAMES
+        for round_number in range(SILENT_CUT_ROUNDS):
+            name = unique(f"silent-cut-{round_number}")
+            with connect(servers[c]) as declaring_connection, connect(servers[a]) as publishing_connection:
+                declaring = declaring_connection.channel()
+                publisher = ConfirmedPublisher(publishing_connection, name, 20)
+                network.isolate(a)
+                try:
+                    declaring.queue_declare(name, durable=True, arguments={"x-queue-type": "quorum"})
+                    publisher.start()
+                    wait_for(publisher.publishing.is_set, "the publisher to start")
+                finally:
+                    network.heal()
+                publisher.join(60)
+                assert publisher.error is None and len(publisher.confirmed) == 20, \
+                    f"round {round_number}: {len(publisher.confirmed)} of 20 confirmed, {publisher.error!r}"
+                found = []
+                while (got := declaring.basic_get(name, auto_ack=True))[0] is not None:
+                    found.append(int(got[2]))
+                declaring.queue_delete(name)
+            lost = sorted(set(publisher.confirmed) - set(found))
+            assert not lost, f"round {round_number}: {name} confirmed through {a} and lost {lost}\n" + servers[a].log()
+            wait_for(lambda: all(running_nodes(servers[node]) == NAMES for node in NAMES),
+                     "every node to see all again")
+    finally:
+        stop_all(servers)
+        network.close()

@@ -130,6 +130,20 @@ def test_a_metadata_answer_waits_for_every_running_node():
     assert answers == ["ok"]
 
 
+def test_a_metadata_answer_waits_for_a_node_counted_down_until_it_counted_this_one_down():
+    """A node cut off silently counts this one down by its own heartbeats, maybe later:
+    until it surely has (its fence is up), an answer waits for it too."""
+    answers = []
+    core = declared_here(answers)
+    core.answer_grace_seconds = 1.5
+    core.on_messages("b", [[METADATA_APPLIED, 1]])
+    core.peer_down("c")    # at 0.0
+    core.tick(1.0)
+    assert answers == []
+    core.tick(1.6)
+    assert answers == ["ok"]
+
+
 def test_a_metadata_answer_waits_for_a_lagging_node_only_so_long():
     answers = []
     core = declared_here(answers)

@@ -6,8 +6,10 @@ lists for the peer; only the name is authenticated (raft/handshake.py). So
 each dialer lists its higher-named peers at a proxy port, and every byte
 between two nodes passes one LinkProxy. Each direction can be blackholed:
 bytes are read and dropped (a silent network, not a reset: the nodes' failure
-detector has to notice). Dropped bytes break the framing of the stream, so
-healing closes the connections that lost bytes; the dialer reconnects.
+detector has to notice). A node's close going a blackholed way is lost too
+(as its RST would be): the far side learns by its own heartbeats, maybe
+later than the near side did. Dropped bytes break the framing of the stream,
+so healing closes the connections that lost bytes; the dialer reconnects.
 """
 from __future__ import annotations
 
@@ -57,7 +59,12 @@ class LinkProxy:
         pumps = [asyncio.ensure_future(self._pump(client_reader, server_writer, "forward", pair)),
                  asyncio.ensure_future(self._pump(server_reader, client_writer, "backward", pair))]
         self._tasks.update(pumps)
-        await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
+        done, _ = await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
+        direction = "forward" if pumps[0] in done else "backward"
+        if direction in self.blocked:   # the close is lost: the other side stays open, dropping, until heal
+            (client_writer if direction == "forward" else server_writer).close()
+            self._lossy.update(pair)
+            await asyncio.wait(pumps)
         for task in pumps:
             task.cancel()
         for writer in pair:
