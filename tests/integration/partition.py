@@ -10,12 +10,11 @@ pair's proxy: nothing is closed, as when packets are lost, so the nodes
 notice by their heartbeats. Connections made during a cut are held and
 blackholed the same way. `heal()` lets bytes through again and closes the
 connections that lost bytes (their streams have holes), so the nodes dial
-afresh at once. By default a node's close still reaches the other end
-across a cut (the proxy closes both sides); with `silent_closes=True` it is
-lost with the bytes, as a RST is on a real partition, so the far node only
-notices by its own heartbeats, which may be later than the near one.
+afresh at once. A node's close going a cut way is lost with the bytes, as
+a RST is on a real partition: the far node notices by its own heartbeats,
+maybe later than the near one did.
 
-    network = Network(["a", "b", "c"], real_ports)
+    network = Network(real_ports)     # {"a": its cluster port, ...}
     network.cut("a", "b")            # both ways; one_way=True: only a -> b
     network.isolate("a")             # a from everyone
     network.heal()
@@ -89,7 +88,7 @@ class PairProxy:
         except (ConnectionError, OSError):
             pass
         finally:
-            if self.network.silent_closes and (source, destination) in self.network.blocked:
+            if (source, destination) in self.network.blocked:
                 # the close is lost with the bytes: only the source's end goes; heal() closes the rest
                 connection.lost_bytes = True
                 connection.writers[0 if source == self.dialer else 1].transport.abort()
@@ -110,9 +109,8 @@ class PairProxy:
 class Network:
     """A proxy per pair of `real_ports`' nodes (name -> the node's own cluster port)."""
 
-    def __init__(self, real_ports: dict[str, int], silent_closes: bool = False) -> None:
+    def __init__(self, real_ports: dict[str, int]) -> None:
         self.real_ports = dict(real_ports)
-        self.silent_closes = silent_closes
         self.blocked: set[tuple[str, str]] = set()   # (source, destination): bytes dropped that way
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True, name="partition-proxies")

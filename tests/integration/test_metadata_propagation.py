@@ -245,7 +245,7 @@ def test_a_node_that_counts_another_down_first_answers_only_once_the_other_holds
     client that publishes through it at once routes by what it knew before: unroutable,
     so confirmed and dropped. Before the fix, which side noticed first was chance, and
     some of these rounds lost every message published through the cut-off node."""
-    network = Network({name: free_port() for name in NAMES}, silent_closes=True)
+    network = Network({name: free_port() for name in NAMES})
     servers = start_cluster(tmp_path, network=network)
     try:
         a, _, c = NAMES
