@@ -234,7 +234,7 @@ def test_a_node_cut_off_from_the_others_holds_its_clients_publishes_until_it_cau
         network.close()
 
 
-SILENT_CUT_ROUNDS = 8
+SILENT_CUT_ROUNDS = 6
 
 
 def test_a_node_that_counts_another_down_first_answers_only_once_the_other_holds_its_clients(tmp_path):
