@@ -102,10 +102,10 @@ class Metadata:
         self.cluster.core.submit_meta(mc.encode(command), on_done, everywhere)
         self.cluster.after_input()
 
-    def barrier(self, on_applied: Callable[[], None]) -> None:
-        """A no-op through the group: `on_applied()` once this node applied it, and so
-        everything committed before it was submitted (Raft's read index, by an entry)."""
-        self.submit(mc.Sync(), lambda _: on_applied(), everywhere=False)
+    def barrier(self, on_applied: Callable[[], None], command: mc.Command | None = None) -> None:
+        """A no-op through the group (or `command`): `on_applied()` once this node applied
+        it, and so everything committed before it was submitted (Raft's read index, by an entry)."""
+        self.submit(command or mc.Sync(), lambda _: on_applied(), everywhere=False)
 
     async def catch_up(self, seconds: float, barrier: mc.Command | None = None) -> bool:
         """A barrier through the group (Raft's read index, by a no-op entry, or
@@ -115,7 +115,7 @@ class Metadata:
         no leader answered in `seconds` (no majority: nothing new can be
         declared then either)."""
         caught_up = asyncio.Event()
-        self.submit(barrier or mc.Sync(), lambda _: caught_up.set(), everywhere=False)
+        self.barrier(caught_up.set, barrier)
         try:
             await asyncio.wait_for(caught_up.wait(), seconds)
         except TimeoutError:

@@ -25,7 +25,6 @@ from tests.sim.disk import WAL_MAX_BYTES, SimCommitter
 from tests.sim.loop import SimLoop
 from tests.unit.faultyfiles import FaultyFiles
 from warren.broker.admin.auth import AccessControl
-from warren.broker.node import metadata_commands as mc
 from warren.broker.node.cluster import Cluster
 from warren.broker.node.local_topology import LocalTopology
 from warren.broker.node.metadata import Metadata
@@ -159,10 +158,10 @@ class SimNode:
         log's seed, else a no-op entry) is proposed; clients wait for it (`accepting`)."""
         seed = cluster.host_groups()
 
-        def caught_up(_: Any) -> None:
+        def caught_up() -> None:
             if self.incarnations == incarnation:
                 self.caught_up = True
-        cluster.metadata.submit(seed or mc.Sync(), caught_up, everywhere=False)
+        cluster.metadata.barrier(caught_up, seed)
 
     @property
     def accepting(self) -> bool:
