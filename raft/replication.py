@@ -26,6 +26,7 @@ from warren.raft.messages import (
     Heartbeat,
     HeartbeatResponse,
     InstallSnapshot,
+    Message,
     Role,
     TimeoutNow,
 )
@@ -93,6 +94,31 @@ def send_snapshot(node: RaftNode, to: str) -> bool:
     node.send(InstallSnapshot(node.term, node.node_id, to, node.log.snapshot))
     progress.become_snapshot(node.log.snapshot_index)
     return True
+
+
+def take_pipelined(node: RaftNode) -> list[Message]:
+    """A leader's messages while its last Ready is still being written: the
+    AppendEntries for what was proposed (or answered) since go out now, not
+    after that write, so a proposal does not wait for the previous batch's
+    fsync before it reaches the followers (the pipelining etcd-raft's
+    asynchronous storage writes allow). Like a Ready's early messages
+    (`RaftSystem.may_send_before_persist`) they promise nothing durable: the
+    leader counts an entry toward a quorum only once a later Ready wrote it.
+    Never while the term or the vote is not durable yet."""
+    if not has_pipelined(node):
+        return []
+    flush(node)
+    messages, node.messages = node.messages, []
+    return messages
+
+
+def has_pipelined(node: RaftNode) -> bool:
+    """Whether `take_pipelined` has something (cheap, no side effects)."""
+    if node.role != Role.LEADER or node.outstanding is None:
+        return False
+    durable = node.prev_hard_state
+    return (node.term == durable.term and node.voted_for == durable.voted_for
+            and bool(node.messages or node.broadcast_pending or node.commit_broadcast_pending))
 
 
 def broadcast_heartbeat(node: RaftNode) -> None:

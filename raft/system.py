@@ -70,6 +70,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
+from warren.raft import replication
 from warren.raft.carried_commits import CarriedCommits
 from warren.raft.core import RaftNode, Ready, RecoveredState
 from warren.raft.group import (
@@ -373,7 +374,7 @@ class RaftSystem(SystemViews):
     # --- the turn: persist, send, apply, advance ------------------------------------------------------
 
     def touch(self, group: Group) -> None:
-        if group.raft.has_ready():
+        if group.raft.has_ready() or replication.has_pipelined(group.raft):
             self.touched[group.group_id] = group
             self.request()
 
@@ -395,8 +396,11 @@ class RaftSystem(SystemViews):
         items: list[tuple[Group, PersistItem]] = []
         batch: list[tuple[Group, Ready, bool]] = []
         for group_id, group in touched.items():
-            if self.groups.get(group_id) is not group or group.raft.awaiting_advance():
-                continue   # removed, or touched again after its Ready was taken: retaken on advance
+            if self.groups.get(group_id) is not group:
+                continue   # removed
+            if group.raft.awaiting_advance():
+                self.queue_pipelined(group_id, group)
+                continue   # touched again after its Ready was taken: retaken on advance
             ready = group.raft.ready()
             if ready is None:
                 continue
@@ -498,6 +502,10 @@ class RaftSystem(SystemViews):
 
     def queue_messages(self, group_id: GroupId, ready: Ready) -> None:
         for message in ready.messages:
+            self.queue(node_of(message.to), [group_id, to_wire(message)])
+
+    def queue_pipelined(self, group_id: GroupId, group: Group) -> None:
+        for message in replication.take_pipelined(group.raft):
             self.queue(node_of(message.to), [group_id, to_wire(message)])
 
     def complete(self, group: Group, ready: Ready, messages_sent: bool = False) -> None:
