@@ -1,3 +1,3 @@
-from warren.broker.node.server import main
+from warren.broker.node.launch import main
 
 raise SystemExit(main())

@@ -36,7 +36,7 @@ import uvloop
 from warren.broker.admin.gather import ShardGatherer
 from warren.broker.admin.http import start_http_server
 from warren.broker.amqp.connection import AMQPConnection
-from warren.broker.node import gc_tuning, malloc_tuning, shards
+from warren.broker.node import gc_tuning, shards
 from warren.broker.node.broker import VERSION, Broker
 from warren.broker.node.connection_handoff import ConnectionHandoff
 from warren.broker.node.listen_sockets import LISTEN_BACKLOG, skippable
@@ -73,8 +73,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    if argv is None:   # the command line, not a caller in this process
-        _execute_again_with_huge_pages()
     args = parse_args(argv)
     if not _assertions_enabled():
         print("warren-server: refusing to run with assertions disabled (python -O)", file=sys.stderr)
@@ -173,18 +171,6 @@ def _check_cluster_config(settings: Settings) -> None:
         raise ConfigError(f"invalid configuration: cluster_nodes: must list this node ({settings.node_name})")
     if len(names) > 1 and (settings.cluster_secret is None or not settings.cluster_secret.get_secret_value()):
         raise ConfigError("invalid configuration: cluster_secret: required when cluster_nodes lists other nodes")
-
-
-def _execute_again_with_huge_pages() -> None:
-    """Replace this process (same pid, same command line) by one whose malloc uses
-    transparent huge pages (broker/node/malloc_tuning.py), unless it already does."""
-    env = malloc_tuning.environment_with_huge_pages(os.environ, sys.platform)
-    if env is None:
-        return
-    try:
-        os.execve(sys.executable, sys.orig_argv, env)
-    except OSError as error:   # run on with 4 KiB pages: slower, not wrong
-        print(f"warren-server: could not restart with huge pages: {error}", file=sys.stderr)
 
 
 def _assertions_enabled() -> bool:

@@ -138,6 +138,19 @@ def test_the_server_process_runs_with_huge_pages_for_malloc_under_the_pid_it_sta
         f"the server (pid {pid}, listening) should run with glibc.malloc.hugetlb=1, has {tunables}")
 
 
+def test_the_server_executes_itself_again_before_it_imports_its_modules(tmp_path):
+    """The exec for huge pages comes first (broker/node/launch.py): after the server's
+    imports, every start paid them twice (about half a second, hundreds of starts in a
+    test run). Python's -X importtime, which the exec keeps, lists each import made."""
+    env = {k: v for k, v in make_server(tmp_path).env.items() if k != "GLIBC_TUNABLES"}
+    result = subprocess.run([sys.executable, "-X", "importtime", "-m", "warren.broker", "--version"], env=env,
+                            capture_output=True, text=True, timeout=BAD_CONFIG_EXIT_SECONDS)
+    assert result.returncode == 0, result.stderr[-2000:]
+    imports = [line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines() if "|" in line]
+    assert imports.count("warren.broker.node.malloc_tuning") == 2, "one process before the exec, one after"
+    assert imports.count("warren.broker.node.server") == 1, "the server's modules were imported before the exec"
+
+
 def test_port_already_in_use_fails_with_a_message(tmp_path, server):
     env = make_server(tmp_path, WARREN_AMQP_PORT=str(server.amqp_port)).env
     result = run_broker(env)
