@@ -34,7 +34,9 @@ Inputs: `add_group`, `remove_group`, `propose`, `propose_conf_change`, `transfer
    is already durable), and so are those that only advance the commit index,
    whose hard state waits for the next batch that writes anything else
    (raft/carried_commits.py: the commit index is volatile state, Raft Figure 2); the
-   others go into ONE `persist` call, with the waiting commit indexes;
+   others go into ONE `persist` call, with the waiting commit indexes; a
+   leader whose Ready is still being written sends the AppendEntries for what
+   was proposed since (`replication.take_pipelined`: they promise nothing);
 3. completes that batch if storage acknowledged it synchronously;
 4. sends what was queued: at most one frame per peer node (split only
    beyond `frame_max_messages`).
