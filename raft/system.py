@@ -401,7 +401,7 @@ class RaftSystem(SystemViews):
             if self.groups.get(group_id) is not group:
                 continue   # removed
             if group.raft.awaiting_advance():
-                self.queue_pipelined(group_id, group)
+                self.queue_messages(group_id, replication.take_pipelined(group.raft))
                 continue   # touched again after its Ready was taken: retaken on advance
             ready = group.raft.ready()
             if ready is None:
@@ -416,7 +416,7 @@ class RaftSystem(SystemViews):
             else:
                 early = self.may_send_before_persist(group, ready)
                 if early:
-                    self.queue_messages(group_id, ready)
+                    self.queue_messages(group_id, ready.messages)
                 items.append((group, self.carried_commits.with_carried(group, item)))
                 batch.append((group, ready, early))
         to_persist = [item for group, item in items if self.still_hosted(group)]
@@ -502,12 +502,8 @@ class RaftSystem(SystemViews):
             self.counters.persist_items += len(to_persist)
             self.persist(to_persist)
 
-    def queue_messages(self, group_id: GroupId, ready: Ready) -> None:
-        for message in ready.messages:
-            self.queue(node_of(message.to), [group_id, to_wire(message)])
-
-    def queue_pipelined(self, group_id: GroupId, group: Group) -> None:
-        for message in replication.take_pipelined(group.raft):
+    def queue_messages(self, group_id: GroupId, messages: Iterable[Message]) -> None:
+        for message in messages:
             self.queue(node_of(message.to), [group_id, to_wire(message)])
 
     def complete(self, group: Group, ready: Ready, messages_sent: bool = False) -> None:
@@ -525,7 +521,7 @@ class RaftSystem(SystemViews):
     def complete_group(self, group: Group, ready: Ready, messages_sent: bool) -> None:
         group_id, raft = group.group_id, group.raft
         if not messages_sent:
-            self.queue_messages(group_id, ready)
+            self.queue_messages(group_id, ready.messages)
         if ready.snapshot is not None:
             assert self.install_snapshot is not None, "a snapshot arrived but no install_snapshot callback was given"
             self.install_snapshot(group_id, ready.snapshot)
