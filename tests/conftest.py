@@ -1,7 +1,6 @@
 """Shared fixtures: real broker processes on free loopback ports."""
 from __future__ import annotations
 
-import os
 import uuid
 
 import pytest
@@ -14,16 +13,10 @@ def bytecode_cache_for_child_processes(tmp_path_factory):
     """Compiled modules for the processes the tests start (brokers, command-line tools) in
     a folder of the run's own: where PYTHONDONTWRITEBYTECODE is set, as on our machines,
     every broker start compiled Warren's modules again (about 0.3 s, hundreds of starts)."""
-    names = ("PYTHONDONTWRITEBYTECODE", "PYTHONPYCACHEPREFIX")
-    saved = {name: os.environ.get(name) for name in names}
-    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
-    os.environ["PYTHONPYCACHEPREFIX"] = str(tmp_path_factory.mktemp("pycache"))
-    yield
-    for name, value in saved.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
+    with pytest.MonkeyPatch.context() as patch:
+        patch.delenv("PYTHONDONTWRITEBYTECODE", raising=False)
+        patch.setenv("PYTHONPYCACHEPREFIX", str(tmp_path_factory.mktemp("pycache")))
+        yield
 
 
 @pytest.fixture(scope="session")
