@@ -27,6 +27,7 @@ from warren.broker.admin.auth import hash_password
 from warren.broker.admin.definitions import DefinitionError
 from warren.broker.node import metadata_commands as mc
 from warren.broker.node.metadata import MembershipError
+from warren.broker.node.node_core import META
 
 if TYPE_CHECKING:
     from warren.broker.node.broker import Broker
@@ -42,6 +43,8 @@ def overview(broker: "Broker") -> dict[str, Any]:
         "uptime_seconds": round(time.monotonic() - broker.started_monotonic, 3),
         "cluster_nodes": broker.cluster.nodes,
         "running_nodes": sorted(broker.peers_up | {settings.node_name}),
+        # the metadata group's leader as this node knows it (None: none known now)
+        "metadata_leader": broker.cluster.local_leader(META),
         "listeners": broker.listeners,   # the addresses bound: ["[::]:5672", "0.0.0.0:5672"]
         "alarms": [a for a, on in (("memory", broker.memory_alarm), ("disk", broker.disk_alarm)) if on],
         "connections": len(broker.connections),

@@ -8,9 +8,12 @@ metadata group's leader answers when it has applied a change (its reply is
 another running node, applied it: the answer then waits here until this node
 applied `index` and every running peer said (METADATA_APPLIED) it did too,
 or `SPREAD_WAIT_SECONDS` passed (a node that is up but cannot apply, say cut
-off from the group's leader alone, holds no one back). Pure: the time and
-the peers to wait for are handed in (the running ones, and those counted
-down only just now: NodeCore.answer_peers).
+off from the group's leader alone, holds no one back). A peer's progress is
+heard from the peer itself, or relayed by another running peer that still
+reaches it (`relayed`: a node cut off from this one alone still serves its
+clients, and this node must wait for it all the same). Pure: the time and
+the peers to wait for are handed in (the running ones, those counted down only
+just now, and those another peer relays: NodeCore.answer_peers).
 """
 from __future__ import annotations
 
@@ -36,6 +39,8 @@ class MetadataAnswers:
     def __init__(self) -> None:
         self.awaiting: list[AwaitingApply] = []
         self.peer_applied: dict[str, int] = {}   # how far each running peer has applied the group
+        # running peer -> {a node it reaches: how far that one applied}, as the peer last said
+        self.relayed: dict[str, dict[str, int]] = {}
         self.late: list[tuple[int, list[str]]] = []   # (index, peers lagging) answered at the deadline
 
     def on_answer(self, answer: Any, on_done: Callable[[Any], None], everywhere: bool, now: float,
@@ -56,11 +61,22 @@ class MetadataAnswers:
             return False
         if not waiting.everywhere:
             return True
-        lagging = [peer for peer in running_peers if self.peer_applied.get(peer, 0) < waiting.index]
+        lagging = [peer for peer in running_peers if self.applied_by(peer) < waiting.index]
         if lagging and now >= waiting.deadline:
             self.late.append((waiting.index, lagging))
             return True
         return not lagging
+
+    def applied_by(self, peer: str) -> int:
+        """How far `peer` applied the group, as heard from it or through another peer."""
+        applied = self.peer_applied.get(peer, 0)
+        for view in self.relayed.values():
+            applied = max(applied, view.get(peer, 0))
+        return applied
+
+    def relayed_peers(self) -> set[str]:
+        """The nodes some running peer says it reaches."""
+        return {peer for view in self.relayed.values() for peer in view}
 
     def release(self, now: float, applied_here: int, running_peers: list[str]) -> None:
         """Answer what every node it waits for has applied now: after a local

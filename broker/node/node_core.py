@@ -53,7 +53,9 @@ DONE = 1       # [DONE, group, token, result]
 APPLIED = 3    # [APPLIED, group, enqueuer, first_seq, last_seq, [refused seqs]]
 RESEND = 4     # [RESEND, group, owner, tag, after_seq]: a consumer's node lost deliveries
 HELLO = 5      # [HELLO, incarnation]: sent to a peer when its link comes up, and again now and then
-METADATA_APPLIED = 6   # [METADATA_APPLIED, index]: how far the sender applied the metadata group
+# [METADATA_APPLIED, index, {peer: its index}]: how far the sender applied the metadata group, and the
+# peers it reaches with how far each said it did (MetadataAnswers.relayed)
+METADATA_APPLIED = 6
 RESENT = 7     # [RESENT, group, owner, tag, horizon, [seqs resent]]: a RESEND's answer, after its deliveries
 # [DELIVERIES, group, owner, tag, [[seq, msg_id, [exchange, routing_key, properties, body], redelivered, count],
 # ...]]: a run of one consumer's deliveries, in the order made
@@ -183,6 +185,7 @@ class NodeCore:
         self.answers = MetadataAnswers()
         self.meta_applied_index = 0
         self._meta_applied_noted = False
+        self.relay_due: set[str] = set()   # peers to tell, at the end of the turn, whom this node reaches
         self.next_housekeeping = now + HOUSEKEEPING_SECONDS
         self.campaigns: list[tuple[float, str]] = []   # (due, group): campaign if still leaderless
         self.membership: MembershipPort | None = None   # set by the metadata shell
@@ -328,7 +331,8 @@ class NodeCore:
 
     @property
     def has_output(self) -> bool:
-        return bool(self.outbox) or self._meta_applied_noted or bool(self.membership and self.membership.due)
+        return (bool(self.outbox) or self._meta_applied_noted or bool(self.relay_due)
+                or bool(self.membership and self.membership.due))
 
     def end_turn(self) -> dict[str, list[list]]:
         """The end of the node's turn: reconcile the groups whose members changed,
@@ -337,11 +341,17 @@ class NodeCore:
         (peer -> messages)."""
         if self.membership is not None and self.membership.due:
             self.membership.run_due(self.now)
+        told = set()
         while self._meta_applied_noted:
             self._meta_applied_noted = False   # once per turn, with the turn's last index
             for peer in self.running_peers():
-                self.send(peer, [METADATA_APPLIED, self.meta_applied_index])
+                self.send(peer, self.applied_message(peer))
+                told.add(peer)
             self.release_answers()
+        for peer in sorted(self.relay_due - told):   # in a set order: the seeded simulation replays a seed
+            if peer not in self.down_since:
+                self.send(peer, self.applied_message(peer))
+        self.relay_due.clear()
         outbox, self.outbox = self.outbox, {}
         return outbox
 
@@ -380,8 +390,7 @@ class NodeCore:
             if queue is not None and self.is_leader(queue.group):
                 queue.resend_deliveries(message[2], message[3], message[4])
         elif kind == METADATA_APPLIED:
-            self.answers.peer_applied[peer] = max(self.answers.peer_applied.get(peer, 0), message[1])
-            self.release_answers()
+            self.on_peer_applied(peer, message[1], message[2] if len(message) > 2 else None)
         elif kind == HELLO:
             if self.greeted.get(peer) == message[1]:
                 return True   # heard since its link came up: a repeat
@@ -389,6 +398,37 @@ class NodeCore:
             for queue in list(self.queues.values()):
                 queue.on_node_up(peer, message[1])
         return True
+
+    # -- how far the peers applied the metadata group ---------------------------------
+    def applied_message(self, to: str) -> list:
+        """How far this node applied the metadata group, and the peers it reaches (but `to`)
+        with how far each said it did, for `to` to wait for one it cannot reach itself."""
+        view = {peer: self.answers.peer_applied.get(peer, 0) for peer in self.running_peers() if peer != to}
+        return [METADATA_APPLIED, self.meta_applied_index, view]
+
+    def on_peer_applied(self, peer: str, index: int, view: dict | None) -> None:
+        """`peer` applied the group through `index` and (`view`, if it said) reaches these nodes,
+        which applied so far. A peer that does not reach a node this one reaches hears of that
+        node's progress from here, whenever it moves (a bridge: NodeCore.answer_peers)."""
+        if not isinstance(index, int) or not (view is None or isinstance(view, dict)):
+            raise TypeError("METADATA_APPLIED: an index and a view")
+        before = self.answers.peer_applied.get(peer, 0)
+        self.answers.peer_applied[peer] = max(before, index)
+        if view is not None:
+            self.answers.relayed[peer] = {node: applied for node, applied in view.items()
+                                          if node != self.node and node in self.nodes and isinstance(applied, int)}
+            if self.misses_a_peer(peer):
+                self.relay_due.add(peer)
+        if index > before:
+            self.relay_due.update(other for other in self.running_peers()
+                                  if other in self.answers.relayed and peer not in self.answers.relayed[other]
+                                  and other != peer)
+        self.release_answers()
+
+    def misses_a_peer(self, peer: str) -> bool:
+        """Whether `peer` said it does not reach a node this one reaches."""
+        reached = self.answers.relayed.get(peer)
+        return reached is not None and any(other != peer and other not in reached for other in self.running_peers())
 
     # -- nodes coming and going ------------------------------------------------------
     def running_peers(self) -> list[str]:
@@ -403,8 +443,9 @@ class NodeCore:
         publishes are routed by what it knew: an answer given before that lets a client
         publish through it to a name it does not know (tests/integration/test_metadata_propagation.py)."""
         now, grace = self.now, self.answer_grace_seconds
+        relayed = self.answers.relayed_peers()
         return [peer for peer in self.nodes if peer != self.node
-                and (peer not in self.down_since or now - self.down_since[peer] < grace)]
+                and (peer not in self.down_since or now - self.down_since[peer] < grace or peer in relayed)]
 
     def greeting_peers(self) -> list[str]:
         """The running peers whose HELLO came since their link did: they count this node running."""
@@ -413,7 +454,8 @@ class NodeCore:
     def peer_up(self, peer: str) -> None:
         self.down_since.pop(peer, None)
         self.send(peer, [HELLO, self.incarnation])
-        self.send(peer, [METADATA_APPLIED, self.meta_applied_index])
+        self.send(peer, self.applied_message(peer))
+        self.relay_due.update(self.running_peers())   # whom this node reaches changed: the others hear
         for queue in list(self.queues.values()):
             queue.on_link_up(peer)
 
@@ -423,6 +465,8 @@ class NodeCore:
         self.down_since.setdefault(peer, self.now)
         self.greeted.pop(peer, None)
         self.answers.peer_applied.pop(peer, None)
+        self.answers.relayed.pop(peer, None)
+        self.relay_due.update(self.running_peers())
         self.release_answers()
         for queue in list(self.queues.values()):
             queue.on_node_down(peer)
@@ -463,7 +507,7 @@ class NodeCore:
         bounded wait. A repeated HELLO is ignored; a repeated METADATA_APPLIED costs nothing."""
         for peer in self.running_peers():
             self.send(peer, [HELLO, self.incarnation])
-            self.send(peer, [METADATA_APPLIED, self.meta_applied_index])
+            self.send(peer, self.applied_message(peer))
 
     def ask_for_lost_deliveries(self) -> None:
         """This node's consumers ask each queue's leader, now and then, for what it

@@ -8,7 +8,8 @@ handshake checks names, not addresses; so per-node configs may differ in peer
 ports). A cut blackholes the bytes going one way (or both) through the
 pair's proxy: nothing is closed, as when packets are lost, so the nodes
 notice by their heartbeats. Connections made during a cut are held and
-blackholed the same way. `heal()` lets bytes through again and closes the
+blackholed the same way. A delay holds the bytes going one way for a while
+before they go on, in order. `heal()` lets bytes through again, without delay, and closes the
 connections that lost bytes (their streams have holes), so the nodes dial
 afresh at once. A node's close going a cut way is lost with the bytes, as
 a RST is on a real partition: the far node notices by its own heartbeats,
@@ -17,6 +18,7 @@ maybe later than the near one did.
     network = Network(real_ports)     # {"a": its cluster port, ...}
     network.cut("a", "b")            # both ways; one_way=True: only a -> b
     network.isolate("a")             # a from everyone
+    network.delay("a", "b", 0.2)     # what a sends b arrives 0.2 s later
     network.heal()
     network.close()
 
@@ -78,10 +80,18 @@ class PairProxy:
 
     async def _pump(self, connection: _Connection, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                     source: str, destination: str) -> None:
+        loop = asyncio.get_running_loop()
+        last_due = 0.0
         try:
             while data := await reader.read(CHUNK_BYTES):
                 if (source, destination) in self.network.blocked:
                     connection.lost_bytes = True
+                    continue
+                delay = self.network.delays.get((source, destination), 0.0)
+                if delay or last_due >= loop.time():   # held, or behind bytes still held (after a heal)
+                    # strictly later than the chunk before: timers due at the same time run in no set order
+                    last_due = max(last_due + 1e-6, loop.time() + delay)
+                    loop.call_at(last_due, writer.write, data)
                     continue
                 writer.write(data)
                 await writer.drain()
@@ -112,6 +122,7 @@ class Network:
     def __init__(self, real_ports: dict[str, int]) -> None:
         self.real_ports = dict(real_ports)
         self.blocked: set[tuple[str, str]] = set()   # (source, destination): bytes dropped that way
+        self.delays: dict[tuple[str, str], float] = {}   # (source, destination): seconds bytes are held that way
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True, name="partition-proxies")
         self.thread.start()
@@ -136,6 +147,12 @@ class Network:
                 self.blocked.add((b, a))
         self._call(change())
 
+    def delay(self, source: str, destination: str, seconds: float) -> None:
+        """Hold what `source` sends `destination` for `seconds` before it goes on."""
+        async def change() -> None:
+            self.delays[(source, destination)] = seconds
+        self._call(change())
+
     def isolate(self, node: str) -> None:
         for other in self.real_ports:
             if other != node:
@@ -144,6 +161,7 @@ class Network:
     def heal(self) -> None:
         async def change() -> None:
             self.blocked.clear()
+            self.delays.clear()
             for proxy in self.proxies.values():
                 await proxy.heal()
         self._call(change())

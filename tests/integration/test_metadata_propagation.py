@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 import uuid
 
 import pika
@@ -272,6 +273,63 @@ def test_a_node_that_counts_another_down_first_answers_only_once_the_other_holds
             assert not lost, f"round {round_number}: {name} confirmed through {a} and lost {lost}\n" + servers[a].log()
             wait_for(lambda: all(running_nodes(servers[node]) == NAMES for node in NAMES),
                      "every node to see all again")
+    finally:
+        stop_all(servers)
+        network.close()
+
+
+BRIDGED_ROUNDS_SECONDS = 4.0   # past the answer's grace for a peer counted down (1.5 s) with room to spare
+LEADER_DELAY_SECONDS = 0.2     # below the failure detector's 3 heartbeats of 0.25 s
+
+
+def test_a_declaration_waits_for_a_node_only_the_declaring_node_cannot_reach(tmp_path):
+    """A bridge: two nodes cut off from each other, both still hearing the third, the metadata
+    leader. The declaring node counts the other down, and past its grace (NodeCore.answer_peers)
+    it answered without it, though the other was up, unfenced (it reaches the leader) and
+    serving clients: it applied the change one replication later, so a client that published
+    through it at once was routed by what it knew before: unroutable, so confirmed and dropped.
+    What the leader sends the cut-off node is delayed a little, so that replication is late
+    enough to lose the race on loopback. The queue lives on the leader, which both reach;
+    rounds of bind-then-publish run from the cut on until well past that grace."""
+    network = Network({name: free_port() for name in NAMES})
+    servers = start_cluster(tmp_path, network=network)
+    try:
+        leader = api(servers[NAMES[0]], "/api/overview")["metadata_leader"]
+        assert leader in NAMES, f"no metadata leader known: {leader!r}"
+        publishing_node, declaring_node = (name for name in NAMES if name != leader)
+        exchange, queue = unique("bridged"), unique("bridged")
+        with connect(servers[leader]) as connection:   # the queue's first leader: the declaring node
+            setup = connection.channel()
+            setup.exchange_declare(exchange, "direct", durable=True)
+            setup.queue_declare(queue, durable=True, arguments={"x-queue-type": "quorum"})
+        network.cut(publishing_node, declaring_node)
+        network.delay(leader, publishing_node, LEADER_DELAY_SECONDS)
+        wait_for(lambda: publishing_node not in running_nodes(servers[declaring_node])
+                 and declaring_node not in running_nodes(servers[publishing_node]), "the two to count each other down")
+        confirmed = []
+        with connect(servers[declaring_node]) as declaring_connection, \
+                connect(servers[publishing_node]) as publishing_connection:
+            binding = declaring_connection.channel()
+            publishing = publishing_connection.channel()
+            publishing.confirm_delivery()
+            ends_at = time.monotonic() + BRIDGED_ROUNDS_SECONDS
+            while time.monotonic() < ends_at:
+                key = unique("key")
+                binding.queue_bind(queue, exchange, routing_key=key)
+                publishing.basic_publish(exchange, key, key.encode(), pika.BasicProperties(delivery_mode=2))
+                confirmed.append(key)
+        network.heal()
+        wait_for(lambda: all(running_nodes(servers[node]) == NAMES for node in NAMES), "every node to see all again")
+        with connect(servers[leader]) as connection:
+            channel = connection.channel()
+            found = set()
+            while (got := channel.basic_get(queue, auto_ack=True))[0] is not None:
+                found.add(got[2].decode())
+        lost = [key for key in confirmed if key not in found]
+        assert len(confirmed) >= 3, f"{len(confirmed)} rounds ran: too few to have run past the grace"
+        assert not lost, (f"{len(lost)} of {len(confirmed)} messages confirmed through {publishing_node} were lost "
+                          f"(bound through {declaring_node}, leader {leader}): {lost[:5]}\n"
+                          + servers[publishing_node].log())
     finally:
         stop_all(servers)
         network.close()

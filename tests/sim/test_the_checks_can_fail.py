@@ -38,9 +38,10 @@ def test_a_stale_settle_of_a_later_delivery(monkeypatch):
     def ignoring_seqs(self, consumer, items):
         return tuple(item if isinstance(item, int) else item[0] for item in items)
     monkeypatch.setattr(qm.QuorumMachine, "_select", ignoring_seqs)
-    # seed 20 until a leader sent what was proposed while its last batch was written (seeds 0-11 until
-    # clients waited for a restarted node's metadata catch-up, as the server's listeners do)
-    failure = failure_of("faults", 4)
+    # seed 4 until METADATA_APPLIED named the peers a node reaches (20 until a leader sent what was proposed
+    # while its last batch was written; seeds 0-11 until clients waited for a restarted node's metadata
+    # catch-up, as the server's listeners do)
+    failure = failure_of("faults", 3)
     assert failure is not None and "again on the channel that acked it" in failure, failure
 
 
@@ -75,7 +76,8 @@ def test_a_consumer_checked_out_after_its_channels_down(monkeypatch):
     """Without the client's second DOWN, a CHECKOUT forwarded past its channel's DOWN
     leaves a consumer nobody closes, holding its prefetch for good (issue 11 item 5)."""
     monkeypatch.setattr(QueueClient, "_down_again", lambda self, owner: None)
-    failure = failure_of("slow-forwards", 11)   # seeds 0-5 until Raft and node messages shared one frame
+    # seed 11 until METADATA_APPLIED named the peers a node reaches; 0-5 until Raft and node messages shared one frame
+    failure = failure_of("slow-forwards", 1)
     assert failure is not None and "confirmed messages never delivered" in failure, failure
 
 
@@ -90,11 +92,11 @@ def failure_of(scenario: str, seed: int) -> str | None:
 def test_an_old_release_replayed_at_a_restart(monkeypatch):
     """Without the replica's hosted_at, a restart that re-applies an old ReleaseReplica drops
     a replica hosted again since, which had acknowledged entries: its leader's heartbeat then
-    carries a commit index beyond the log it restarts with (membership seed 1; seed 11 until
-    leaders pipelined their AppendEntries, seed 0 until pauses and partitions outlasted the
-    gone timeout)."""
+    carries a commit index beyond the log it restarts with (membership seed 7; seed 1 until
+    METADATA_APPLIED named the peers a node reaches, 11 until leaders pipelined their
+    AppendEntries, 0 until pauses and partitions outlasted the gone timeout)."""
     monkeypatch.setattr(RaftRuntime, "hosted_at", lambda self, group: 0)
-    assert "heartbeat commit beyond our log" in (failure_of("membership", 1) or "")
+    assert "heartbeat commit beyond our log" in (failure_of("membership", 7) or "")
 
 
 def test_a_node_added_again_as_the_voter_it_was(monkeypatch):
@@ -102,11 +104,12 @@ def test_a_node_added_again_as_the_voter_it_was(monkeypatch):
     again votes as the voter it was, which had voted in that term before: two leaders in one
     term (membership seed 7, found once clients waited for a restarted node's catch-up). The
     faults of the simulation changed since (pauses and partitions past the gone timeout):
-    membership seed 452 was the first of 0-599 to fail with member ids put back, and since
-    leaders pipeline their AppendEntries (raft/replication.py take_pipelined) seed 174 is the
-    first of 0-299; it passes without."""
+    membership seed 452 was the first of 0-599 to fail with member ids put back, since
+    leaders pipeline their AppendEntries (raft/replication.py take_pipelined) seed 174 was
+    the first of 0-299, and since METADATA_APPLIED names the peers a node reaches seed 401 is
+    the first of 0-599 to fail so; it passes without."""
     monkeypatch.setattr(QueueRecord, "member_ids", lambda self: list(self.members))
-    failure = failure_of("membership", 174) or ""
+    failure = failure_of("membership", 401) or ""
     assert ("two leaders in term" in failure or "applied elsewhere" in failure
             or "did not follow its members" in failure), failure
 
@@ -126,9 +129,10 @@ def test_a_gap_left_by_messages_taken_back_from_a_cut_off_node(monkeypatch):
     """Without RESENT (a resend's answer naming the highest seq given), a consumer whose
     node was cut off past the gone timeout waits for good for the seqs its leader took
     back: everything after them is held, its window fills, it gets nothing more
-    (faults seed 125, 88 before leaders pipelined; warren-chaos seed 23 from outside)."""
+    (faults seed 144, 125 before METADATA_APPLIED named the peers a node reaches, 88 before
+    leaders pipelined; warren-chaos seed 23 from outside)."""
     monkeypatch.setattr(QueueClient, "on_resent", lambda self, owner, tag, horizon, checked_out: None)
-    failure = failure_of("faults", 125) or ""
+    failure = failure_of("faults", 144) or ""
     assert "got nothing of the final round" in failure, failure
 
 
@@ -136,9 +140,10 @@ def test_a_leader_woken_from_a_pause_delivers_from_the_past(monkeypatch):
     """Without the stall step-down, a leader paused past the gone timeout applies on
     waking, as leader, an entry that checked a message out to its node's consumer,
     which the new leader had since taken back, given to another and had settled
-    (faults seed 107, 122 before leaders pipelined)."""
+    (faults seed 54, 107 before METADATA_APPLIED named the peers a node reaches, 122 before
+    leaders pipelined)."""
     monkeypatch.setattr(RaftRuntime, "check_stall", lambda self: False)
-    failure = failure_of("faults", 107) or ""
+    failure = failure_of("faults", 54) or ""
     assert "again after settling it" in failure, failure
 
 
@@ -146,8 +151,8 @@ def test_a_node_woken_from_a_pause_reads_what_its_links_held(monkeypatch):
     """Without dropping its links unread, a node paused past the gone timeout hands its
     consumer, as it wakes, a delivery its kernel took at the start of the pause: of a
     message the leader took back since, gave to another consumer and had settled
-    (faults seed 107, 28 before leaders pipelined; 122 unflagged duplicates in warren-chaos
-    seed 43)."""
+    (faults seed 54, 107 before METADATA_APPLIED named the peers a node reaches, 28 before
+    leaders pipelined; 122 unflagged duplicates in warren-chaos seed 43)."""
     check_stall = RaftRuntime.check_stall
 
     def stepping_down_only(self):
@@ -157,5 +162,5 @@ def test_a_node_woken_from_a_pause_reads_what_its_links_held(monkeypatch):
         finally:
             self.transport = transport
     monkeypatch.setattr(RaftRuntime, "check_stall", stepping_down_only)
-    failure = failure_of("faults", 107) or ""
+    failure = failure_of("faults", 54) or ""
     assert "again after settling it" in failure or "without the redelivered flag" in failure, failure

@@ -122,7 +122,7 @@ def test_a_metadata_answer_waits_for_every_running_node():
     answers = []
     core = declared_here(answers)
     messages = core.end_turn()
-    assert [m for m in messages["b"] if m[0] == METADATA_APPLIED] == [[METADATA_APPLIED, 1]]
+    assert [m[:2] for m in messages["b"] if m[0] == METADATA_APPLIED] == [[METADATA_APPLIED, 1]]
     assert answers == []   # b and c have not applied it
     core.on_messages("b", [[METADATA_APPLIED, 1]])
     assert answers == []
@@ -142,6 +142,47 @@ def test_a_metadata_answer_waits_for_a_node_counted_down_until_it_counted_this_o
     assert answers == []
     core.tick(1.6)
     assert answers == ["ok"]
+
+
+def test_a_metadata_answer_waits_for_a_node_another_peer_still_reaches():
+    """A bridge: c is cut off from this node only and still serves its clients (b reaches
+    it). Past the grace the answer waits for c all the same, hearing of its progress from b."""
+    answers = []
+    core = declared_here(answers)
+    core.answer_grace_seconds = 1.5
+    core.peer_down("c")    # at 0.0
+    core.on_messages("b", [[METADATA_APPLIED, 1, {"c": 0}]])
+    core.tick(2.0)
+    assert answers == []
+    core.on_messages("b", [[METADATA_APPLIED, 1, {"c": 1}]])
+    assert answers == ["ok"]
+
+
+def test_a_node_no_peer_reaches_holds_no_answer_past_the_grace():
+    answers = []
+    core = declared_here(answers)
+    core.answer_grace_seconds = 1.5
+    core.peer_down("c")
+    core.on_messages("b", [[METADATA_APPLIED, 1, {"c": 0}]])
+    core.on_messages("b", [[METADATA_APPLIED, 1, {}]])   # b counted c down too
+    core.tick(2.0)
+    assert answers == ["ok"]
+
+
+def test_a_peer_that_does_not_reach_a_node_hears_how_far_it_applied():
+    """This node relays c's progress to b, which said it does not reach c, whenever it moves;
+    not to a peer that reaches c itself."""
+    core = core_on_a({META: "a"})
+    core.on_messages("b", [[METADATA_APPLIED, 0, {}]])   # b reaches only this node
+    told = core.end_turn()
+    assert [m for m in told["b"] if m[0] == METADATA_APPLIED] == [[METADATA_APPLIED, 0, {"c": 0}]]
+    core.on_messages("c", [[METADATA_APPLIED, 3, {}]])   # c does not reach b either
+    told = core.end_turn()
+    assert [m for m in told.get("b", []) if m[0] == METADATA_APPLIED] == [[METADATA_APPLIED, 0, {"c": 3}]]
+    assert [m for m in told.get("c", []) if m[0] == METADATA_APPLIED] == [[METADATA_APPLIED, 0, {"b": 0}]]
+    core.on_messages("b", [[METADATA_APPLIED, 0, {"c": 3}]])   # the two reach each other again
+    core.on_messages("c", [[METADATA_APPLIED, 3, {"b": 0}]])
+    assert core.end_turn() == {}
 
 
 def test_a_metadata_answer_waits_for_a_lagging_node_only_so_long():
@@ -170,7 +211,7 @@ def test_a_lost_metadata_applied_is_said_again():
     core.peer_down("c")
     core.end_turn()
     core.tick(0.6)
-    repeated = [m for m in core.end_turn()["b"] if m[0] == METADATA_APPLIED]
+    repeated = [m[:2] for m in core.end_turn()["b"] if m[0] == METADATA_APPLIED]
     assert repeated == [[METADATA_APPLIED, 1]]
     core.on_messages("b", [[METADATA_APPLIED, 1]])   # b's own repeat
     assert answers == ["ok"]
