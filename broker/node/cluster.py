@@ -392,6 +392,10 @@ class Cluster:
             queue.apply_entry(entry, False)   # a replay: the leader's effects were performed, or are resent
 
     def on_role_change(self, group: Any, role: Role, leader_id: str | None, term: int) -> None:
+        if group == META and leader_id is None and self.fence is not None:
+            # No metadata leader heard: one may lead elsewhere, where this node's links all stay up
+            # (the leader it heard stepped down, cut off from the rest) and answer changes without it.
+            self.fence.raise_fence()
         self._input().on_role_change(group, role == Role.LEADER, leader_id)
         self.after_input()
 

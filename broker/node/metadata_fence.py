@@ -9,6 +9,8 @@ dropped), a queue deleted and declared again routed to the deleted one. So
 the node raises this fence when it may have been counted down (a link to a
 peer went down; or its own loop did not run for `GAP_SECONDS`, less than the
 others take to count it down, which a node learns only when it runs again),
+or when its replica of the metadata group no longer knows a leader (one may
+lead where it cannot hear, while every link it has stays up: Cluster.on_role_change),
 holds its clients' publishes while the fence is up, and lowers it once a barrier
 through the metadata group (a no-op entry; a majority must commit it) started
 after the fence went up has been applied here. Cut off from a majority, the

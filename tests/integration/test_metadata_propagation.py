@@ -18,7 +18,16 @@ import pika.exceptions
 import pytest
 
 from tests.integration.partition import Network
-from tests.integration.quorum_cluster import NAMES, api, connect, start_cluster, stop_all, wait_for
+from tests.integration.quorum_cluster import (
+    NAMES,
+    SECRET,
+    api,
+    connect,
+    start_cluster,
+    start_nodes,
+    stop_all,
+    wait_for,
+)
 from tests.serverproc import free_port
 
 ROUNDS = 30
@@ -144,11 +153,13 @@ class ConfirmedPublisher(threading.Thread):
     """Publishes `count` numbered persistent messages with confirms on `connection`, each
     after the last one's confirm (the first waits unanswered while its node is held)."""
 
-    def __init__(self, connection: pika.BlockingConnection, queue: str, count: int) -> None:
+    def __init__(self, connection: pika.BlockingConnection, queue: str, count: int, exchange: str = "",
+                 routing_key: str | None = None) -> None:
         super().__init__(daemon=True)
         self.channel = connection.channel()
         self.channel.confirm_delivery()
         self.queue, self.count = queue, count
+        self.exchange, self.routing_key = exchange, queue if routing_key is None else routing_key
         self.publishing = threading.Event()
         self.confirmed: list[int] = []
         self.error: BaseException | None = None
@@ -157,7 +168,8 @@ class ConfirmedPublisher(threading.Thread):
         try:
             for number in range(self.count):
                 self.publishing.set()
-                self.channel.basic_publish("", self.queue, str(number).encode(), pika.BasicProperties(delivery_mode=2))
+                self.channel.basic_publish(self.exchange, self.routing_key, str(number).encode(),
+                                           pika.BasicProperties(delivery_mode=2))
                 self.confirmed.append(number)
         except BaseException as error:  # noqa: BLE001 -- reported by the test
             self.error = error
@@ -330,6 +342,74 @@ def test_a_declaration_waits_for_a_node_only_the_declaring_node_cannot_reach(tmp
         assert not lost, (f"{len(lost)} of {len(confirmed)} messages confirmed through {publishing_node} were lost "
                           f"(bound through {declaring_node}, leader {leader}): {lost[:5]}\n"
                           + servers[publishing_node].log())
+    finally:
+        stop_all(servers)
+        network.close()
+
+
+FIVE_NAMES = [f"{letter}@local" for letter in "abcde"]
+
+
+def metadata_leader(server) -> str | None:
+    try:
+        return api(server, "/api/overview")["metadata_leader"]
+    except OSError:
+        return None
+
+
+def test_a_node_that_lost_the_metadata_leader_holds_its_clients_publishes(tmp_path):
+    """Five nodes split 2 | 3 in two steps: p loses the three others first (its fence goes
+    up, and down again through the leader L, which it still hears); then L loses them too.
+    L steps down (it hears no majority), the three elect a leader, and p counts nobody new
+    down: no link of its went down, yet it can apply nothing more. A binding made on the
+    three's side is answered without p (counted down long ago, and nobody says it reaches
+    p), so p must hold its clients' publishes now, as when a link goes down: routed by what
+    it knew, they were unroutable, so confirmed and dropped."""
+    network = Network({name: free_port() for name in FIVE_NAMES})
+    servers = start_nodes(tmp_path, FIVE_NAMES, {name: SECRET for name in FIVE_NAMES},
+                          ports=network.real_ports, peer_port=network.peer_port,
+                          WARREN_CLUSTER_NODE_GONE_SECONDS="60")
+    try:
+        for name, server in servers.items():
+            wait_for(lambda s=server: api(s, "/api/overview")["running_nodes"] == FIVE_NAMES, f"{name} to see all")
+        leader = wait_for(lambda: metadata_leader(servers[FIVE_NAMES[0]]), "a metadata leader")
+        p = next(name for name in FIVE_NAMES if name != leader)
+        majority = [name for name in FIVE_NAMES if name not in (p, leader)]
+        exchange, queue = unique("lost-leader"), unique("lost-leader")
+        with connect(servers[p]) as connection:   # a durable classic queue lives on p: no replica elsewhere
+            channel = connection.channel()
+            channel.exchange_declare(exchange, "direct", durable=True)
+            channel.queue_declare(queue, durable=True)
+            channel.confirm_delivery()
+            for other in majority:
+                network.cut(p, other)
+            wait_for(lambda: running_nodes(servers[p]) == sorted([p, leader]), f"{p} to count the three down")
+            channel.basic_publish("", queue, b"fence", pika.BasicProperties(delivery_mode=2))   # its fence is down
+        for other in majority:
+            network.cut(leader, other)
+        wait_for(lambda: metadata_leader(servers[majority[0]]) in majority, "the three to elect a leader")
+        wait_for(lambda: metadata_leader(servers[p]) is None, f"{p} to lose the old leader")
+        with connect(servers[majority[0]]) as binding_connection, connect(servers[p]) as publishing_connection:
+            binding_connection.channel().queue_bind(queue, exchange, routing_key="key")
+            publisher = ConfirmedPublisher(publishing_connection, queue, 5, exchange=exchange, routing_key="key")
+            publisher.start()
+            try:
+                deadline = time.monotonic() + 3.0   # time for the loss to show, if it comes
+                wait_for(lambda: len(publisher.confirmed) == 5 or time.monotonic() >= deadline,
+                         "the publisher to finish, or 3 s")
+            finally:
+                network.heal()
+            publisher.join(60)
+        assert publisher.error is None and len(publisher.confirmed) == 5, \
+            f"{len(publisher.confirmed)} of 5 confirmed, {publisher.error!r}"
+        with connect(servers[p]) as connection:
+            channel = connection.channel()
+            found = []
+            while (got := channel.basic_get(queue, auto_ack=True))[0] is not None:
+                found.append(got[2])
+        lost = [number for number in publisher.confirmed if str(number).encode() not in found]
+        assert not lost, (f"confirmed through {p} after it lost the leader {leader}, and lost: {lost}\n"
+                          + servers[p].log())
     finally:
         stop_all(servers)
         network.close()
