@@ -414,7 +414,7 @@ class NodeCore:
             raise TypeError("METADATA_APPLIED: an index and a view")
         before = self.answers.peer_applied.get(peer, 0)
         self.answers.peer_applied[peer] = max(before, index)
-        if view is not None:
+        if view is not None and peer not in self.down_since:   # not one read after its link went down
             self.answers.relayed[peer] = {node: applied for node, applied in view.items()
                                           if node != self.node and node in self.nodes and isinstance(applied, int)}
             if self.misses_a_peer(peer):

@@ -169,6 +169,19 @@ def test_a_node_no_peer_reaches_holds_no_answer_past_the_grace():
     assert answers == ["ok"]
 
 
+def test_a_view_read_after_its_senders_link_went_down_is_not_kept():
+    """Only running peers relay: a node that went down says nothing about the others any more."""
+    answers = []
+    core = declared_here(answers)
+    core.answer_grace_seconds = 1.5
+    core.on_messages("b", [[METADATA_APPLIED, 1, {}]])
+    core.peer_down("c")    # at 0.0
+    core.peer_down("b")
+    core.on_messages("b", [[METADATA_APPLIED, 1, {"c": 0}]])   # read late, from the closed link
+    core.tick(2.0)
+    assert answers == ["ok"]
+
+
 def test_a_peer_that_does_not_reach_a_node_hears_how_far_it_applied():
     """This node relays c's progress to b, which said it does not reach c, whenever it moves;
     not to a peer that reaches c itself."""
