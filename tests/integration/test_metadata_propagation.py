@@ -294,7 +294,8 @@ BRIDGED_ROUNDS_SECONDS = 4.0   # past the answer's grace for a peer counted down
 LEADER_DELAY_SECONDS = 0.2     # below the failure detector's 3 heartbeats of 0.25 s
 
 
-def test_a_declaration_waits_for_a_node_only_the_declaring_node_cannot_reach(tmp_path):
+@pytest.mark.parametrize("one_way", [False, True], ids=["both-ways", "one-way"])
+def test_a_declaration_waits_for_a_node_only_the_declaring_node_cannot_reach(tmp_path, one_way):
     """A bridge: two nodes cut off from each other, both still hearing the third, the metadata
     leader. The declaring node counts the other down, and past its grace (NodeCore.answer_peers)
     it answered without it, though the other was up, unfenced (it reaches the leader) and
@@ -302,7 +303,9 @@ def test_a_declaration_waits_for_a_node_only_the_declaring_node_cannot_reach(tmp
     through it at once was routed by what it knew before: unroutable, so confirmed and dropped.
     What the leader sends the cut-off node is delayed a little, so that replication is late
     enough to lose the race on loopback. The queue lives on the leader, which both reach;
-    rounds of bind-then-publish run from the cut on until well past that grace."""
+    rounds of bind-then-publish run from the cut on until well past that grace. One way:
+    only what the publishing node sends the declaring node is lost, and only the declaring
+    node counts the other down."""
     network = Network({name: free_port() for name in NAMES})
     servers = start_cluster(tmp_path, network=network)
     try:
@@ -314,10 +317,11 @@ def test_a_declaration_waits_for_a_node_only_the_declaring_node_cannot_reach(tmp
             setup = connection.channel()
             setup.exchange_declare(exchange, "direct", durable=True)
             setup.queue_declare(queue, durable=True, arguments={"x-queue-type": "quorum"})
-        network.cut(publishing_node, declaring_node)
+        network.cut(publishing_node, declaring_node, one_way=one_way)
         network.delay(leader, publishing_node, LEADER_DELAY_SECONDS)
         wait_for(lambda: publishing_node not in running_nodes(servers[declaring_node])
-                 and declaring_node not in running_nodes(servers[publishing_node]), "the two to count each other down")
+                 and (one_way or declaring_node not in running_nodes(servers[publishing_node])),
+                 "the cut to be noticed")
         confirmed = []
         with connect(servers[declaring_node]) as declaring_connection, \
                 connect(servers[publishing_node]) as publishing_connection:
