@@ -341,17 +341,17 @@ class NodeCore:
         (peer -> messages)."""
         if self.membership is not None and self.membership.due:
             self.membership.run_due(self.now)
-        told = set()
         while self._meta_applied_noted:
             self._meta_applied_noted = False   # once per turn, with the turn's last index
+            self.relay_due.clear()   # every running peer hears now
             for peer in self.running_peers():
                 self.send(peer, self.applied_message(peer))
-                told.add(peer)
             self.release_answers()
-        for peer in sorted(self.relay_due - told):   # in a set order: the seeded simulation replays a seed
-            if peer not in self.down_since:
-                self.send(peer, self.applied_message(peer))
-        self.relay_due.clear()
+        if self.relay_due:
+            for peer in sorted(self.relay_due):   # in a set order: the seeded simulation replays a seed
+                if peer not in self.down_since:
+                    self.send(peer, self.applied_message(peer))
+            self.relay_due.clear()
         outbox, self.outbox = self.outbox, {}
         return outbox
 

@@ -59,14 +59,16 @@ def start_nodes(tmp_path, names: list[str], secrets: dict[str, str], ports: dict
     return servers
 
 
-def start_cluster(tmp_path, gone_seconds: float = 3.0, network=None) -> dict[str, ServerProcess]:
-    """Three nodes; with `network` (a partition.Network over NAMES) they dial each other through its proxies."""
-    servers = start_nodes(tmp_path, NAMES, {name: SECRET for name in NAMES},
+def start_cluster(tmp_path, gone_seconds: float = 3.0, network=None,
+                  names: list[str] = NAMES) -> dict[str, ServerProcess]:
+    """Three nodes (or `names`); with `network` (a partition.Network over them) they dial each other
+    through its proxies."""
+    servers = start_nodes(tmp_path, names, {name: SECRET for name in names},
                           ports=network.real_ports if network is not None else None,
                           peer_port=network.peer_port if network is not None else None,
                           WARREN_CLUSTER_NODE_GONE_SECONDS=str(gone_seconds))
     for name, server in servers.items():
-        wait_for(lambda s=server: api(s, "/api/overview")["running_nodes"] == NAMES, f"{name} to see all nodes")
+        wait_for(lambda s=server: api(s, "/api/overview")["running_nodes"] == names, f"{name} to see all nodes")
     return servers
 
 

@@ -18,16 +18,7 @@ import pika.exceptions
 import pytest
 
 from tests.integration.partition import Network
-from tests.integration.quorum_cluster import (
-    NAMES,
-    SECRET,
-    api,
-    connect,
-    start_cluster,
-    start_nodes,
-    stop_all,
-    wait_for,
-)
+from tests.integration.quorum_cluster import NAMES, api, connect, start_cluster, stop_all, wait_for
 from tests.serverproc import free_port
 
 ROUNDS = 30
@@ -182,6 +173,13 @@ def running_nodes(server) -> list[str]:
         return []
 
 
+def metadata_leader(server) -> str | None:
+    try:
+        return api(server, "/api/overview")["metadata_leader"]
+    except OSError:
+        return None
+
+
 def held_out_declare_then_publish(servers, cut_off: str, via: str, hold, release, redeclare: bool) -> str | None:
     """`hold(cut_off)` until `via` counts it down; delete and declare a quorum queue through
     `via` (an earlier one of the name known to `cut_off` first if `redeclare`); publish 20
@@ -309,7 +307,7 @@ def test_a_declaration_waits_for_a_node_only_the_declaring_node_cannot_reach(tmp
     network = Network({name: free_port() for name in NAMES})
     servers = start_cluster(tmp_path, network=network)
     try:
-        leader = api(servers[NAMES[0]], "/api/overview")["metadata_leader"]
+        leader = metadata_leader(servers[NAMES[0]])
         assert leader in NAMES, f"no metadata leader known: {leader!r}"
         publishing_node, declaring_node = (name for name in NAMES if name != leader)
         exchange, queue = unique("bridged"), unique("bridged")
@@ -354,13 +352,6 @@ def test_a_declaration_waits_for_a_node_only_the_declaring_node_cannot_reach(tmp
 FIVE_NAMES = [f"{letter}@local" for letter in "abcde"]
 
 
-def metadata_leader(server) -> str | None:
-    try:
-        return api(server, "/api/overview")["metadata_leader"]
-    except OSError:
-        return None
-
-
 def test_a_node_that_lost_the_metadata_leader_holds_its_clients_publishes(tmp_path):
     """Five nodes split 2 | 3 in two steps: p loses the three others first (its fence goes
     up, and down again through the leader L, which it still hears); then L loses them too.
@@ -370,12 +361,8 @@ def test_a_node_that_lost_the_metadata_leader_holds_its_clients_publishes(tmp_pa
     p), so p must hold its clients' publishes now, as when a link goes down: routed by what
     it knew, they were unroutable, so confirmed and dropped."""
     network = Network({name: free_port() for name in FIVE_NAMES})
-    servers = start_nodes(tmp_path, FIVE_NAMES, {name: SECRET for name in FIVE_NAMES},
-                          ports=network.real_ports, peer_port=network.peer_port,
-                          WARREN_CLUSTER_NODE_GONE_SECONDS="60")
+    servers = start_cluster(tmp_path, gone_seconds=60.0, network=network, names=FIVE_NAMES)
     try:
-        for name, server in servers.items():
-            wait_for(lambda s=server: api(s, "/api/overview")["running_nodes"] == FIVE_NAMES, f"{name} to see all")
         leader = wait_for(lambda: metadata_leader(servers[FIVE_NAMES[0]]), "a metadata leader")
         p = next(name for name in FIVE_NAMES if name != leader)
         majority = [name for name in FIVE_NAMES if name not in (p, leader)]
