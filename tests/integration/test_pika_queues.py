@@ -1,8 +1,11 @@
 """Queues over pika: declare rules, exclusivity, auto-delete, limits, dead-lettering."""
 from __future__ import annotations
 
+import asyncio
+
 import pika
 import pytest
+from pamqp import commands as spec
 from pika.exceptions import ChannelClosedByBroker, NackError
 
 from tests.integration.pika_support import (  # noqa: F401
@@ -17,6 +20,7 @@ from tests.integration.pika_support import (  # noqa: F401
     sync,
     wait_queue_gone,
 )
+from tests.integration.raw_async_amqp import RawClient
 
 
 def test_server_named_queue(connection, cleanup):
@@ -82,6 +86,42 @@ def test_exclusive_queue_deleted_when_its_connection_closes(server, connection, 
             channel.queue_declare(name, passive=True)
         assert excinfo.value.reply_code == 405
     wait_queue_gone(connection, name)
+
+
+@pytest.mark.parametrize("closed_by", ["client", "server"])
+def test_exclusive_queue_is_gone_once_close_ok_is_exchanged(server, connection, name, cleanup, closed_by):
+    """RabbitMQ deletes a connection's exclusive queues before it sends close-ok (client's close)
+    or connection.close (its own): a client that reconnects and declares the same exclusive
+    queue at once must not meet 405 RESOURCE_LOCKED while its old socket is still open (aio-pika's
+    robust connections do exactly this). The old socket here stays open throughout."""
+    async def close_but_keep_the_socket() -> RawClient:
+        owner = await RawClient.connect(server.amqp_port)
+        await owner.handshake()
+        await owner.send_frame(1, spec.Channel.Open())
+        await owner.expect(spec.Channel.OpenOk)
+        await owner.send_frame(1, spec.Queue.Declare(queue=name, exclusive=True))
+        await owner.expect(spec.Queue.DeclareOk)
+        if closed_by == "client":
+            await owner.send_frame(0, spec.Connection.Close(reply_code=200, reply_text="bye", class_id=0, method_id=0))
+            await owner.expect(spec.Connection.CloseOk)
+        else:   # a frame on channel 0 the server cannot take: it closes the connection (505)
+            await owner.send_frame(0, spec.Basic.Get(queue=name))
+            await owner.expect(spec.Connection.Close)
+        return owner
+
+    loop = asyncio.new_event_loop()
+    owner = loop.run_until_complete(close_but_keep_the_socket())
+    try:
+        channel = connection.channel()
+        with pytest.raises(ChannelClosedByBroker) as excinfo:
+            channel.queue_declare(name, passive=True)
+        assert excinfo.value.reply_code == 404, \
+            f"the old connection's exclusive queue outlived its close ({closed_by}): {excinfo.value!r}"
+        declared = connection.channel().queue_declare(cleanup.queue(name), exclusive=True)
+        assert declared.method.queue == name
+    finally:
+        loop.run_until_complete(owner.close())
+        loop.close()
 
 
 def test_auto_delete_queue_deleted_after_last_consumer_cancels(connection, name, cleanup):
