@@ -104,14 +104,15 @@ def test_exclusive_queue_is_gone_once_close_ok_is_exchanged(server, connection, 
         if closed_by == "client":
             await owner.send_frame(0, spec.Connection.Close(reply_code=200, reply_text="bye", class_id=0, method_id=0))
             await owner.expect(spec.Connection.CloseOk)
-        else:   # a frame on channel 0 the server cannot take: it closes the connection (505)
+        else:   # a method channel 0 cannot take: the server closes the connection (504, as RabbitMQ)
             await owner.send_frame(0, spec.Basic.Get(queue=name))
             await owner.expect(spec.Connection.Close)
         return owner
 
     loop = asyncio.new_event_loop()
-    owner = loop.run_until_complete(close_but_keep_the_socket())
+    owner = None
     try:
+        owner = loop.run_until_complete(close_but_keep_the_socket())
         channel = connection.channel()
         with pytest.raises(ChannelClosedByBroker) as excinfo:
             channel.queue_declare(name, passive=True)
@@ -120,7 +121,8 @@ def test_exclusive_queue_is_gone_once_close_ok_is_exchanged(server, connection, 
         declared = connection.channel().queue_declare(cleanup.queue(name), exclusive=True)
         assert declared.method.queue == name
     finally:
-        loop.run_until_complete(owner.close())
+        if owner is not None:
+            loop.run_until_complete(owner.close())
         loop.close()
 
 
