@@ -2,12 +2,14 @@
 
 A real worker subprocess consumes from its own queue; the test process sends
 tasks and reads results through the rpc:// backend, which replies to the
-client over AMQP. The worker is terminated (then killed) at the end.
+client over AMQP. The worker is terminated (then killed) at the end. Celery's
+quorum-queue setup (its native delayed delivery for countdown tasks) is run too.
 """
 from __future__ import annotations
 
 import importlib
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -32,6 +34,7 @@ TASKS_SOURCE = textwrap.dedent('''
     from pathlib import Path
 
     from celery import Celery
+    from kombu import Exchange, Queue
 
     app = Celery(__name__, broker=os.environ["WARREN_TEST_BROKER_URL"], backend="rpc://")
     app.conf.update(
@@ -42,6 +45,18 @@ TASKS_SOURCE = textwrap.dedent('''
         task_acks_late=True,
         result_expires=None,
     )
+    if os.environ.get("WARREN_TEST_QUEUE_TYPE") == "quorum":
+        # Celery's own quorum setup: a topic exchange, so that countdown tasks take its
+        # native delayed delivery (the celery_delayed_* quorum queues), and confirmed publishes.
+        queue = os.environ["WARREN_TEST_QUEUE"]
+        app.conf.update(
+            task_queues=[Queue(queue, Exchange(queue, type="topic"), routing_key=queue,
+                               queue_arguments={"x-queue-type": "quorum"})],
+            task_default_exchange=queue,
+            task_default_exchange_type="topic",
+            task_default_routing_key=queue,
+            broker_transport_options={"confirm_publish": True},
+        )
 
 
     @app.task
@@ -83,19 +98,23 @@ class Worker:
                 self.process.wait(WORKER_STOP_TIMEOUT_SECONDS)
 
 
-def start_worker(amqp_port: int, directory: Path):
-    """Write a uniquely named task module to ``directory``, import it here, start a solo worker for it."""
-    module_name = f"warren_celery_tasks_{uuid.uuid4().hex[:8]}"
+def start_worker(amqp_port: int, directory: Path, queue_type: str = "classic", queue: str | None = None,
+                 module_name: str | None = None):
+    """Write a uniquely named task module to ``directory``, import it here, start a solo worker for it
+    (on the given queue and module: a task's name is its module's)."""
+    module_name = module_name or f"warren_celery_tasks_{uuid.uuid4().hex[:8]}"
     (directory / f"{module_name}.py").write_text(TASKS_SOURCE)
-    queue = f"celery-{uuid.uuid4().hex[:8]}"
+    queue = queue or f"celery-{uuid.uuid4().hex[:8]}"
     env = {k: v for k, v in os.environ.items() if not k.startswith("WARREN_")}
     env.update({
         "WARREN_TEST_BROKER_URL": f"amqp://guest:guest@127.0.0.1:{amqp_port}//",
         "WARREN_TEST_QUEUE": queue,
+        "WARREN_TEST_QUEUE_TYPE": queue_type,
         "PYTHONPATH": os.pathsep.join([str(directory), env.get("PYTHONPATH", "")]),
     })
     # The module reads its broker URL and queue at import time, in this process too.
-    saved = {key: os.environ.get(key) for key in ("WARREN_TEST_BROKER_URL", "WARREN_TEST_QUEUE")}
+    saved = {key: os.environ.get(key) for key in ("WARREN_TEST_BROKER_URL", "WARREN_TEST_QUEUE",
+                                                  "WARREN_TEST_QUEUE_TYPE")}
     os.environ.update({key: env[key] for key in saved})
     sys.path.insert(0, str(directory))
     try:
@@ -188,5 +207,60 @@ def test_worker_stops_cleanly_on_sigterm(server, tmp_path):
                         f"of SIGTERM:\n{worker.log()}")
         assert code == 0, f"worker exited with {code} after {time.monotonic() - started:.1f}s:\n{worker.log()}"
         assert "Traceback" not in worker.log(), f"the worker logged an error:\n{worker.log()}"
+    finally:
+        stop_worker(tasks, worker)
+
+
+def wait_for_file(path: Path, worker: Worker, what: str) -> str:
+    deadline = time.monotonic() + RESULT_TIMEOUT_SECONDS
+    while not path.exists():
+        if time.monotonic() > deadline:
+            alive = "running" if worker.process.poll() is None else f"exited with {worker.process.returncode}"
+            pytest.fail(f"{what} did not run within {RESULT_TIMEOUT_SECONDS}s (worker {alive}); "
+                        f"worker log:\n{worker.log()}")
+        time.sleep(0.05)   # polling for the task's side effect, bounded by the deadline
+    return path.read_text()
+
+
+def test_countdown_tasks_on_quorum_queues_wait_in_celery_delay_queues(fresh_server, tmp_path):
+    """Celery 5.5+ with quorum queues delays a countdown task in the broker: through its 28
+    celery_delayed_* quorum queues (per-queue TTL, at-least-once dead-lettering, reject-publish),
+    not in the worker's memory."""
+    tasks, worker = start_worker(fresh_server.amqp_port, tmp_path, queue_type="quorum")
+    try:
+        assert get_result(tasks.add.delay(1, 1), "add(1, 1)", worker) == 2
+        sent = time.monotonic()
+        assert get_result(tasks.add.apply_async((2, 3), countdown=2), "add(2, 3) after 2 s", worker) == 5
+        waited = time.monotonic() - sent
+        assert waited >= 1.9, f"a countdown=2 task ran after {waited:.2f}s"
+        with tasks.app.connection_for_write() as connection:
+            _, count, _ = connection.default_channel.queue_declare("celery_delayed_1", passive=True)
+        assert count == 0, f"celery_delayed_1 still holds {count} messages after the task ran"
+        assert "native delayed delivery" not in worker.log(), worker.log()
+        assert "Traceback" not in worker.log(), f"the worker logged an error:\n{worker.log()}"
+    finally:
+        stop_worker(tasks, worker)
+
+
+def test_a_confirmed_countdown_task_survives_a_broker_kill(fresh_server, tmp_path):
+    """The task's message is confirmed into a delay queue, the broker is killed (SIGKILL) and
+    started again on its data, then a new worker runs the task once its time has come."""
+    tasks, worker = start_worker(fresh_server.amqp_port, tmp_path, queue_type="quorum")
+    queue, module_name = tasks.app.conf.task_default_queue, worker.module_name
+    target = tmp_path / "delayed.txt"
+    content = f"written after a broker kill {uuid.uuid4().hex}"
+    try:
+        # The worker's start declares the delay queues and binds the task queue to them.
+        assert get_result(tasks.add.delay(1, 1), "add(1, 1)", worker) == 2
+        worker.stop()
+        tasks.write_file.apply_async((str(target), content), countdown=3)   # returns once confirmed
+    finally:
+        stop_worker(tasks, worker)
+    assert fresh_server.stop(signal.SIGKILL) == -signal.SIGKILL, fresh_server.log()
+    fresh_server.start()
+    tasks, worker = start_worker(fresh_server.amqp_port, tmp_path, queue_type="quorum", queue=queue,
+                                 module_name=module_name)
+    try:
+        assert wait_for_file(target, worker, "the countdown task confirmed before the kill") == content
     finally:
         stop_worker(tasks, worker)
