@@ -231,8 +231,9 @@ def wait_for_file(path: Path, worker: Worker, what: str) -> str:
 
 def test_countdown_tasks_on_quorum_queues_wait_in_celery_delay_queues(fresh_server, tmp_path):
     """Celery 5.5+ with quorum queues delays a countdown task in the broker: through its 28
-    celery_delayed_* quorum queues (per-queue TTL, at-least-once dead-lettering, reject-publish),
-    not in the worker's memory."""
+    celery_delayed_* quorum queues (per-queue TTL, dead-lettering into the next level, reject-publish),
+    not in the worker's memory. (It asks for at-least-once dead-lettering, which Warren accepts
+    and does at most once: README, Status.)"""
     tasks, worker = start_worker(fresh_server.amqp_port, tmp_path, queue_type="quorum")
     try:
         assert get_result(tasks.add.delay(1, 1), "add(1, 1)", worker) == 2
