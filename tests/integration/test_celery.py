@@ -20,6 +20,8 @@ from pathlib import Path
 import pytest
 from celery import group
 
+from tests.integration.quorum_cluster import wait_for
+
 pytestmark = pytest.mark.timeout(120)
 
 RESULT_TIMEOUT_SECONDS = 30.0
@@ -73,7 +75,7 @@ TASKS_SOURCE = textwrap.dedent('''
     @app.task(bind=True)
     def route_taken(self):
         """The exchange the message last came from, and the queues it was dead-lettered from."""
-        deaths = getattr(self.request, "x-death", None) or (self.request.headers or {}).get("x-death") or []
+        deaths = getattr(self.request, "x-death", None) or []
         return self.request.delivery_info.get("exchange"), sorted(death["queue"] for death in deaths)
 
 
@@ -94,6 +96,9 @@ class Worker:
             return self.log_path.read_text(errors="replace")[-4000:]
         except OSError:
             return ""
+
+    def state(self) -> str:
+        return "running" if self.process.poll() is None else f"exited with {self.process.returncode}"
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -162,8 +167,7 @@ def get_result(async_result, what: str, worker: Worker):
         return async_result.get(timeout=RESULT_TIMEOUT_SECONDS)
     except Exception as error:
         if type(error).__name__ in ("TimeoutError",):
-            alive = "running" if worker.process.poll() is None else f"exited with {worker.process.returncode}"
-            pytest.fail(f"no result for {what} within {RESULT_TIMEOUT_SECONDS}s (worker {alive}); "
+            pytest.fail(f"no result for {what} within {RESULT_TIMEOUT_SECONDS}s (worker {worker.state()}); "
                         f"worker log:\n{worker.log()}")
         raise
 
@@ -218,17 +222,6 @@ def test_worker_stops_cleanly_on_sigterm(server, tmp_path):
         stop_worker(tasks, worker)
 
 
-def wait_for_file(path: Path, worker: Worker, what: str) -> str:
-    deadline = time.monotonic() + RESULT_TIMEOUT_SECONDS
-    while not path.exists():
-        if time.monotonic() > deadline:
-            alive = "running" if worker.process.poll() is None else f"exited with {worker.process.returncode}"
-            pytest.fail(f"{what} did not run within {RESULT_TIMEOUT_SECONDS}s (worker {alive}); "
-                        f"worker log:\n{worker.log()}")
-        time.sleep(0.05)   # polling for the task's side effect, bounded by the deadline
-    return path.read_text()
-
-
 def test_countdown_tasks_on_quorum_queues_wait_in_celery_delay_queues(fresh_server, tmp_path):
     """Celery 5.5+ with quorum queues delays a countdown task in the broker: through its 28
     celery_delayed_* quorum queues (per-queue TTL, dead-lettering into the next level, reject-publish),
@@ -268,6 +261,10 @@ def test_a_confirmed_countdown_task_survives_a_broker_kill(fresh_server, tmp_pat
     tasks, worker = start_worker(fresh_server.amqp_port, tmp_path, queue_type="quorum", queue=queue,
                                  module_name=module_name)
     try:
-        assert wait_for_file(target, worker, "the countdown task confirmed before the kill") == content
+        try:
+            wait_for(target.exists, "the countdown task confirmed before the kill", RESULT_TIMEOUT_SECONDS)
+        except AssertionError as error:
+            pytest.fail(f"{error} (worker {worker.state()}); worker log:\n{worker.log()}")
+        assert target.read_text() == content
     finally:
         stop_worker(tasks, worker)
