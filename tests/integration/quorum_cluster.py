@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import base64
 import json
+import signal
 import threading
 import time
 import urllib.request
@@ -95,6 +96,29 @@ def leader_of(servers: dict[str, ServerProcess], name: str, among: list[str] | N
         if view and view.get("leader"):
             return view["leader"]
     raise AssertionError(f"no node knows the leader of {name}")
+
+
+# A queue of two of the three nodes, for `freeze_queue_follower`: the third node keeps
+# the metadata group's majority.
+QUEUE_MEMBERS_TO_FREEZE = 2
+
+
+def freeze_queue_follower(servers: dict[str, ServerProcess], queue: str,
+                          keep: str | None = None) -> tuple[str, list[str]]:
+    """Stop (SIGSTOP) the one follower of `queue`'s two-member group: the queue cannot commit,
+    while the leader's node, with the third node, still has the metadata group's majority, so
+    the fence it raises when it counts the follower down is lowered (broker/node/metadata_fence.py)
+    and its clients' publishes reach the queue. (With every other node frozen the fence stays
+    up and holds them before the queue: a test would race the failure detector.) `keep`: the
+    member left running (the one a test's clients use), else the leader. Returns it and the
+    frozen nodes, for SIGCONT."""
+    leader = keep or leader_of(servers, queue)
+    members = queue_view(servers[leader], queue)["members"]
+    assert len(members) == QUEUE_MEMBERS_TO_FREEZE and leader in members, f"{queue} has members {members}"
+    frozen = [node for node in members if node != leader]
+    for node in frozen:
+        servers[node].process.send_signal(signal.SIGSTOP)
+    return leader, frozen
 
 
 class Publisher(threading.Thread):

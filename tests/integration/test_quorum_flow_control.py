@@ -9,10 +9,11 @@ import time
 import pika
 
 from tests.integration.quorum_cluster import (
+    QUEUE_MEMBERS_TO_FREEZE,
     api,
     connect,
     declare_everywhere,
-    leader_of,
+    freeze_queue_follower,
     queue_view,
     start_cluster,
     stop_all,
@@ -22,14 +23,11 @@ from tests.integration.quorum_cluster import (
 MESSAGES = 5000
 OBSERVE_SECONDS = 3.0
 BODY = b"x" * 4096
-
-
 def test_a_publisher_is_held_back_while_its_queue_cannot_commit(tmp_path):
     servers = start_cluster(tmp_path)
     frozen: list[str] = []
     try:
-        declare_everywhere(servers, "a@local", "flow")
-        leader = leader_of(servers, "flow")
+        declare_everywhere(servers, "a@local", "flow", **{"x-quorum-initial-group-size": QUEUE_MEMBERS_TO_FREEZE})
         published = []
         done = threading.Event()
 
@@ -42,10 +40,8 @@ def test_a_publisher_is_held_back_while_its_queue_cannot_commit(tmp_path):
             done.set()
 
         # Without a quorum nothing commits, so nothing the publisher sends is applied.
-        for node in servers:
-            if node != leader:
-                servers[node].process.send_signal(signal.SIGSTOP)
-                frozen.append(node)
+        leader, stopped = freeze_queue_follower(servers, "flow")
+        frozen += stopped
         thread = threading.Thread(target=publish, daemon=True)
         thread.start()
         wait_for(lambda: api(servers[leader], "/api/overview")["quorum_enqueues_pending"] > 32,
@@ -84,8 +80,7 @@ def test_a_held_publisher_is_not_dropped_as_a_heartbeat_timeout(tmp_path):
     servers = start_cluster(tmp_path)
     frozen: list[str] = []
     try:
-        declare_everywhere(servers, "a@local", "flow-hb")
-        leader = leader_of(servers, "flow-hb")
+        declare_everywhere(servers, "a@local", "flow-hb", **{"x-quorum-initial-group-size": QUEUE_MEMBERS_TO_FREEZE})
         errors: list[Exception] = []
         done = threading.Event()
 
@@ -100,10 +95,8 @@ def test_a_held_publisher_is_not_dropped_as_a_heartbeat_timeout(tmp_path):
                 errors.append(error)
             done.set()
 
-        for node in servers:
-            if node != leader:
-                servers[node].process.send_signal(signal.SIGSTOP)
-                frozen.append(node)
+        leader, stopped = freeze_queue_follower(servers, "flow-hb")
+        frozen += stopped
         threading.Thread(target=publish, daemon=True).start()
         wait_for(lambda: api(servers[leader], "/api/overview")["quorum_enqueues_pending"] > 32,
                  "the publisher to be held back by commands_soft_limit")

@@ -15,9 +15,11 @@ import pika
 import pytest
 
 from tests.integration.quorum_cluster import (
+    QUEUE_MEMBERS_TO_FREEZE,
     api,
     connect,
     declare_everywhere,
+    freeze_queue_follower,
     leader_of,
     queue_view,
     start_cluster,
@@ -104,17 +106,14 @@ def test_tx_commit_ok_waits_for_the_quorum(tmp_path):
     frozen: list[str] = []
 
     def freeze() -> None:
-        for node in servers:
-            if node != leader:
-                servers[node].process.send_signal(signal.SIGSTOP)
-                frozen.append(node)
+        frozen.extend(freeze_queue_follower(servers, "txq", keep=leader)[1])
 
     def thaw() -> None:
         while frozen:
             servers[frozen.pop()].process.send_signal(signal.SIGCONT)
 
     try:
-        declare_everywhere(servers, "a@local", "txq")
+        declare_everywhere(servers, "a@local", "txq", **{"x-quorum-initial-group-size": QUEUE_MEMBERS_TO_FREEZE})
         leader = leader_of(servers, "txq")
         count = 10
         unacked: list[int] = []
