@@ -23,6 +23,8 @@ from tests.integration.quorum_cluster import (
 MESSAGES = 5000
 OBSERVE_SECONDS = 3.0
 BODY = b"x" * 4096
+
+
 def test_a_publisher_is_held_back_while_its_queue_cannot_commit(tmp_path):
     servers = start_cluster(tmp_path)
     frozen: list[str] = []

@@ -100,8 +100,8 @@ class Committer(threading.Thread):
 
 
 def test_tx_commit_ok_waits_for_the_quorum(tmp_path):
-    """With the followers frozen the leader cannot commit: commit-ok must not come,
-    for a transaction's publishes nor for its acks; after SIGCONT it does."""
+    """With its follower frozen (a two-member queue) the leader cannot commit: commit-ok must
+    not come, for a transaction's publishes nor for its acks; after SIGCONT it does."""
     servers = start_cluster(tmp_path)
     frozen: list[str] = []
 
@@ -140,7 +140,7 @@ def test_tx_commit_ok_waits_for_the_quorum(tmp_path):
         assert not committer.done.wait(OBSERVE_SECONDS), (
             f"tx.commit-ok came although the queue could not commit (error: {committer.error!r})")
         thaw()
-        assert committer.done.wait(30), "no tx.commit-ok after the followers came back"
+        assert committer.done.wait(30), "no tx.commit-ok after the follower came back"
         assert committer.error is None, f"the transaction failed: {committer.error!r}"
 
         # 2. acks: the commit waits until the queue applied the settle
@@ -154,7 +154,7 @@ def test_tx_commit_ok_waits_for_the_quorum(tmp_path):
                 received.append(body)
                 unacked.append(method.delivery_tag)
             assert received == [b"tx%d" % n for n in range(count)], "the committed messages are not all there"
-            # The leader counted its followers down in the first freeze: it routes its clients'
+            # The leader counted its follower down in the first freeze: it routes its clients'
             # publishes again once it caught up with the metadata group (broker/node/metadata_fence.py),
             # which may take a new metadata leader's election. A confirmed publish waits for that.
             caught_up = consumer.channel()
@@ -175,7 +175,7 @@ def test_tx_commit_ok_waits_for_the_quorum(tmp_path):
             assert not committer.done.wait(OBSERVE_SECONDS), (
                 f"tx.commit-ok came although the queue could not apply the acks (error: {committer.error!r})")
             thaw()
-            assert committer.done.wait(30), "no tx.commit-ok for the acks after the followers came back"
+            assert committer.done.wait(30), "no tx.commit-ok for the acks after the follower came back"
             assert committer.error is None, f"the transaction failed: {committer.error!r}"
         finally:
             thaw()   # a frozen follower would leave the close unanswered
