@@ -98,9 +98,9 @@ def leader_of(servers: dict[str, ServerProcess], name: str, among: list[str] | N
     raise AssertionError(f"no node knows the leader of {name}")
 
 
-# A queue of two of the three nodes, for `freeze_queue_follower`: the third node keeps
-# the metadata group's majority.
-QUEUE_MEMBERS_TO_FREEZE = 2
+# A queue's arguments for `freeze_queue_follower`: two of the three nodes, so the third
+# keeps the metadata group's majority.
+FREEZABLE_QUEUE = {"x-quorum-initial-group-size": 2}
 
 
 def freeze_queue_follower(servers: dict[str, ServerProcess], queue: str,
@@ -111,14 +111,21 @@ def freeze_queue_follower(servers: dict[str, ServerProcess], queue: str,
     and its clients' publishes reach the queue. (With every other node frozen the fence stays
     up and holds them before the queue: a test would race the failure detector.) `keep`: the
     member left running (the one a test's clients use), else the leader. Returns it and the
-    frozen nodes, for SIGCONT."""
+    frozen nodes, for `thaw`."""
     leader = keep or leader_of(servers, queue)
     members = queue_view(servers[leader], queue)["members"]
-    assert len(members) == QUEUE_MEMBERS_TO_FREEZE and leader in members, f"{queue} has members {members}"
+    wanted = FREEZABLE_QUEUE["x-quorum-initial-group-size"]
+    assert len(members) == wanted and leader in members, f"{queue} has members {members}"
     frozen = [node for node in members if node != leader]
     for node in frozen:
         servers[node].process.send_signal(signal.SIGSTOP)
     return leader, frozen
+
+
+def thaw(servers: dict[str, ServerProcess], frozen: list[str]) -> None:
+    """SIGCONT every node in `frozen` and empty it (so a `finally` may call it again)."""
+    while frozen:
+        servers[frozen.pop()].process.send_signal(signal.SIGCONT)
 
 
 class Publisher(threading.Thread):

@@ -2,14 +2,13 @@
 applied stops being read, so a fast publisher cannot grow the node's memory."""
 from __future__ import annotations
 
-import signal
 import threading
 import time
 
 import pika
 
 from tests.integration.quorum_cluster import (
-    QUEUE_MEMBERS_TO_FREEZE,
+    FREEZABLE_QUEUE,
     api,
     connect,
     declare_everywhere,
@@ -17,6 +16,7 @@ from tests.integration.quorum_cluster import (
     queue_view,
     start_cluster,
     stop_all,
+    thaw,
     wait_for,
 )
 
@@ -29,7 +29,7 @@ def test_a_publisher_is_held_back_while_its_queue_cannot_commit(tmp_path):
     servers = start_cluster(tmp_path)
     frozen: list[str] = []
     try:
-        declare_everywhere(servers, "a@local", "flow", **{"x-quorum-initial-group-size": QUEUE_MEMBERS_TO_FREEZE})
+        declare_everywhere(servers, "a@local", "flow", **FREEZABLE_QUEUE)
         published = []
         done = threading.Event()
 
@@ -60,15 +60,12 @@ def test_a_publisher_is_held_back_while_its_queue_cannot_commit(tmp_path):
             assert most < 1000, f"the node holds {most} unapplied publishes: reading did not stop"
             time.sleep(0.05)  # sampling within the observation window
         assert len(published) < MESSAGES, "the publisher was never held back"
-        for node in frozen:
-            servers[node].process.send_signal(signal.SIGCONT)
-        frozen.clear()
+        thaw(servers, frozen)
         assert done.wait(60), f"the publisher never finished after the quorum came back ({len(published)} sent)"
         wait_for(lambda: (queue_view(servers[leader], "flow") or {}).get("messages_ready") == MESSAGES,
                  f"all {MESSAGES} messages in the queue")
     finally:
-        for node in frozen:
-            servers[node].process.send_signal(signal.SIGCONT)
+        thaw(servers, frozen)
         stop_all(servers)
 
 
@@ -82,7 +79,7 @@ def test_a_held_publisher_is_not_dropped_as_a_heartbeat_timeout(tmp_path):
     servers = start_cluster(tmp_path)
     frozen: list[str] = []
     try:
-        declare_everywhere(servers, "a@local", "flow-hb", **{"x-quorum-initial-group-size": QUEUE_MEMBERS_TO_FREEZE})
+        declare_everywhere(servers, "a@local", "flow-hb", **FREEZABLE_QUEUE)
         errors: list[Exception] = []
         done = threading.Event()
 
@@ -104,13 +101,10 @@ def test_a_held_publisher_is_not_dropped_as_a_heartbeat_timeout(tmp_path):
                  "the publisher to be held back by commands_soft_limit")
         assert not done.wait(HELD_SECONDS), f"the publisher was not held back (errors: {errors})"
         assert api(servers[leader], "/api/overview")["connections"] == 1, "the held publisher's connection was closed"
-        for node in frozen:
-            servers[node].process.send_signal(signal.SIGCONT)
-        frozen.clear()
+        thaw(servers, frozen)
         assert done.wait(60), "the publisher never finished after the quorum came back"
         assert not errors, f"the held publisher failed: {errors}"
         assert "connection.heartbeat_timeout" not in servers[leader].log(), "the node took flow control for a dead peer"
     finally:
-        for node in frozen:
-            servers[node].process.send_signal(signal.SIGCONT)
+        thaw(servers, frozen)
         stop_all(servers)

@@ -8,14 +8,13 @@ refuses (x-overflow reject-publish) fails the commit as RabbitMQ does:
 """
 from __future__ import annotations
 
-import signal
 import threading
 
 import pika
 import pytest
 
 from tests.integration.quorum_cluster import (
-    QUEUE_MEMBERS_TO_FREEZE,
+    FREEZABLE_QUEUE,
     api,
     connect,
     declare_everywhere,
@@ -24,6 +23,7 @@ from tests.integration.quorum_cluster import (
     queue_view,
     start_cluster,
     stop_all,
+    thaw,
     wait_for,
 )
 
@@ -108,12 +108,8 @@ def test_tx_commit_ok_waits_for_the_quorum(tmp_path):
     def freeze() -> None:
         frozen.extend(freeze_queue_follower(servers, "txq", keep=leader)[1])
 
-    def thaw() -> None:
-        while frozen:
-            servers[frozen.pop()].process.send_signal(signal.SIGCONT)
-
     try:
-        declare_everywhere(servers, "a@local", "txq", **{"x-quorum-initial-group-size": QUEUE_MEMBERS_TO_FREEZE})
+        declare_everywhere(servers, "a@local", "txq", **FREEZABLE_QUEUE)
         leader = leader_of(servers, "txq")
         count = 10
         unacked: list[int] = []
@@ -139,7 +135,7 @@ def test_tx_commit_ok_waits_for_the_quorum(tmp_path):
                  f"the leader to hold the transaction's {count} publishes, unapplied")
         assert not committer.done.wait(OBSERVE_SECONDS), (
             f"tx.commit-ok came although the queue could not commit (error: {committer.error!r})")
-        thaw()
+        thaw(servers, frozen)
         assert committer.done.wait(30), "no tx.commit-ok after the follower came back"
         assert committer.error is None, f"the transaction failed: {committer.error!r}"
 
@@ -174,11 +170,11 @@ def test_tx_commit_ok_waits_for_the_quorum(tmp_path):
                      "the leader to process the ack transaction's commit")
             assert not committer.done.wait(OBSERVE_SECONDS), (
                 f"tx.commit-ok came although the queue could not apply the acks (error: {committer.error!r})")
-            thaw()
+            thaw(servers, frozen)
             assert committer.done.wait(30), "no tx.commit-ok for the acks after the follower came back"
             assert committer.error is None, f"the transaction failed: {committer.error!r}"
         finally:
-            thaw()   # a frozen follower would leave the close unanswered
+            thaw(servers, frozen)   # a frozen follower would leave the close unanswered
             consumer.close()
         # Had the acks not been applied, the channel's end would return the messages.
         for node, server in servers.items():
@@ -186,5 +182,5 @@ def test_tx_commit_ok_waits_for_the_quorum(tmp_path):
                             f"{node} to see nothing checked out of txq")
             assert view["messages_ready"] == 0, f"the committed acks were lost: {node} sees {view}"
     finally:
-        thaw()
+        thaw(servers, frozen)
         stop_all(servers)
