@@ -26,6 +26,7 @@ from warren.raft.node_log import NodeLog
 if TYPE_CHECKING:
     from warren.broker.amqp.channel import Channel
     from warren.broker.amqp.connection import AMQPConnection
+    from warren.broker.node.cluster_alarms import ClusterAlarms
     from warren.broker.node.connection_handoff import ConnectionHandoff
 
 VERSION = "0.1.0"
@@ -91,8 +92,9 @@ class Broker:
         self._reply_channels: dict[str, "Channel"] = {}
         self.started_monotonic = time.monotonic()
         self.listeners: dict[str, list[str]] = {}   # what the server bound, by listener (broker/node/server.py)
-        self.memory_alarm = False
+        self.memory_alarm = False   # this node's own
         self.disk_alarm = False
+        self.cluster_alarms: frozenset[str] = frozenset()   # this node's and its running peers' (cluster_alarms.py)
         self.next_disk_check = 0.0   # time.monotonic() of the next free-space check
         # cluster peers whose authenticated link is up (node-pair failure detection)
         self.peers_up: set[str] = set()
@@ -210,16 +212,29 @@ class Broker:
             self.next_disk_check = now + next_disk_check_in(free, limit, self.settings.alarm_check_interval_seconds)
         if (memory, disk) == (self.memory_alarm, self.disk_alarm):
             return
+        for resource, was, now_on in (("memory", self.memory_alarm, memory), ("disk", self.disk_alarm, disk)):
+            if was != now_on:   # RabbitMQ: "disk resource limit alarm set on node ..."
+                log.warning("alarm.set" if now_on else "alarm.cleared", resource=resource,
+                            node=self.settings.node_name)
         self.memory_alarm, self.disk_alarm = memory, disk
+        # the cluster shell tells the peers, and calls on_cluster_alarms back if that changes what blocks
+        self.cluster.set_local_alarms([name for name, on in (("memory", memory), ("disk", disk)) if on])
+
+    def on_cluster_alarms(self, alarms: ClusterAlarms) -> None:
+        """The resources in alarm on this node or a running peer changed: publishers are
+        blocked, or unblocked, on this node too (RabbitMQ's alarms are cluster-wide)."""
+        self.cluster_alarms = alarms.resources()
+        log.info("alarm.cluster", resources=sorted(self.cluster_alarms), peers=alarms.nodes_in_alarm())
         for connection in list(self.connections):
             connection.update_blocked()
 
     @property
     def alarm(self) -> str | None:
-        """The reason publishers are blocked, as RabbitMQ words it, or None."""
-        if self.disk_alarm:
+        """The reason publishers are blocked, as RabbitMQ words it, or None: an alarm of
+        this node's or of a running peer's."""
+        if "disk" in self.cluster_alarms:
             return "low on disk"
-        if self.memory_alarm:
+        if "memory" in self.cluster_alarms:
             return "low on memory"
         return None
 

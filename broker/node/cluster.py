@@ -246,9 +246,17 @@ class Cluster:
         return self.core
 
     def after_input(self) -> None:
-        """After an input: the core's messages go at the end of this turn, or of one asked for now."""
+        """After an input: the core's messages go at the end of this turn, or of one asked for now;
+        publishers are blocked or unblocked if the resources in alarm anywhere changed."""
+        if self.core.take_alarms_changed():
+            self.broker.on_cluster_alarms(self.core.alarms)
         if self.core.has_output:
             self.frame_soon()
+
+    def set_local_alarms(self, resources: list[str]) -> None:
+        """This node's own resource alarms changed (Broker.check_alarms): the peers hear."""
+        self._input().set_local_alarms(resources)
+        self.after_input()
 
     def frame_soon(self) -> None:
         """Messages are waiting for the turn's frame: the end of this turn, or of one asked for now."""

@@ -42,10 +42,12 @@ def queue_view(server: ServerProcess, name: str) -> dict | None:
 
 
 def start_nodes(tmp_path, names: list[str], secrets: dict[str, str], ports: dict[str, int] | None = None,
-                peer_port=None, **env: str) -> dict[str, ServerProcess]:
+                peer_port=None, node_env: dict[str, dict[str, str]] | None = None,
+                **env: str) -> dict[str, ServerProcess]:
     """One server per name, each listing all of them as its cluster, with its own secret;
     `ports`: each node's cluster port (free ones if None); `peer_port(node, peer)`: the
-    port `node` dials `peer` at (a proxy's: tests/integration/partition.py)."""
+    port `node` dials `peer` at (a proxy's: tests/integration/partition.py); `node_env`:
+    settings of some nodes only, beside `env` for all."""
     ports = ports or {name: free_port() for name in names}
 
     def cluster_nodes(node: str) -> str:
@@ -54,7 +56,7 @@ def start_nodes(tmp_path, names: list[str], secrets: dict[str, str], ports: dict
     servers = {name: make_server(
         tmp_path / name, WARREN_NODE_NAME=name, WARREN_CLUSTER_NODES=cluster_nodes(name),
         WARREN_CLUSTER_HOST="127.0.0.1", WARREN_CLUSTER_PORT=str(ports[name]), WARREN_CLUSTER_SECRET=secrets[name],
-        **env)
+        **{**env, **(node_env or {}).get(name, {})})
         for name in names}
     start_together(servers.values())
     return servers

@@ -15,7 +15,7 @@ PURE_BROKER = ("broker.queues.fifo", "broker.queues.message_table", "broker.queu
                "broker.amqp.confirms", "broker.routing.arguments",
                "broker.node.metadata_machine", "broker.node.metadata_state", "broker.node.metadata_commands",
                "broker.node.metadata_effects", "broker.node.definition_checks", "broker.node.node_core",
-               "broker.node.metadata_answers")
+               "broker.node.metadata_answers", "broker.node.cluster_alarms")
 # raft's transport.py and runtime.py (with its turns.py, persistence.py, entry_locations.py) are the
 # asyncio shells; raft_storage is listed below. carried_commits, reelection, system_counters and system_views
 # were cut out of raft.system.

@@ -34,12 +34,12 @@ class CountingLog:
 
 
 def broker_with(free: int, limit: int) -> SimpleNamespace:
-    connection = SimpleNamespace(blocked_updates=0)
-    connection.update_blocked = lambda: setattr(connection, "blocked_updates", connection.blocked_updates + 1)
+    told: list[list[str]] = []   # what the cluster shell was told of this node's alarms
     return SimpleNamespace(
-        queued_message_bytes=0, node_log=CountingLog(free), connections=[connection],
+        queued_message_bytes=0, node_log=CountingLog(free), told=told,
+        cluster=SimpleNamespace(set_local_alarms=told.append),
         settings=SimpleNamespace(memory_high_watermark_bytes=10**9, disk_free_limit_bytes=limit, data_dir=".",
-                                 alarm_check_interval_seconds=0.5),
+                                 alarm_check_interval_seconds=0.5, node_name="n1"),
         memory_alarm=False, disk_alarm=False, next_disk_check=0.0)
 
 
@@ -58,13 +58,13 @@ def test_near_the_limit_the_alarm_is_raised_and_cleared_at_the_next_check_due():
     broker.node_log.free = 40 * MB
     broker.next_disk_check = 0.0           # the check is due (0.5 s later)
     Broker.check_alarms(broker)
-    assert broker.disk_alarm and broker.connections[0].blocked_updates == 1
+    assert broker.disk_alarm and broker.told == [["disk"]]
     Broker.check_alarms(broker)            # not due yet: the alarm stands, nothing looked at
-    assert broker.disk_alarm and broker.node_log.looks == 2
+    assert broker.disk_alarm and broker.node_log.looks == 2 and broker.told == [["disk"]]
     broker.node_log.free = 80 * MB
     broker.next_disk_check = 0.0
     Broker.check_alarms(broker)
-    assert not broker.disk_alarm and broker.connections[0].blocked_updates == 2
+    assert not broker.disk_alarm and broker.told == [["disk"], []]
 
 
 def test_a_failing_statvfs_counts_as_no_space():
