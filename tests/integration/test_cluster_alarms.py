@@ -3,7 +3,7 @@ publisher connected to another node is blocked too (connection.blocked, "low on 
 and unblocked once that node's alarm no longer counts (here: the node is stopped, and
 RabbitMQ clears a down node's alarms). Without it the other nodes' publishers went on
 filling the low node's disk with their queues' entries until its WAL write failed and
-the node stopped for good (a long fault run, docs/performance.md)."""
+the node stopped for good (a long fault run, docs/verification-tools.md)."""
 from __future__ import annotations
 
 import time
