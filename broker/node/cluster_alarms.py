@@ -8,7 +8,8 @@ its publishing connections while an alarm is on anywhere it can hear of. Without
 this, a node low on disk kept taking the entries of queues led elsewhere, whose
 publishers nothing held back, until a WAL write failed with ENOSPC and the node
 stopped (a node that cannot write must not go on), and with a full disk it could not
-start again. A peer's alarm stops counting when the peer goes down (RabbitMQ clears a
+start again. (Replication itself is not held back, as RabbitMQ's is not: a follower
+catching up on a backlog can still fill its disk.) A peer's alarm stops counting when the peer goes down (RabbitMQ clears a
 down node's alarms too) or when it has not been said again for PEER_ALARM_STALE_SECONDS:
 a lost "cleared" must not block a cluster for good. Pure: the time is handed in.
 """
