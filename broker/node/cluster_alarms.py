@@ -9,9 +9,10 @@ this, a node low on disk kept taking the entries of queues led elsewhere, whose
 publishers nothing held back, until a WAL write failed with ENOSPC and the node
 stopped (a node that cannot write must not go on), and with a full disk it could not
 start again. (Replication itself is not held back, as RabbitMQ's is not: a follower
-catching up on a backlog can still fill its disk.) A peer's alarm stops counting when the peer goes down (RabbitMQ clears a
-down node's alarms too) or when it has not been said again for PEER_ALARM_STALE_SECONDS:
-a lost "cleared" must not block a cluster for good. Pure: the time is handed in.
+catching up on a backlog can still fill its disk.) A peer's alarm stops counting when
+the peer goes down (RabbitMQ clears a down node's alarms too) or when it has not been
+said again for PEER_ALARM_STALE_SECONDS: a lost "cleared" must not block a cluster for
+good. Pure: the time is handed in.
 """
 from __future__ import annotations
 
