@@ -223,7 +223,7 @@ class Broker:
     def on_cluster_alarms(self, alarms: ClusterAlarms) -> None:
         """The resources in alarm on this node or a running peer changed: publishers are
         blocked, or unblocked, on this node too (RabbitMQ's alarms are cluster-wide)."""
-        self.cluster_alarms = alarms.resources()
+        self.cluster_alarms = alarms.take_resources()
         log.info("alarm.cluster", resources=sorted(self.cluster_alarms), peers=alarms.nodes_in_alarm())
         for connection in list(self.connections):
             connection.update_blocked()

@@ -248,7 +248,7 @@ class Cluster:
     def after_input(self) -> None:
         """After an input: the core's messages go at the end of this turn, or of one asked for now;
         publishers are blocked or unblocked if the resources in alarm anywhere changed."""
-        if self.core.take_alarms_changed():
+        if self.core.alarms.changed:
             self.broker.on_cluster_alarms(self.core.alarms)
         if self.core.has_output:
             self.frame_soon()

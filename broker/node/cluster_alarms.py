@@ -27,6 +27,8 @@ class ClusterAlarms:
     def __init__(self) -> None:
         self.local: frozenset[str] = frozenset()
         self.peers: dict[str, tuple[frozenset[str], float]] = {}   # peer -> (its alarms, when heard)
+        self.resources: frozenset[str] = frozenset()   # in alarm on this node or a peer it hears from
+        self.changed = False   # `resources` changed since `take_resources`: publishers are re-blocked
 
     def set_local(self, resources: Iterable[str]) -> bool:
         """This node's own alarms; True if they changed (the peers must hear)."""
@@ -34,6 +36,7 @@ class ClusterAlarms:
         if resources == self.local:
             return False
         self.local = resources
+        self._recount()
         return True
 
     def on_peer(self, peer: str, resources: list, now: float) -> None:
@@ -43,22 +46,29 @@ class ClusterAlarms:
             self.peers[peer] = (frozenset(resources), now)
         else:
             self.peers.pop(peer, None)
+        self._recount()
 
     def peer_down(self, peer: str) -> None:
-        self.peers.pop(peer, None)
+        if self.peers.pop(peer, None) is not None:
+            self._recount()
 
     def expire(self, now: float) -> None:
-        for peer, (_, heard) in list(self.peers.items()):
-            if now - heard > PEER_ALARM_STALE_SECONDS:
-                del self.peers[peer]
+        stale = [peer for peer, (_, heard) in self.peers.items() if now - heard > PEER_ALARM_STALE_SECONDS]
+        for peer in stale:
+            del self.peers[peer]
+        if stale:
+            self._recount()
 
-    def resources(self) -> frozenset[str]:
-        """Every resource in alarm on this node or a peer it hears from."""
-        on = set(self.local)
-        for resources, _ in self.peers.values():
-            on |= resources
-        return frozenset(on)
+    def take_resources(self) -> frozenset[str]:
+        """The resources in alarm, now that the caller acts on their change."""
+        self.changed = False
+        return self.resources
 
     def nodes_in_alarm(self) -> dict[str, list[str]]:
         """Which peers are in alarm, and for what (for the log)."""
         return {peer: sorted(resources) for peer, (resources, _) in sorted(self.peers.items())}
+
+    def _recount(self) -> None:
+        resources = self.local.union(*(on for on, _ in self.peers.values()))
+        if resources != self.resources:
+            self.resources, self.changed = resources, True

@@ -197,8 +197,7 @@ class NodeCore:
         self.broker_housekeeping_seconds = broker_housekeeping_seconds
         self.next_broker_housekeeping = now + broker_housekeeping_seconds
         self.broker_housekeeping_due = False
-        self.alarms = ClusterAlarms()
-        self.alarms_changed = False   # the resources in alarm anywhere changed: the shell re-blocks publishers
+        self.alarms = ClusterAlarms()   # the shell re-blocks publishers when `alarms.changed`
         self.now = now
 
     # -- submitting commands -----------------------------------------------------
@@ -398,9 +397,7 @@ class NodeCore:
         elif kind == METADATA_APPLIED:
             self.on_peer_applied(peer, message[1], message[2] if len(message) > 2 else None)
         elif kind == ALARMS:
-            before = self.alarms.resources()
             self.alarms.on_peer(peer, message[1], self.now)
-            self._note_alarms(before)
         elif kind == HELLO:
             if self.greeted.get(peer) == message[1]:
                 return True   # heard since its link came up: a repeat
@@ -467,7 +464,7 @@ class NodeCore:
         self.send(peer, self.applied_message(peer))
         self.relay_due.update(self.running_peers())   # whom this node reaches changed: the others hear
         if self.alarms.local:
-            self.send(peer, [ALARMS, sorted(self.alarms.local)])
+            self.send(peer, self.alarms_message())
         for queue in list(self.queues.values()):
             queue.on_link_up(peer)
 
@@ -480,28 +477,19 @@ class NodeCore:
         self.answers.relayed.pop(peer, None)
         self.relay_due.update(self.running_peers())
         self.release_answers()
-        before = self.alarms.resources()
         self.alarms.peer_down(peer)
-        self._note_alarms(before)
         for queue in list(self.queues.values()):
             queue.on_node_down(peer)
 
     # -- resource alarms, cluster-wide (cluster_alarms.py) ----------------------------------
+    def alarms_message(self) -> list:
+        return [ALARMS, sorted(self.alarms.local)]
+
     def set_local_alarms(self, resources: Iterable[str]) -> None:
         """This node's own alarms, as the broker measured them: the peers hear of a change."""
-        before = self.alarms.resources()
         if self.alarms.set_local(resources):
             for peer in self.running_peers():
-                self.send(peer, [ALARMS, sorted(self.alarms.local)])
-        self._note_alarms(before)
-
-    def _note_alarms(self, before: frozenset[str]) -> None:
-        if self.alarms.resources() != before:
-            self.alarms_changed = True
-
-    def take_alarms_changed(self) -> bool:
-        changed, self.alarms_changed = self.alarms_changed, False
-        return changed
+                self.send(peer, self.alarms_message())
 
     # -- time ----------------------------------------------------------------------------
     def tick(self, now: float) -> None:
@@ -520,9 +508,7 @@ class NodeCore:
             self.release_answers()   # a wait for a lagging node is bounded
             self.announce()
             self.ask_for_lost_deliveries()
-            before = self.alarms.resources()
             self.alarms.expire(now)
-            self._note_alarms(before)
         if self.membership is not None and now >= self.next_reconcile:
             self.next_reconcile = now + RECONCILE_SECONDS
             self.membership.tick(now)
@@ -544,7 +530,7 @@ class NodeCore:
             self.send(peer, [HELLO, self.incarnation])
             self.send(peer, self.applied_message(peer))
             if self.alarms.local:   # a peer that missed it would stop counting it (PEER_ALARM_STALE_SECONDS)
-                self.send(peer, [ALARMS, sorted(self.alarms.local)])
+                self.send(peer, self.alarms_message())
 
     def ask_for_lost_deliveries(self) -> None:
         """This node's consumers ask each queue's leader, now and then, for what it

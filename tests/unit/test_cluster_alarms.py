@@ -17,6 +17,13 @@ def running_core(node: str) -> NodeCore:
     return core
 
 
+def took_change(core: NodeCore) -> bool:
+    """Whether the resources in alarm changed since the shell last acted on them (it acts now)."""
+    changed = core.alarms.changed
+    core.alarms.take_resources()
+    return changed
+
+
 def alarms_sent(messages: dict, peer: str) -> list[list]:
     return [message[1] for message in messages.get(peer, []) if message[0] == ALARMS]
 
@@ -24,28 +31,28 @@ def alarms_sent(messages: dict, peer: str) -> list[list]:
 def test_a_node_tells_every_running_peer_when_its_alarms_change_and_blocks_on_its_own():
     core = running_core("a")
     core.set_local_alarms(["disk"])
-    assert core.take_alarms_changed() and core.alarms.resources() == {"disk"}
+    assert took_change(core) and core.alarms.resources == {"disk"}
     messages = core.end_turn()
     assert alarms_sent(messages, "b") == [["disk"]] and alarms_sent(messages, "c") == [["disk"]]
     core.set_local_alarms(["disk"])   # unchanged: nothing said, nothing to re-block
-    assert not core.take_alarms_changed() and alarms_sent(core.end_turn(), "b") == []
+    assert not took_change(core) and alarms_sent(core.end_turn(), "b") == []
     core.set_local_alarms([])
-    assert core.take_alarms_changed() and core.alarms.resources() == set()
+    assert took_change(core) and core.alarms.resources == set()
     assert alarms_sent(core.end_turn(), "b") == [[]], "a cleared alarm is said too"
 
 
 def test_a_peers_alarm_blocks_here_until_it_clears_or_the_peer_goes_down():
     core = running_core("a")
     core.on_messages("b", [[ALARMS, ["memory"]]])
-    assert core.take_alarms_changed() and core.alarms.resources() == {"memory"}
+    assert took_change(core) and core.alarms.resources == {"memory"}
     assert core.alarms.nodes_in_alarm() == {"b": ["memory"]}
     core.on_messages("b", [[ALARMS, []]])
-    assert core.take_alarms_changed() and core.alarms.resources() == set()
+    assert took_change(core) and core.alarms.resources == set()
 
     core.on_messages("c", [[ALARMS, ["disk", "memory"]]])
-    assert core.take_alarms_changed()
+    assert took_change(core)
     core.peer_down("c")   # RabbitMQ clears a down node's alarms
-    assert core.take_alarms_changed() and core.alarms.resources() == set()
+    assert took_change(core) and core.alarms.resources == set()
 
 
 def test_a_peer_that_comes_up_hears_of_this_nodes_alarm_and_it_is_repeated_while_on():
@@ -67,24 +74,24 @@ def test_an_alarm_not_said_again_stops_counting():
     """A lost 'cleared' must not block the cluster for good."""
     core = running_core("a")
     core.on_messages("b", [[ALARMS, ["disk"]]])
-    core.take_alarms_changed()
+    took_change(core)
     start = core.now
     core.tick(start + PEER_ALARM_STALE_SECONDS / 2)
     core.on_messages("b", [[ALARMS, ["disk"]]])   # said again: it stands
     core.tick(start + PEER_ALARM_STALE_SECONDS + 0.1)
-    assert core.alarms.resources() == {"disk"} and not core.take_alarms_changed()
+    assert core.alarms.resources == {"disk"} and not took_change(core)
     core.tick(start + 2 * PEER_ALARM_STALE_SECONDS + 0.1)
-    assert core.alarms.resources() == set() and core.take_alarms_changed()
+    assert core.alarms.resources == set() and took_change(core)
 
 
 def test_a_malformed_alarms_message_is_refused():
     core = running_core("a")
     assert core.on_messages("b", [[ALARMS, ["cpu"]], [ALARMS, "disk"]]) == [[ALARMS, ["cpu"]], [ALARMS, "disk"]]
-    assert core.alarms.resources() == set()
+    assert core.alarms.resources == set()
 
 
 def test_the_resources_in_alarm_are_this_nodes_and_every_peers():
     alarms = ClusterAlarms()
     assert alarms.set_local(["memory"]) and not alarms.set_local(["memory"])
     alarms.on_peer("b", ["disk"], now=1.0)
-    assert alarms.resources() == {"memory", "disk"}
+    assert alarms.resources == {"memory", "disk"}
