@@ -3,6 +3,7 @@ in the history as fault_start / fault_end (node: the target, detail: what)."""
 from __future__ import annotations
 
 import asyncio
+import random
 import signal
 from collections.abc import Awaitable, Callable
 
@@ -11,6 +12,10 @@ from warren.verification.chaos.disk import SmallDisks
 from warren.verification.chaos.schedule import PlannedFault
 
 RESTART_LISTEN_SECONDS = 45.0
+# a slow link's delay (jitter as much again): around and beyond the failure detector's 3 heartbeats
+SLOW_DELAY_SECONDS = (0.05, 0.6)
+# a flaky link is reset this often
+FLAKY_RESET_SECONDS = (0.2, 1.5)
 Heal = Callable[[], Awaitable[None]]
 
 
@@ -116,6 +121,40 @@ class FaultInjector:
         async def heal() -> None:
             proxy.heal()
         return heal, f"dropped={target}->{peer}"
+
+    def _links_of(self, target: str) -> list:
+        return [p for p in self.cluster.proxies.values() if target in (p.dialer, p.acceptor)]
+
+    async def _slow(self, target: str, choice: float) -> tuple[Heal, str]:
+        """Every link of the target held back a seeded delay, with as much jitter again."""
+        rng = random.Random(choice)
+        delay = rng.uniform(*SLOW_DELAY_SECONDS)
+        proxies = self._links_of(target)
+        for proxy in proxies:
+            proxy.slow(delay, delay, random.Random(rng.random()))
+
+        async def heal() -> None:
+            for proxy in proxies:
+                proxy.heal()
+        return heal, f"delay={delay:.3f}s jitter={delay:.3f}s"
+
+    async def _flaky(self, target: str, choice: float) -> tuple[Heal, str]:
+        """The target's links reset again and again, at seeded intervals, until healed."""
+        rng = random.Random(choice)
+        proxies = self._links_of(target)
+        resets = [0]
+
+        async def keep_resetting() -> None:
+            while True:
+                await asyncio.sleep(rng.uniform(*FLAKY_RESET_SECONDS))   # the fault's own clock
+                resets[0] += sum(proxy.reset() for proxy in proxies)
+
+        task = asyncio.ensure_future(keep_resetting())
+
+        async def heal() -> None:
+            task.cancel()
+            print(f"warren-chaos: flaky {target}: {resets[0]} connections reset", flush=True)
+        return heal, "links=" + ",".join(f"{p.dialer}|{p.acceptor}" for p in proxies)
 
     async def _disk(self, target: str, choice: float) -> tuple[Heal, str]:
         data_dir = self.cluster.nodes[target].data_dir

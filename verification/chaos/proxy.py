@@ -10,12 +10,21 @@ detector has to notice). A node's close going a blackholed way is lost too
 (as its RST would be): the far side learns by its own heartbeats, maybe
 later than the near side did. Dropped bytes break the framing of the stream,
 so healing closes the connections that lost bytes; the dialer reconnects.
+
+A link can also be slowed (`slow`: every chunk held back a delay with jitter,
+in order, as a congested or far network: heartbeats arrive late and bunched)
+or reset (`reset`: its connections closed at once, as a flaky network's
+resets: the nodes see the link fail and dial again, resending what was lost).
 """
 from __future__ import annotations
 
 import asyncio
+import random
 
 CHUNK_BYTES = 65536
+# Chunks read but held back by a delay, per direction of a connection: then the reader waits (TCP
+# backpressure to the sending node), so a slow link holds bounded memory.
+HELD_CHUNKS = 256
 
 
 class LinkProxy:
@@ -29,6 +38,9 @@ class LinkProxy:
         self._streams: set[asyncio.StreamWriter] = set()
         self._lossy: set[asyncio.StreamWriter] = set()
         self._tasks: set[asyncio.Task] = set()
+        # a slow link: each chunk is held back `delay` seconds plus up to `jitter` more, in order
+        self.delay = self.jitter = 0.0
+        self._rng = random.Random(0)
 
     def __repr__(self) -> str:
         return f"LinkProxy({self.dialer}->{self.acceptor} :{self.port}, blocked={sorted(self.blocked)})"
@@ -42,7 +54,18 @@ class LinkProxy:
         assert set(directions) <= {"forward", "backward"}, directions
         self.blocked |= set(directions)
 
+    def slow(self, delay: float, jitter: float, rng: random.Random) -> None:
+        self.delay, self.jitter, self._rng = delay, jitter, rng
+
+    def reset(self) -> int:
+        """Close every connection through this link now; returns how many pairs."""
+        writers = list(self._streams)
+        for writer in writers:
+            writer.close()
+        return len(writers) // 2
+
     def heal(self) -> None:
+        self.delay = self.jitter = 0.0   # what was held back still arrives, in order
         self.blocked.clear()
         for writer in list(self._lossy):
             writer.close()  # a stream that lost bytes cannot be resumed
@@ -75,15 +98,39 @@ class LinkProxy:
 
     async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, direction: str,
                     pair: tuple[asyncio.StreamWriter, ...]) -> None:
+        loop = asyncio.get_running_loop()
+        held: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue(HELD_CHUNKS)
+        release = asyncio.ensure_future(self._release(held, writer))
         try:
+            last_due = 0.0
             while data := await reader.read(CHUNK_BYTES):
                 if direction in self.blocked:
                     self._lossy.update(pair)
                     continue
-                writer.write(data)
-                await writer.drain()
+                due = loop.time() + self.delay + (self._rng.uniform(0, self.jitter) if self.jitter else 0.0)
+                last_due = max(last_due, due)   # a later chunk never overtakes an earlier one
+                await held.put((last_due, data))
+            await held.join()   # what was read before the close still goes out
         except (ConnectionError, OSError):
             pass  # either side went away: _accept closes the pair
+        finally:
+            release.cancel()
+
+    @staticmethod
+    async def _release(held: asyncio.Queue, writer: asyncio.StreamWriter) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            due, data = await held.get()
+            try:
+                if (wait := due - loop.time()) > 0:
+                    await asyncio.sleep(wait)   # the link's delay, not synchronisation
+                if not writer.is_closing():   # reset or closed meanwhile: what was held back is lost
+                    writer.write(data)
+                    await writer.drain()
+            except (ConnectionError, OSError):
+                pass   # the far side went away: _accept closes the pair
+            finally:
+                held.task_done()
 
     async def close(self) -> None:
         if self._server is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-KINDS = ("kill", "pause", "partition", "isolate", "majority", "bridge", "oneway", "disk")
+KINDS = ("kill", "pause", "partition", "isolate", "majority", "bridge", "oneway", "disk", "slow", "flaky")
 # "partition" is any of the shapes below, chosen by the seed.
 PARTITION_SHAPES = ("isolate", "majority", "bridge", "oneway")
 
