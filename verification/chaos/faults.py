@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Callable
 
 from warren.verification.chaos.cluster import LocalCluster
 from warren.verification.chaos.disk import SmallDisks
+from warren.verification.chaos.proxy import LinkProxy
 from warren.verification.chaos.schedule import PlannedFault
 
 RESTART_LISTEN_SECONDS = 45.0
@@ -122,7 +123,7 @@ class FaultInjector:
             proxy.heal()
         return heal, f"dropped={target}->{peer}"
 
-    def _links_of(self, target: str) -> list:
+    def _links_of(self, target: str) -> list[LinkProxy]:
         return [p for p in self.cluster.proxies.values() if target in (p.dialer, p.acceptor)]
 
     async def _slow(self, target: str, choice: float) -> tuple[Heal, str]:
