@@ -78,16 +78,27 @@ class FaultInjector:
             self.cluster.signal(target, signal.SIGCONT)
         return resume, "signal=SIGSTOP"
 
-    async def _cut(self, side: set[str], directions=("forward", "backward")) -> tuple[Heal, str]:
-        """Blackhole every link between `side` and the other nodes."""
-        proxies = [p for p in self.cluster.proxies.values() if (p.dialer in side) != (p.acceptor in side)]
-        for proxy in proxies:
-            proxy.block(*directions)
+    def _links_across(self, side: set[str]) -> list[LinkProxy]:
+        """Every link between `side` and the other nodes."""
+        return [p for p in self.cluster.proxies.values() if (p.dialer in side) != (p.acceptor in side)]
 
+    @staticmethod
+    def _healer(proxies: list[LinkProxy]) -> Heal:
         async def heal() -> None:
             for proxy in proxies:
                 proxy.heal()
-        return heal, "cut=" + ",".join(f"{p.dialer}|{p.acceptor}" for p in proxies)
+        return heal
+
+    @staticmethod
+    def _names(proxies: list[LinkProxy]) -> str:
+        return ",".join(f"{p.dialer}|{p.acceptor}" for p in proxies)
+
+    async def _cut(self, side: set[str], directions=("forward", "backward")) -> tuple[Heal, str]:
+        """Blackhole every link between `side` and the other nodes."""
+        proxies = self._links_across(side)
+        for proxy in proxies:
+            proxy.block(*directions)
+        return self._healer(proxies), "cut=" + self._names(proxies)
 
     async def _isolate(self, target: str, choice: float) -> tuple[Heal, str]:
         return await self._cut({target})
@@ -105,11 +116,7 @@ class FaultInjector:
                    if target not in (p.dialer, p.acceptor) and (p.dialer in half) != (p.acceptor in half)]
         for proxy in proxies:
             proxy.block("forward", "backward")
-
-        async def heal() -> None:
-            for proxy in proxies:
-                proxy.heal()
-        return heal, "cut=" + ",".join(f"{p.dialer}|{p.acceptor}" for p in proxies)
+        return self._healer(proxies), "cut=" + self._names(proxies)
 
     async def _oneway(self, target: str, choice: float) -> tuple[Heal, str]:
         """Nothing from the target reaches one other node; the other way still works."""
@@ -123,26 +130,19 @@ class FaultInjector:
             proxy.heal()
         return heal, f"dropped={target}->{peer}"
 
-    def _links_of(self, target: str) -> list[LinkProxy]:
-        return [p for p in self.cluster.proxies.values() if target in (p.dialer, p.acceptor)]
-
     async def _slow(self, target: str, choice: float) -> tuple[Heal, str]:
         """Every link of the target held back a seeded delay, with as much jitter again."""
         rng = random.Random(choice)
         delay = rng.uniform(*SLOW_DELAY_SECONDS)
-        proxies = self._links_of(target)
+        proxies = self._links_across({target})
         for proxy in proxies:
             proxy.slow(delay, delay, random.Random(rng.random()))
-
-        async def heal() -> None:
-            for proxy in proxies:
-                proxy.heal()
-        return heal, f"delay={delay:.3f}s jitter={delay:.3f}s"
+        return self._healer(proxies), f"delay={delay:.3f}s jitter={delay:.3f}s"
 
     async def _flaky(self, target: str, choice: float) -> tuple[Heal, str]:
         """The target's links reset again and again, at seeded intervals, until healed."""
         rng = random.Random(choice)
-        proxies = self._links_of(target)
+        proxies = self._links_across({target})
         resets = [0]
 
         async def keep_resetting() -> None:
@@ -155,7 +155,7 @@ class FaultInjector:
         async def heal() -> None:
             task.cancel()
             print(f"warren-chaos: flaky {target}: {resets[0]} connections reset", flush=True)
-        return heal, "links=" + ",".join(f"{p.dialer}|{p.acceptor}" for p in proxies)
+        return heal, "links=" + self._names(proxies)
 
     async def _disk(self, target: str, choice: float) -> tuple[Heal, str]:
         data_dir = self.cluster.nodes[target].data_dir
