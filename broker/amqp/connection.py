@@ -25,6 +25,7 @@ from warren.broker.amqp.channel import Channel
 from warren.broker.amqp.fence_hold import FenceHold
 from warren.broker.amqp.handshake import negotiated_limits, vhost_to_open
 from warren.broker.amqp.server_properties import server_properties
+from warren.broker.weak_callbacks import weak_method
 from warren.protocol import codec
 from warren.protocol.connection import (
     AWAIT_HEADER,
@@ -100,8 +101,9 @@ class AMQPConnection(asyncio.Protocol):
         self._held: dict[int, deque[tuple]] = {}
         self._releasing: set[int] = set()
         self._held_over_limit = False
-        self.fence_hold = FenceHold(broker.cluster, lambda: None if self.closed else self.data_received(b""),
-                                    self._update_reading)
+        # weakly: the hold calls back into its connection, which must not be kept alive by it
+        self.fence_hold = FenceHold(broker.cluster, weak_method(self._read_on_released),
+                                    weak_method(self._update_reading))
         self.heartbeat_seconds = 0
         self._last_received = time.monotonic()
         self._held_unread = False  # reading was paused since the last resume
@@ -207,6 +209,10 @@ class AMQPConnection(asyncio.Protocol):
         or the metadata fence."""
         return bool(self.writes_paused or self.blocked or self.paused_channels or self._held_over_limit
                     or self.fence_hold.holding)
+
+    def _read_on_released(self) -> None:
+        if not self.closed:
+            self.data_received(b"")
 
     def _update_reading(self) -> None:
         if self.transport is None or self.transport.is_closing():

@@ -27,6 +27,7 @@ from warren.broker.queues import quorum_machine as qm
 from warren.broker.queues.queue_client import QueueClient, now_ms
 from warren.broker.queues.queue_replica import QueueReplica
 from warren.broker.queues.queue_routes import LocalRoute, QueueRoute
+from warren.broker.weak_callbacks import weak_method
 from warren.protocol import codec
 
 if TYPE_CHECKING:
@@ -114,7 +115,8 @@ class Queue:
             self.replica = None
             return
         self.replica = QueueReplica(machine or qm.QuorumMachine(self.limits), self.route.node, self.client.group,
-                                    self.route.replica_log(), self.client, self.route.send_to, self._dead_letter)
+                                    self.route.replica_log(), self.client, self.route.send_to,
+                                    weak_method(self._dead_letter))
 
     # -- the machine, as broker/node/cluster.py and broker/node/metadata.py see it -----------------
     @property

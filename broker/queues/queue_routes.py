@@ -10,6 +10,7 @@ waits for a turn.
 """
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -54,9 +55,13 @@ class QueueRoute(Protocol):
 class ReplicatedRoute:
     def __init__(self, cluster: "Cluster", queue: "Queue") -> None:
         self.cluster = cluster
-        self.queue = queue
+        self._queue = weakref.ref(queue)   # the queue holds its route (broker/weak_callbacks.py)
         self.group = queue.group
         self.node = cluster.node
+
+    @property
+    def queue(self) -> "Queue":
+        return self._queue()  # type: ignore[return-value]   # alive while anything reaches its route
 
     def owner_key(self, owner: Any) -> str:
         return self.cluster.owner_key(owner)
@@ -110,8 +115,12 @@ class LocalRoute:
     """Into the replica without a log on this node, at once."""
 
     def __init__(self, queue: "Queue", node: str = LOCAL_NODE) -> None:
-        self.queue = queue
+        self._queue = weakref.ref(queue)   # the queue holds its route (broker/weak_callbacks.py)
         self.node = node
+
+    @property
+    def queue(self) -> "Queue":
+        return self._queue()  # type: ignore[return-value]   # alive while anything reaches its route
 
     def owner_key(self, owner: Any) -> str:
         return "/".join(str(part) for part in owner)

@@ -64,7 +64,8 @@ class Channel(ConsumerSink):
 
 def make_client() -> tuple[QueueClient, FakeRoute, Channel]:
     route = FakeRoute()
-    return QueueClient("g", route, lambda owner: f"n1/i1/{owner[0]}/{owner[1]}", FakeQueue()), route, Channel()
+    route.queue = FakeQueue()   # the client holds its queue weakly: something else must keep it
+    return QueueClient("g", route, lambda owner: f"n1/i1/{owner[0]}/{owner[1]}", route.queue), route, Channel()
 
 
 def publish(client: QueueClient, *bodies: bytes) -> list[list[bool]]:
