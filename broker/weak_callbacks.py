@@ -23,3 +23,19 @@ def weak_method(method: Callable[..., Any]) -> Callable[..., Any]:
         bound = ref()
         return None if bound is None else bound(*args)
     return call
+
+
+class WeakAttribute:
+    """A back-reference held weakly: assign the owner, read the owner back while it
+    lives (None after). Declared on the class: `queue = WeakAttribute()`."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.slot = f"_weak_{name}"
+
+    def __get__(self, instance: object, owner: type | None = None) -> Any:
+        if instance is None:
+            return self
+        return getattr(instance, self.slot)()
+
+    def __set__(self, instance: object, value: object) -> None:
+        setattr(instance, self.slot, weakref.ref(value))

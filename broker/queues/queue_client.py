@@ -26,13 +26,13 @@ from __future__ import annotations
 
 import itertools
 import time
-import weakref
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from warren.broker.node.node_core import RESEND, RESEND_SECONDS
 from warren.broker.queues import queue_commands as qc
+from warren.broker.weak_callbacks import WeakAttribute
 
 if TYPE_CHECKING:
     from warren.broker.queues.queue_routes import QueueRoute
@@ -72,22 +72,20 @@ class EnqueuerSession:
 
 
 class QueueClient:
+    queue = WeakAttribute()   # the queue holds its client (broker/weak_callbacks.py)
+
     def __init__(self, group: str, route: "QueueRoute", owner_key: Callable[[Hashable], str],
                  queue: DeliveringQueue) -> None:
         self.group = group
         self.route = route
         self.owner_key = owner_key
-        self._queue = weakref.ref(queue)   # the queue holds its client (broker/weak_callbacks.py)
+        self.queue = queue
         self.local_consumers: dict[tuple[str, str], LocalConsumer] = {}
         self.enqueuers: dict[Hashable, EnqueuerSession] = {}
         self.enqueuers_by_key: dict[str, EnqueuerSession] = {}
         self.unsent: list[EnqueuerSession] = []
         self.requests = itertools.count(1)
         self.downed_owners: dict[str, tuple[float, float]] = {}   # owner key -> (DOWN sent at, again from)
-
-    @property
-    def queue(self) -> DeliveringQueue:
-        return self._queue()  # type: ignore[return-value]   # alive while anything delivers through it
 
     # -- publishing --------------------------------------------------------------------
     def enqueue_from(self, owner: Hashable, payload: tuple, ttl_ms: int | None, priority: int,

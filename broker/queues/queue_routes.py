@@ -10,7 +10,6 @@ waits for a turn.
 """
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -18,6 +17,7 @@ from warren.broker.node import metadata_commands as mc
 from warren.broker.node.node_core import RESEND
 from warren.broker.queues import queue_codec
 from warren.broker.queues.queue_replica import LOCAL_NODE
+from warren.broker.weak_callbacks import WeakAttribute
 
 if TYPE_CHECKING:
     from warren.broker.node.cluster import Cluster
@@ -53,15 +53,13 @@ class QueueRoute(Protocol):
 
 
 class ReplicatedRoute:
+    queue = WeakAttribute()   # the queue holds its route (broker/weak_callbacks.py)
+
     def __init__(self, cluster: "Cluster", queue: "Queue") -> None:
         self.cluster = cluster
-        self._queue = weakref.ref(queue)   # the queue holds its route (broker/weak_callbacks.py)
+        self.queue = queue
         self.group = queue.group
         self.node = cluster.node
-
-    @property
-    def queue(self) -> "Queue":
-        return self._queue()  # type: ignore[return-value]   # alive while anything reaches its route
 
     def owner_key(self, owner: Any) -> str:
         return self.cluster.owner_key(owner)
@@ -114,13 +112,11 @@ class ReplicatedRoute:
 class LocalRoute:
     """Into the replica without a log on this node, at once."""
 
-    def __init__(self, queue: "Queue", node: str = LOCAL_NODE) -> None:
-        self._queue = weakref.ref(queue)   # the queue holds its route (broker/weak_callbacks.py)
-        self.node = node
+    queue = WeakAttribute()   # the queue holds its route (broker/weak_callbacks.py)
 
-    @property
-    def queue(self) -> "Queue":
-        return self._queue()  # type: ignore[return-value]   # alive while anything reaches its route
+    def __init__(self, queue: "Queue", node: str = LOCAL_NODE) -> None:
+        self.queue = queue
+        self.node = node
 
     def owner_key(self, owner: Any) -> str:
         return "/".join(str(part) for part in owner)
