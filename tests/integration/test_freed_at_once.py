@@ -127,5 +127,4 @@ async def test_a_closed_connection_is_freed_at_once(tmp_path):
             del server_side
             await connection.close()
             await until(lambda: not broker.connections, "the server side of the connection closed")
-            await asyncio.sleep(0)   # the transport's own callbacks after connection_lost
             assert_freed(ref, "a closed connection")
