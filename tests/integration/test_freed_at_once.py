@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator
 import aio_pika
 import pytest
 
+from tests.integration.test_raft_runtime import until
 from warren.broker.amqp.connection import AMQPConnection
 from warren.broker.node.broker import Broker
 from warren.config.settings import Settings
@@ -54,13 +55,6 @@ async def broker_in_process(tmp_path) -> AsyncIterator[tuple[Broker, int]]:
         broker.shutdown_connections()
         await broker.cluster.stop()
         await broker.node_log.close()
-
-
-async def until(condition, what: str) -> None:
-    deadline = asyncio.get_running_loop().time() + SETTLE_SECONDS
-    while not condition():
-        assert asyncio.get_running_loop().time() < deadline, f"not within {SETTLE_SECONDS} s: {what}"
-        await asyncio.sleep(0.01)
 
 
 def holders(obj: object, depth: int = 3) -> str:
@@ -111,7 +105,7 @@ async def test_a_deleted_quorum_queue_with_messages_is_freed_at_once(tmp_path, n
                 await queue.delete(if_unused=False, if_empty=False)
                 await until(lambda: name not in broker.vhosts["/"].queues
                             and group not in broker.cluster.runtime.groups,
-                            f"queue {name} and its group {group} removed")
+                            f"queue {name} and its group {group} removed", SETTLE_SECONDS)
             assert_freed(state_ref, f"the deleted queue's state ({MESSAGES} messages)")
             assert_freed(shell_ref, "the deleted queue's shell")
 
@@ -126,5 +120,5 @@ async def test_a_closed_connection_is_freed_at_once(tmp_path):
             ref = weakref.ref(server_side)
             del server_side
             await connection.close()
-            await until(lambda: not broker.connections, "the server side of the connection closed")
+            await until(lambda: not broker.connections, "the server side of the connection closed", SETTLE_SECONDS)
             assert_freed(ref, "a closed connection")
