@@ -126,7 +126,7 @@ class RaftNode:
     def __init__(self, node_id: str, peers: list[str], rng: random.Random,
                  election_ticks: int = 10, heartbeat_ticks: int = 1,
                  storage: RaftStorageView | None = None, pre_vote: bool = True,
-                 check_quorum: bool = True, max_message_bytes: int = 1 << 20,
+                 check_quorum: bool = True, max_message_bytes: int = 1 << 20, eager_commit: bool = True,
                  max_inflight_messages: int = 256, max_inflight_bytes: int = 32 << 20) -> None:
         assert heartbeat_ticks >= 1
         assert election_ticks > heartbeat_ticks, "followers would time out between heartbeats"
@@ -135,8 +135,8 @@ class RaftNode:
         self.rng = rng
         self.election_ticks = election_ticks
         self.heartbeat_ticks = heartbeat_ticks
-        self.pre_vote = pre_vote
-        self.check_quorum = check_quorum
+        self.pre_vote, self.check_quorum = pre_vote, check_quorum
+        self.eager_commit = eager_commit   # see replication.flush
         self.max_message_bytes = max_message_bytes
         self.max_inflight_messages = max_inflight_messages
         self.max_inflight_bytes = max_inflight_bytes

@@ -47,10 +47,12 @@ def flush(node: RaftNode) -> None:
             continue
         progress = node.progress[peer]
         sent = send_appends(node, peer)
-        # A new commit index reaches caught-up followers at once; the others
-        # get it with their next entries or heartbeat.
+        # A new commit index reaches caught-up followers at once (`eager_commit`);
+        # the others get it with their next entries or heartbeat. Not eager, a
+        # group's followers apply later (up to a heartbeat later once proposals
+        # stop) and the leader saves a frame per commit and its answer.
         caught_up = progress.state == ProgressState.REPLICATE and not progress.inflights.sent
-        if not sent and node.commit_broadcast_pending and caught_up:
+        if not sent and node.commit_broadcast_pending and caught_up and node.eager_commit:
             send_append(node, peer, send_if_empty=True)
     node.broadcast_pending = False
     node.commit_broadcast_pending = False

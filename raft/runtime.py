@@ -206,7 +206,8 @@ class RaftRuntime:
         self.system = RaftSystem(
             self.node_name, self.rng, self.persistence.persist, self.send, self.locations.apply_noting,
             install_snapshot=self.install_snapshot, on_role_change=self.on_role_change,
-            request_turn=self.turns.request_turn, on_group_failed=self.on_group_failed, **self.raft_options)
+            request_turn=self.turns.request_turn, on_group_failed=self.on_group_failed,
+            eager_commit_groups=self.vital_groups, **self.raft_options)
         self.persistence.system = self.system
         scan, self.scan = self.scan, None
         self.next_group_number = scan.next_group_number()

@@ -21,6 +21,11 @@ reads no clock; the shell hands it inputs and gives it four callables:
 * `install_snapshot(group_id, snapshot)`, `on_role_change(group_id, role,
   leader_id, term)`, `request_turn()`: optional.
 
+`eager_commit_groups` (optional): the groups whose leader tells a caught-up
+follower of a new commit index at once, in an AppendEntries of its own; the
+others' followers learn it with their next entries or heartbeat (None: every
+group is eager; see `replication.flush`).
+
 Inputs: `add_group`, `remove_group`, `propose`, `propose_conf_change`, `transfer_leadership`,
 `campaign`, `compact`, `step(from_node, frame)`, `tick()` on a timer, `peer_down(node)` /
 `peer_up(node)` from the transport's per-node failure detector, `on_persisted(token)`. Then, once per event-loop turn,
@@ -106,6 +111,7 @@ class RaftSystem(SystemViews):
     def __init__(self, node_name: str, rng: random.Random, persist: Persist, send: Send, apply: Apply, *,
                  install_snapshot: InstallSnapshot | None = None, on_role_change: RoleChange | None = None,
                  request_turn: Callable[[], None] | None = None, on_group_failed: GroupFailed | None = None,
+                 eager_commit_groups: frozenset[GroupId] | None = None,
                  quiesce_after_ticks: int = 2, frame_max_messages: int = 65536, **raft_options) -> None:
         assert quiesce_after_ticks >= 1
         assert frame_max_messages >= 1
@@ -119,6 +125,8 @@ class RaftSystem(SystemViews):
         self.on_role_change = on_role_change
         self.request_turn = request_turn
         self.on_group_failed = on_group_failed
+        # the groups whose followers hear of a new commit index at once (None: all); see replication.flush
+        self.eager_commit_groups = eager_commit_groups
         self.quiesce_after_ticks = quiesce_after_ticks
         self.frame_max_messages = frame_max_messages
         self.raft_options = raft_options
@@ -149,6 +157,8 @@ class RaftSystem(SystemViews):
         assert group_id not in self.groups, f"group {group_id!r} already hosted"
         assert me is None or node_of(me) == self.node_name, f"{me} is not a replica on {self.node_name}"
         options = {**self.raft_options, **raft_options}
+        if self.eager_commit_groups is not None:
+            options.setdefault("eager_commit", group_id in self.eager_commit_groups)
         raft = RaftNode(me or self.node_name, sorted(members), self.rng, storage=recovered, **options)
         group = Group(group_id, raft)
         self.groups[group_id] = group

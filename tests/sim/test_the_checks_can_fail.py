@@ -38,10 +38,10 @@ def test_a_stale_settle_of_a_later_delivery(monkeypatch):
     def ignoring_seqs(self, consumer, items):
         return tuple(item if isinstance(item, int) else item[0] for item in items)
     monkeypatch.setattr(qm.QuorumMachine, "_select", ignoring_seqs)
-    # seed 4 until METADATA_APPLIED named the peers a node reaches (20 until a leader sent what was proposed
-    # while its last batch was written; seeds 0-11 until clients waited for a restarted node's metadata
-    # catch-up, as the server's listeners do)
-    failure = failure_of("faults", 3)
+    # seed 3 until queue groups stopped sending lone commit indexes, 4 until METADATA_APPLIED named the peers
+    # a node reaches (20 until a leader sent what was proposed while its last batch was written; seeds 0-11
+    # until clients waited for a restarted node's metadata catch-up, as the server's listeners do)
+    failure = failure_of("faults", 4)
     assert failure is not None and "again on the channel that acked it" in failure, failure
 
 
@@ -66,9 +66,10 @@ def test_a_release_cursor_that_cuts_below_a_kept_message(monkeypatch):
 
 
 def test_votes_for_a_candidate_missing_committed_entries(monkeypatch):
-    """Raft's election restriction off (§5.4.1): a leader without committed entries is caught."""
+    """Raft's election restriction off (§5.4.1): a leader without committed entries is caught
+    (faults seed 16; any of 0-11 until queue groups stopped sending lone commit indexes)."""
     monkeypatch.setattr(RaftLog, "is_up_to_date", lambda self, last_index, last_term: True)
-    failure = first_failure("faults")
+    failure = failure_of("faults", 16)
     assert failure is not None and ("leads" in failure or "applies" in failure), failure
 
 
@@ -76,8 +77,9 @@ def test_a_consumer_checked_out_after_its_channels_down(monkeypatch):
     """Without the client's second DOWN, a CHECKOUT forwarded past its channel's DOWN
     leaves a consumer nobody closes, holding its prefetch for good (issue 11 item 5)."""
     monkeypatch.setattr(QueueClient, "_down_again", lambda self, owner: None)
-    # seed 11 until METADATA_APPLIED named the peers a node reaches; 0-5 until Raft and node messages shared one frame
-    failure = failure_of("slow-forwards", 1)
+    # seed 1 until queue groups stopped sending lone commit indexes, 11 until METADATA_APPLIED named the peers a node
+    # reaches; 0-5 until Raft and node messages shared one frame
+    failure = failure_of("slow-forwards", 10)
     assert failure is not None and "confirmed messages never delivered" in failure, failure
 
 
@@ -92,11 +94,12 @@ def failure_of(scenario: str, seed: int) -> str | None:
 def test_an_old_release_replayed_at_a_restart(monkeypatch):
     """Without the replica's hosted_at, a restart that re-applies an old ReleaseReplica drops
     a replica hosted again since, which had acknowledged entries: its leader's heartbeat then
-    carries a commit index beyond the log it restarts with (membership seed 7; seed 1 until
-    METADATA_APPLIED named the peers a node reaches, 11 until leaders pipelined their
-    AppendEntries, 0 until pauses and partitions outlasted the gone timeout)."""
+    carries a commit index beyond the log it restarts with (membership seed 6; 7 until
+    queue groups stopped sending lone commit indexes, 1 until METADATA_APPLIED named the peers a node
+    reaches, 11 until leaders pipelined their AppendEntries, 0 until pauses and partitions
+    outlasted the gone timeout)."""
     monkeypatch.setattr(RaftRuntime, "hosted_at", lambda self, group: 0)
-    assert "heartbeat commit beyond our log" in (failure_of("membership", 7) or "")
+    assert "heartbeat commit beyond our log" in (failure_of("membership", 6) or "")
 
 
 def test_a_node_added_again_as_the_voter_it_was(monkeypatch):
@@ -106,10 +109,11 @@ def test_a_node_added_again_as_the_voter_it_was(monkeypatch):
     faults of the simulation changed since (pauses and partitions past the gone timeout):
     membership seed 452 was the first of 0-599 to fail with member ids put back, since
     leaders pipeline their AppendEntries (raft/replication.py take_pipelined) seed 174 was
-    the first of 0-299, and since METADATA_APPLIED names the peers a node reaches seed 401 is
-    the first of 0-599 to fail so; it passes without."""
+    the first of 0-299, since METADATA_APPLIED names the peers a node reaches seed 401 was the
+    first of 0-599, and since queue groups stopped sending lone commit indexes seed 628 is the
+    first of 0-799 to fail so; it passes without."""
     monkeypatch.setattr(QueueRecord, "member_ids", lambda self: list(self.members))
-    failure = failure_of("membership", 401) or ""
+    failure = failure_of("membership", 628) or ""
     assert ("two leaders in term" in failure or "applied elsewhere" in failure
             or "did not follow its members" in failure), failure
 
@@ -129,21 +133,23 @@ def test_a_gap_left_by_messages_taken_back_from_a_cut_off_node(monkeypatch):
     """Without RESENT (a resend's answer naming the highest seq given), a consumer whose
     node was cut off past the gone timeout waits for good for the seqs its leader took
     back: everything after them is held, its window fills, it gets nothing more
-    (faults seed 144, 125 before METADATA_APPLIED named the peers a node reaches, 88 before
-    leaders pipelined; warren-chaos seed 23 from outside)."""
+    (faults seed 826, 144 before queue groups stopped sending lone commit indexes, 125 before
+    METADATA_APPLIED named the peers a node reaches, 88 before leaders pipelined; warren-chaos
+    seed 23 from outside). At 826 the run's end finds what it held: the consumer's node never
+    delivered the messages after the seqs taken back."""
     monkeypatch.setattr(QueueClient, "on_resent", lambda self, owner, tag, horizon, checked_out: None)
-    failure = failure_of("faults", 144) or ""
-    assert "got nothing of the final round" in failure, failure
+    failure = failure_of("faults", 826) or ""
+    assert "got nothing of the final round" in failure or "confirmed messages never delivered" in failure, failure
 
 
 def test_a_leader_woken_from_a_pause_delivers_from_the_past(monkeypatch):
     """Without the stall step-down, a leader paused past the gone timeout applies on
     waking, as leader, an entry that checked a message out to its node's consumer,
     which the new leader had since taken back, given to another and had settled
-    (faults seed 54, 107 before METADATA_APPLIED named the peers a node reaches, 122 before
-    leaders pipelined)."""
+    (faults seed 4, 54 before queue groups stopped sending lone commit indexes, 107 before METADATA_APPLIED
+    named the peers a node reaches, 122 before leaders pipelined)."""
     monkeypatch.setattr(RaftRuntime, "check_stall", lambda self: False)
-    failure = failure_of("faults", 54) or ""
+    failure = failure_of("faults", 4) or ""
     assert "again after settling it" in failure, failure
 
 
@@ -151,8 +157,9 @@ def test_a_node_woken_from_a_pause_reads_what_its_links_held(monkeypatch):
     """Without dropping its links unread, a node paused past the gone timeout hands its
     consumer, as it wakes, a delivery its kernel took at the start of the pause: of a
     message the leader took back since, gave to another consumer and had settled
-    (faults seed 54, 107 before METADATA_APPLIED named the peers a node reaches, 28 before
-    leaders pipelined; 122 unflagged duplicates in warren-chaos seed 43)."""
+    (faults seed 4, 54 before queue groups stopped sending lone commit indexes, 107 before METADATA_APPLIED
+    named the peers a node reaches, 28 before leaders pipelined; 122 unflagged duplicates in
+    warren-chaos seed 43)."""
     check_stall = RaftRuntime.check_stall
 
     def stepping_down_only(self):
@@ -162,5 +169,5 @@ def test_a_node_woken_from_a_pause_reads_what_its_links_held(monkeypatch):
         finally:
             self.transport = transport
     monkeypatch.setattr(RaftRuntime, "check_stall", stepping_down_only)
-    failure = failure_of("faults", 54) or ""
+    failure = failure_of("faults", 4) or ""
     assert "again after settling it" in failure or "without the redelivered flag" in failure, failure

@@ -359,6 +359,27 @@ def test_proposals_of_one_turn_travel_in_one_append_entries_and_commit_on_a_quor
     assert c.applied("b") == [b"x", b"y", b"z"] and c.applied("c") == []
 
 
+def test_without_eager_commit_a_new_commit_index_waits_for_the_next_entries_or_heartbeat():
+    """A queue's group (eager_commit=False): a commit sends no AppendEntries of its own; the
+    follower learns it with the next entries, or a heartbeat once proposals stop."""
+    c = Cluster(["a", "b", "c"], eager_commit=False)
+    elect(c, "a")
+    c.isolate("c")
+    c["a"].propose(b"x")
+    assert c.stabilize() == [
+        "a->b AppendEntries term=1 prev=1@1 commit=1 [2@1:x]",
+        "a->c AppendEntries term=1 prev=1@1 commit=1 [2@1:x]  (dropped)",
+        "b->a AppendEntriesResponse term=1 match=2",
+    ]
+    assert (c["a"].commit_index, c["b"].commit_index, c.applied("b")) == (2, 1, [])
+    c["a"].propose(b"y")
+    assert c.stabilize()[0] == "a->b AppendEntries term=1 prev=2@1 commit=2 [3@1:y]"
+    assert c.applied("b") == [b"x"]
+    c["a"].tick_heartbeat()
+    c.stabilize()
+    assert (c["b"].commit_index, c.applied("b")) == (3, [b"x", b"y"])
+
+
 def test_the_leader_pipelines_within_the_in_flight_window():
     c = Cluster(["a", "b"], max_inflight_messages=2)
     elect(c, "a")

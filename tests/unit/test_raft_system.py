@@ -394,6 +394,21 @@ def test_a_follower_quiesces_only_when_it_holds_exactly_the_leaders_committed_lo
     assert not system.is_quiescent(1)
 
 
+def test_only_the_eager_commit_groups_send_a_commit_index_on_its_own():
+    """The runtime names its vital (metadata) group: its followers hear of a commit at once,
+    as a declaration waits for every node to apply it; the others' wait for their next
+    entries or heartbeat (replication.flush)."""
+    system = RaftSystem("a", random.Random(1), lambda items: 0, lambda peer, frame: None,
+                        lambda group_id, entry: None, eager_commit_groups=frozenset({"meta"}))
+    system.add_group("meta", ["a", "b", "c"])
+    system.add_group("q", ["a", "b", "c"])
+    assert system.groups["meta"].raft.eager_commit and not system.groups["q"].raft.eager_commit
+    everyone = RaftSystem("a", random.Random(1), lambda items: 0, lambda peer, frame: None,
+                          lambda group_id, entry: None)
+    everyone.add_group("q", ["a", "b", "c"])
+    assert everyone.groups["q"].raft.eager_commit
+
+
 def test_frames_are_split_beyond_their_limit():
     r = Recorder(frame_max_messages=2)
     system = r.system
