@@ -370,8 +370,7 @@ class TopologyMethods:
             if ready is not None:
                 counted.append(ready)
             try:
-                if not self.closed:
-                    replicate()
+                replicate()   # also if the channel closed meanwhile: the client asked for the delete
             finally:
                 self.reply_arrived()
         timer = asyncio.get_running_loop().call_later(STAT_WAIT_SECONDS, delete, None)
