@@ -241,16 +241,26 @@ class TopologyMethods:
         answer in STAT_WAIT_SECONDS (no leader, no quorum) this node's own view answers, as
         RabbitMQ answers its zeros after stat's timeout."""
         self.await_reply()
-        answered = []
 
-        def answer(ready: int, consumers: int) -> None:
+        def answer(counts: tuple[int, int] | None) -> None:
+            ready, consumers = counts if counts is not None else (queue.message_count, queue.consumer_count)
+            self._on_replicated(spec.Queue.DeclareOk(queue.name, ready, consumers), None, None)
+        self._leader_counts(queue, answer)
+
+    @staticmethod
+    def _leader_counts(queue: Queue, on_counts: Callable[[tuple[int, int] | None], None]) -> None:
+        """`on_counts((ready, consumers))` as the group's leader counts them (its `Stat`, after
+        this node's commands so far), or `on_counts(None)` if it has not answered within
+        STAT_WAIT_SECONDS (no leader, no quorum); once."""
+        answered: list[bool] = []
+
+        def answer(counts: tuple[int, int] | None) -> None:
             if not answered:
                 answered.append(True)
                 timer.cancel()
-                self._on_replicated(spec.Queue.DeclareOk(queue.name, ready, consumers), None, None)
-        timer = asyncio.get_running_loop().call_later(
-            STAT_WAIT_SECONDS, lambda: answer(queue.message_count, queue.consumer_count))
-        queue.stat(answer)
+                on_counts(counts)
+        timer = asyncio.get_running_loop().call_later(STAT_WAIT_SECONDS, answer, None)
+        queue.stat(lambda ready, consumers: answer((ready, consumers)))
 
     def _declare_reply_to_queue(self, method: spec.Queue.Declare) -> None:
         """rabbit_channel: every declare of the direct reply-to pseudo-queue is
@@ -351,30 +361,25 @@ class TopologyMethods:
 
     def _count_then_delete(self, name: str, replicate: Callable[..., None], counted: list[int], *_: Any) -> None:
         """A replicated queue's delete-ok says what its leader held, as rabbit_quorum_queue:delete
-        takes `stat` before it deletes: this node's replica lags the leader by the commit's way
-        here, and its count would miss messages just confirmed. Then it is deleted through the
+        takes `stat` before it deletes: a follower's replica lags the leader by the commit's way
+        here, and its count would miss messages just confirmed (on the leader's node its own
+        replica is the leader's, as for a passive declare). Then it is deleted through the
         metadata group. Without the leader's answer in STAT_WAIT_SECONDS (no leader, no quorum)
         it is deleted all the same, and this node's replica counts."""
         queue = self.vhost.queues.get(name)
-        if queue is None:
+        if queue is None or queue.route.leading():
             replicate()
             return
         self.await_reply()
-        done: list[bool] = []
 
-        def delete(ready: int | None) -> None:
-            if done:
-                return
-            done.append(True)
-            timer.cancel()
-            if ready is not None:
-                counted.append(ready)
+        def delete(counts: tuple[int, int] | None) -> None:
+            if counts is not None:
+                counted.append(counts[0])
             try:
                 replicate()   # also if the channel closed meanwhile: the client asked for the delete
             finally:
                 self.reply_arrived()
-        timer = asyncio.get_running_loop().call_later(STAT_WAIT_SECONDS, delete, None)
-        queue.stat(lambda ready, consumers: delete(ready))
+        self._leader_counts(queue, delete)
 
     def _judge_delete(self, method: spec.Queue.Delete, replicate: Callable[..., None], queue: Queue) -> None:
         """A replicated queue's if-unused or if-empty: a quorum queue refuses them with 540
