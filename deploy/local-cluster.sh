@@ -7,15 +7,19 @@
 #   deploy/local-cluster.sh pids  [DIR]   # the nodes' pids, comma-separated
 #   deploy/local-cluster.sh stop  [DIR]
 #
-# WARREN_SERVER (default: warren-server on PATH, else .venv/bin/warren-server) and
-# WARREN_CLUSTER_SECRET (default: a fixed local-only secret) may be set.
+# WARREN_SERVER (default: warren-server on PATH, else .venv/bin/warren-server),
+# WARREN_CLUSTER_SECRET (default: a fixed local-only secret) and WARREN_NODE_PROCESSES
+# (default 1: three nodes already share this machine's cores) may be set. With P
+# processes a node's shards use P cluster ports, so node i's starts at 25672 + (i-1)*P.
 set -euo pipefail
 ACTION=${1:-}
 DIR=${2:-./warren-cluster}
 HERE=$(cd "$(dirname "$0")/.." && pwd)
 SERVER=${WARREN_SERVER:-$(command -v warren-server || echo "$HERE/.venv/bin/warren-server")}
 SECRET=${WARREN_CLUSTER_SECRET:-local-cluster-secret}
-NODES='[{"name": "n1@local", "host": "127.0.0.1", "port": 25672}, {"name": "n2@local", "host": "127.0.0.1", "port": 25673}, {"name": "n3@local", "host": "127.0.0.1", "port": 25674}]'
+PROCESSES=${WARREN_NODE_PROCESSES:-1}
+cluster_port() { echo $((25672 + ($1 - 1) * PROCESSES)); }
+NODES="[{\"name\": \"n1@local\", \"host\": \"127.0.0.1\", \"port\": $(cluster_port 1)}, {\"name\": \"n2@local\", \"host\": \"127.0.0.1\", \"port\": $(cluster_port 2)}, {\"name\": \"n3@local\", \"host\": \"127.0.0.1\", \"port\": $(cluster_port 3)}]"
 
 case "$ACTION" in
     start)
@@ -23,7 +27,7 @@ case "$ACTION" in
         for i in 1 2 3; do
             mkdir -p "$DIR/n$i"
             WARREN_NODE_NAME="n$i@local" WARREN_CLUSTER_NODES="$NODES" WARREN_CLUSTER_SECRET="$SECRET" \
-            WARREN_CLUSTER_HOST=127.0.0.1 WARREN_CLUSTER_PORT=$((25671 + i)) \
+            WARREN_CLUSTER_HOST=127.0.0.1 WARREN_CLUSTER_PORT=$(cluster_port $i) WARREN_NODE_PROCESSES=$PROCESSES \
             WARREN_AMQP_HOST=127.0.0.1 WARREN_AMQP_PORT=$((5671 + i)) \
             WARREN_METRICS_HOST=127.0.0.1 WARREN_METRICS_PORT=$((15691 + i)) \
             WARREN_DATA_DIR="$DIR/n$i/data" \

@@ -281,7 +281,8 @@ class Handshake:
         proof = parse_proof(message)
         peer_role = Role.ACCEPTOR if self.role is Role.DIALER else Role.DIALER
         if not hmac.compare_digest(proof, self._proof(peer_role)):
-            raise HandshakeError("bad_proof", f"{self.peer_name} does not prove the cluster secret")
+            raise HandshakeError("bad_proof", f"{self.peer_name} does not prove the cluster secret "
+                                 "(another cluster_secret, or another node_processes)")
         self.state = HandshakeState.DONE
         if self.role is Role.ACCEPTOR:
             return encode_object([PROOF_TAG, self._proof(Role.ACCEPTOR)])

@@ -31,3 +31,25 @@ def listen_port(host: str = "127.0.0.1") -> int:
         _handed_out.add(port)
         return port
     raise RuntimeError(f"no free port in {LISTEN_PORTS}")
+
+
+def listen_port_block(count: int, host: str = "127.0.0.1") -> int:
+    """The first of `count` consecutive ports as `listen_port` gives them (the cluster ports
+    of a node over several processes: shard k listens on the node's port + k)."""
+    for _ in range(1000):
+        base = _ports.choice(range(LISTEN_PORTS.start, LISTEN_PORTS.stop - count + 1))
+        block = range(base, base + count)
+        if _handed_out.intersection(block) or not all(_bindable(host, port) for port in block):
+            continue
+        _handed_out.update(block)
+        return base
+    raise RuntimeError(f"no {count} consecutive free ports in {LISTEN_PORTS}")
+
+
+def _bindable(host: str, port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True

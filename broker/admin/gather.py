@@ -23,6 +23,7 @@ from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 
 from warren.broker.admin import management
+from warren.broker.queues.queue_factory import split_shard
 
 if TYPE_CHECKING:
     from warren.broker.node.broker import Broker
@@ -32,14 +33,19 @@ SUMMED_OVERVIEW = ("connections", "channels", "quorum_enqueues_pending")
 SUMMED_WAL = ("size_bytes", "segments", "segment_bytes", "fsyncs", "rollovers")
 # Series merged at their largest rather than summed: the shards recover at the same time.
 LARGEST = frozenset({"warren_recovery_seconds"})
-# The node's links to other nodes: a node over several processes is not in a cluster (stage 1).
-NOT_SUMMED = {"warren_cluster_peers_up": 0}
+# The node's links to other nodes: counted by node (`ShardGatherer.peer_nodes_up`), not by shard.
+PEERS_UP = "warren_cluster_peers_up"
 
 
 class ShardGatherer:
     def __init__(self, node_name: str, ports: dict[int, int]) -> None:
         self.node_name = node_name        # the node's own name, without `#k`
         self.ports = ports                # shard -> its loopback HTTP port (shards 1..S-1)
+        self.peer_nodes_up = 0            # other nodes of a cluster with a shard linked to shard 0
+
+    def nodes(self, shards: list[str]) -> list[str]:
+        """The nodes that shards (`<node>#k`) are of, in their order."""
+        return list(dict.fromkeys(split_shard(shard)[0] for shard in shards))
 
     async def merge(self, broker: "Broker", path: str, head: bytes, body: bytes) -> bytes:
         """Shard 0's answer to `path`, made the node's (unchanged for other paths)."""
@@ -47,6 +53,7 @@ class ShardGatherer:
         if merge is None and path != "/api/overview":
             return body
         authorization = _header(head, b"authorization")
+        self.peer_nodes_up = len(set(self.nodes(sorted(broker.peers_up))) - {self.node_name})
         others = await self._gather(path, authorization)
         if path == "/api/overview":   # its queue numbers come from the merged queue list
             queues = merge_queues(self, json.dumps(management.queues(broker), default=str).encode(),
@@ -123,7 +130,8 @@ def merge_overview(gatherer: ShardGatherer, own: bytes, others: dict[int, bytes 
     node["wal"] = {key: sum(answer["wal"][key] for answer in answers.values()) for key in SUMMED_WAL}
     node["alarms"] = sorted({alarm for answer in answers.values() for alarm in answer["alarms"]})
     node["node"] = gatherer.node_name
-    node["cluster_nodes"] = node["running_nodes"] = [gatherer.node_name]
+    node["cluster_nodes"] = gatherer.nodes(node["cluster_nodes"])
+    node["running_nodes"] = gatherer.nodes(node["running_nodes"])
     node["shards"] = [{"shard": shard, "node": gatherer.shard_node(shard), "running": shard in answers,
                        **({key: answers[shard][key] for key in SUMMED_OVERVIEW} if shard in answers else {})}
                       for shard in [0, *gatherer.ports]]
@@ -152,7 +160,11 @@ def merge_metrics(gatherer: ShardGatherer, own: bytes, others: dict[int, bytes |
         lines.append(f"# HELP {name} {help_text}")
         lines.append(f"# TYPE {name} {kind}")
         for sample in samples.values():
-            value = len(queues) if name == "warren_queues" else NOT_SUMMED.get(name, sample.value)
+            value = sample.value
+            if name == "warren_queues":
+                value = len(queues)
+            elif name == PEERS_UP:
+                value = gatherer.peer_nodes_up
             lines.append(_sample_line(sample, value))
     return ("\n".join(lines) + "\n").encode()
 

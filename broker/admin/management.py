@@ -28,6 +28,7 @@ from warren.broker.admin.definitions import DefinitionError
 from warren.broker.node import metadata_commands as mc
 from warren.broker.node.metadata import MembershipError
 from warren.broker.node.node_core import META
+from warren.broker.queues.queue_factory import split_shard
 
 if TYPE_CHECKING:
     from warren.broker.node.broker import Broker
@@ -169,11 +170,28 @@ def _running(broker: "Broker") -> set[str]:
 
 
 def _cluster_node(broker: "Broker", node: str, running: bool) -> None:
+    """A cluster member, or a node whose shards are members (docs/multi-process.md section 12)."""
     nodes = broker.cluster.nodes
-    if node not in nodes:
+    shards = [member for member in nodes if member == node or split_shard(member)[0] == node]
+    if not shards:
         raise ManagementError(400, f"node '{node}' is not a cluster node (cluster_nodes: {', '.join(nodes)})")
-    if running and node not in _running(broker):
+    if running and not _running(broker).intersection(shards):
         raise ManagementError(400, f"node '{node}' is not running")
+
+
+def _member_for(broker: "Broker", members: list[str], node: str) -> str:
+    """The member `node` means for a queue with `members`: itself, or for a node over several
+    processes its shard of the queue's shard index (a queue's members share one index)."""
+    indexes = {split_shard(str(member))[1] for member in members}
+    if node in broker.cluster.nodes or len(indexes) != 1 or None in indexes:
+        return node
+    shard = f"{node}#{indexes.pop()}"
+    return shard if shard in broker.cluster.nodes else node
+
+
+def _queue_members(broker: "Broker", vhost: str, name: str) -> list[str]:
+    queue = broker.vhosts[vhost].queues.get(name) if vhost in broker.vhosts else None
+    return list(queue.members) if queue is not None and queue.replicated else []
 
 
 def _quorum_queues(broker: "Broker", body: dict) -> list[Any]:
@@ -221,8 +239,9 @@ async def queue_members(broker: "Broker", body: dict) -> dict[str, Any]:
     if op not in ("add", "delete"):
         raise ManagementError(400, f"'op' must be 'add' or 'delete', not '{op}'")
     vhost, name, node = _string(body, "vhost", "/"), _string(body, "queue"), _string(body, "node")
+    _cluster_node(broker, node, running=False)
+    node = _member_for(broker, _queue_members(broker, vhost, name), node)
     if op == "add":
-        _cluster_node(broker, node, running=False)
         try:
             broker.metadata.check_membership(vhost, name, "add", node)
         except MembershipError as error:
@@ -236,7 +255,8 @@ async def _member_rows(broker: "Broker", queues: list[Any], op: str, node: str) 
     async def one(queue: Any) -> dict[str, Any]:
         row = {"vhost": queue.vhost.name, "name": queue.name, "size": len(queue.members), "result": "ok"}
         try:
-            members = await _change_member(broker, queue.vhost.name, queue.name, op, node)
+            members = await _change_member(broker, queue.vhost.name, queue.name, op,
+                                           _member_for(broker, queue.members, node))
             row["size"] = len(members)
         except ManagementError as error:
             row["result"] = f"error: {error.text}"
@@ -252,8 +272,8 @@ async def grow(broker: "Broker", body: dict) -> list[dict[str, Any]]:
     if selector not in ("all", "even"):
         raise ManagementError(400, f"'selector' must be 'all' or 'even', not '{selector}'")
     _cluster_node(broker, node, running=True)
-    queues = [q for q in _quorum_queues(broker, body)
-              if node not in q.members and (selector == "all" or len(q.members) % 2 == 0)]
+    queues = [q for q in _quorum_queues(broker, body) if _member_for(broker, q.members, node) not in q.members
+              and (selector == "all" or len(q.members) % 2 == 0)]
     return await _member_rows(broker, queues, "add", node)
 
 
@@ -263,7 +283,7 @@ async def shrink(broker: "Broker", body: dict) -> list[dict[str, Any]]:
     rabbitmq-queues shrink. The node need not be running."""
     node = _string(body, "node")
     _cluster_node(broker, node, running=False)
-    queues = [q for q in _quorum_queues(broker, body) if node in q.members]
+    queues = [q for q in _quorum_queues(broker, body) if _member_for(broker, q.members, node) in q.members]
     last = [q for q in queues if len(q.members) == 1]
     rows = await _member_rows(broker, [q for q in queues if len(q.members) > 1], "remove", node)
     rows += [{"vhost": q.vhost.name, "name": q.name, "size": 1,

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 from pamqp import commands as spec
 
+from warren.broker.queues.queue_factory import split_shard
 from warren.protocol.connection import OPEN, ServerConnection
 from warren.protocol.constants import BASIC_PUBLISH, CONNECTION_FORCED
 
@@ -149,10 +150,11 @@ def _committed_queue(connection: "AMQPConnection", number: int, method_id: int, 
 
 
 def _home_shard(connection: "AMQPConnection", queue_name: str) -> int | None:
-    """The shard a replicated queue lives on (its one member, `<node>#k`)."""
+    """The shard of this node holding a member of a replicated queue (`<node>#k`; on a
+    cluster the same k on each member node); None for a queue with no member here."""
     queue = connection.vhost.queues.get(queue_name)
-    if queue is None or not queue.replicated or len(queue.members) != 1:   # not a transient one's proxy
+    if queue is None or not queue.replicated:
         return None
-    name, _, shard = str(queue.members[0]).rpartition("#")
-    node, _, _ = connection.broker.cluster.node.rpartition("#")
-    return int(shard) if name == node and shard.isdigit() else None
+    node, _ = split_shard(connection.broker.cluster.node)
+    return next((shard for name, shard in map(split_shard, map(str, queue.members))
+                 if name == node and shard is not None), None)

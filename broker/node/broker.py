@@ -18,6 +18,7 @@ from warren.broker.node.local_topology import LocalTopology
 from warren.broker.node.metadata import Metadata
 from warren.broker.node.shard_link import REPLY, ShardLink
 from warren.broker.node.shard_queues import local_queue_factory
+from warren.broker.queues.queue_factory import split_shard
 from warren.broker.routing.vhost import VirtualHost
 from warren.config import Settings
 from warren.protocol.constants import CONNECTION_FORCED
@@ -72,7 +73,9 @@ class Broker:
         # what connections share with the other shards of a node over several processes, or with the
         # other nodes of a cluster: transient queues and exchanges, direct reply-to (shard_link.py)
         shared = settings.node_shard is not None or len(settings.cluster_nodes) > 1
-        self.shard_link = ShardLink(self, settings.node_shard) if shared else None
+        # shards of a cluster's nodes number reply addresses as a cluster's nodes do
+        one_node = len({split_shard(node.name)[0] for node in settings.cluster_nodes}) <= 1
+        self.shard_link = ShardLink(self, settings.node_shard if one_node else None) if shared else None
         # where its connections move to their queues' shards (set by the server, connection_handoff.py)
         self.handoff: ConnectionHandoff | None = None
         self.vhosts = {name: self._new_vhost(name) for name in settings.vhosts}

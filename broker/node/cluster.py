@@ -54,7 +54,7 @@ from warren.broker.node.node_core import (  # noqa: F401 -- the message kinds an
 )
 from warren.broker.node.shard_link import FRAME_KEY as SHARD_PART
 from warren.broker.queues import quorum_machine as qm
-from warren.broker.queues.queue_factory import least_loaded_shard, place_members
+from warren.broker.queues.queue_factory import place_members
 from warren.broker.queues.read_back import ReadAhead
 from warren.raft.frames import HOST as HOST_PART
 from warren.raft.member_ids import node_of
@@ -475,13 +475,12 @@ class Cluster:
     # -- placement ---------------------------------------------------------------------
     def place_members(self, arguments: dict) -> list[str]:
         """The members of a replicated queue declared here (queue_factory.place_members); on
-        a node over several processes whose connections move, the least loaded shard."""
-        members = place_members(arguments, self.node, self.nodes, self.settings.quorum_cluster_size)
-        if self.settings.node_shard is not None and self.settings.move_connections and len(members) == 1:
-            hosted = Counter(str(queue.members[0]) for vhost in self.broker.vhosts.values()
-                             for queue in vhost.queues.values() if queue.replicated and queue.members)
-            return [least_loaded_shard(self.node, self.nodes, hosted)]
-        return members
+        nodes over several processes whose connections move, on the least loaded shards."""
+        hosted = None
+        if self.settings.node_shard is not None and self.settings.move_connections:
+            hosted = Counter(str(member) for vhost in self.broker.vhosts.values() for queue in vhost.queues.values()
+                             if queue.replicated for member in queue.members)
+        return place_members(arguments, self.node, self.nodes, self.settings.quorum_cluster_size, hosted)
 
     def status(self) -> dict:
         metrics = self.runtime.metrics() if self.runtime.system is not None else {}

@@ -3,14 +3,18 @@ how many shards a data directory holds, their shared cluster secret, and the pla
 the supervisor hands each shard (`--shard-plan`, JSON) with the settings it derives.
 
 Shard k is a whole Warren node named `<node>#k` with data directory
-`data_dir/shard-k`, one member of a loopback cluster of all the shards (the
-existing cluster transport, on loopback ports the supervisor picks at each
-start): quorum queues get one member (`quorum_cluster_size` 1), the declaring
-shard's, and the metadata group spans every shard.
+`data_dir/shard-k`, one member of a cluster of all the shards (the existing
+cluster transport). A single node's shards meet on loopback ports the supervisor
+picks at each start; the nodes of a cluster (stage 2, docs/multi-process.md
+section 12) make one flat cluster of every node's shards, shard k of a node on
+its cluster port + k, a quorum queue's members the same shard of distinct nodes
+(queue_factory.place_members), and the metadata group spans every shard.
 """
 from __future__ import annotations
 
 import ctypes
+import hashlib
+import hmac
 import json
 import os
 import secrets
@@ -55,29 +59,59 @@ def recorded_processes(data_dir: Path) -> int | None:
 
 def node_processes(settings: Settings, recorded: int | None, cores: int | None = None) -> int:
     """How many processes the node runs on: the setting, else the data directory's
-    count, else the machine's cores (`cores`, default `os.cpu_count()`); 1 for a node
-    of a cluster (a clustered node runs one process)."""
+    count, else the machine's cores (`cores`, default `os.cpu_count()`); 1 for a new
+    node of a cluster unless the setting says otherwise (every node of a cluster must
+    run as many, and a default that followed each machine's cores would differ)."""
     wanted = settings.node_processes
-    if wanted is not None and wanted > 1 and settings.cluster_nodes:
-        raise ConfigError(f"invalid configuration: node_processes: {wanted} processes with cluster_nodes is not "
-                          "supported yet (a clustered node runs one process): set node_processes = 1")
     if wanted is not None and recorded is not None and wanted != recorded:
         raise ConfigError(f"data_dir {settings.data_dir} was created for node_processes = {recorded}, "
                           f"not {wanted}: start with node_processes = {recorded} (queues do not move between "
                           "processes)")
     if wanted is not None:
-        return wanted
-    if recorded is not None:
-        return recorded
-    if settings.cluster_nodes:
-        return 1
-    return max(1, cores if cores is not None else os.cpu_count() or 1)
+        count = wanted
+    elif recorded is not None:
+        count = recorded
+    elif settings.cluster_nodes:
+        count = 1
+    else:
+        count = max(1, cores if cores is not None else os.cpu_count() or 1)
+    clashes = overlapping_ports(settings, count) if count > 1 else []
+    if clashes:
+        raise ConfigError(f"invalid configuration: cluster_nodes: with node_processes = {count} the shards of "
+                          f"a node listen on its cluster port and the {count - 1} after it, and these meet: "
+                          f"{'; '.join(clashes)}: space the nodes' cluster ports further apart")
+    return count
 
 
 def record_processes(data_dir: Path, count: int) -> None:
     path = data_dir / SHARDS_FILE
     if not path.exists():
         _write_durably(path, f"{count}\n")
+
+
+def shard_secret(secret: str, count: int) -> str:
+    """The cluster secret the shards of a cluster's nodes authenticate with: bound to the
+    shard count, so a node started with another `node_processes` (whose idea of the
+    cluster's members differs) fails the handshake instead of joining with another
+    majority."""
+    return hmac.new(secret.encode(), f"warren node_processes={count}".encode(), hashlib.sha256).hexdigest()
+
+
+def cluster_shards(settings: Settings, count: int) -> list[ClusterNode]:
+    """Every node's shards, shard k of a node at its cluster port + k."""
+    return [ClusterNode(name=shard_name(node.name, k), host=node.host, port=node.port + k)
+            for node in settings.cluster_nodes for k in range(count)]
+
+
+def overlapping_ports(settings: Settings, count: int) -> list[str]:
+    """Nodes on one host whose shards' cluster ports (port .. port + count - 1) overlap."""
+    taken: dict[tuple[str, int], str] = {}
+    clashes = []
+    for node in cluster_shards(settings, count):
+        other = taken.setdefault((node.host, node.port), node.name)
+        if other != node.name:
+            clashes.append(f"{other} and {node.name} on {node.host}:{node.port}")
+    return clashes
 
 
 def ensure_secret(data_dir: Path) -> None:
@@ -122,21 +156,27 @@ class ShardPlan:
         return cls(**json.loads(text))
 
     def shard_settings(self, settings: Settings) -> Settings:
-        names = [shard_name(settings.node_name, k) for k in range(self.count)]
-        secret = (settings.data_dir / SECRET_FILE).read_text().strip()
-        return settings.model_copy(update={
-            "node_name": names[self.shard],
+        shard = {
+            "node_name": shard_name(settings.node_name, self.shard),
             "data_dir": shard_dir(settings.data_dir, self.shard),
             "node_processes": 1,
             "node_shard": self.shard,
+            "cluster_port": self.cluster_ports[self.shard],
+            # No node-wide sum of queued bytes: each shard alarms at its share.
+            "memory_high_watermark_bytes": max(settings.memory_high_watermark_bytes // self.count, 1024 * 1024),
+        }
+        if len(settings.cluster_nodes) > 1:   # stage 2: one flat cluster of every node's shards
+            secret = settings.cluster_secret.get_secret_value() if settings.cluster_secret else ""
+            return settings.model_copy(update={**shard, "cluster_nodes": cluster_shards(settings, self.count),
+                                               "cluster_secret": SecretStr(shard_secret(secret, self.count))})
+        names = [shard_name(settings.node_name, k) for k in range(self.count)]
+        secret = (settings.data_dir / SECRET_FILE).read_text().strip()
+        return settings.model_copy(update={
+            **shard,
             "cluster_nodes": [ClusterNode(name=name, host=LOOPBACK, port=port)
                               for name, port in zip(names, self.cluster_ports)],
             "cluster_host": LOOPBACK,
-            "cluster_port": self.cluster_ports[self.shard],
             "cluster_secret": SecretStr(secret),
-            "quorum_cluster_size": 1,   # a queue lives on the shard that declared it
-            # Stage 1 has no node-wide sum of queued bytes: each shard alarms at its share.
-            "memory_high_watermark_bytes": max(settings.memory_high_watermark_bytes // self.count, 1024 * 1024),
         })
 
 

@@ -3,7 +3,8 @@
 
 It runs no event loop and serves no client. Holding the data directory's lock,
 it records the shard count, binds the AMQP port and the metrics port once,
-picks loopback ports for the shards' cluster links and starts S processes
+picks loopback ports for the shards' cluster links (a node of a cluster: its
+cluster port + k for shard k, where the other nodes reach it) and starts S processes
 `python -m warren.broker --shard-plan ...` with the listening sockets
 inherited (`pass_fds`): every shard accepts on the one AMQP socket, so a new
 connection goes to whichever shard's loop takes it first, and connections
@@ -70,7 +71,9 @@ class Supervisor:
                                                             for socks in loopback_http]]
         http_ports: list[int | None] = [metrics[0].getsockname()[1] if metrics else None,
                                         *[socks[0].getsockname()[1] for socks in loopback_http]]
-        cluster_ports = free_loopback_ports(self.count)
+        clustered = len(settings.cluster_nodes) > 1   # stage 2: shard k on the node's cluster port + k
+        cluster_ports = [settings.cluster_port + k for k in range(self.count)] if clustered \
+            else free_loopback_ports(self.count)
         handoff = handoff_pairs(self.count)
         inboxes, outboxes = [inbox.fileno() for inbox, _ in handoff], [outbox.fileno() for _, outbox in handoff]
         self.plans = [shards.ShardPlan(k, self.count, os.getpid(), cluster_ports, [s.fileno() for s in amqp],

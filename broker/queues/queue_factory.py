@@ -9,6 +9,7 @@ group records them with the queue.
 """
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -33,27 +34,47 @@ def is_replicated(durable: bool, exclusive: bool, arguments: dict) -> bool:
     return arguments.get("x-queue-type") == "quorum" or (durable and not exclusive)
 
 
-def place_members(arguments: dict, node: str, nodes: Sequence[str], default_size: int) -> list[str]:
+def split_shard(name: str) -> tuple[str, int | None]:
+    """(`node`, k) of a shard's name `<node>#k` (docs/multi-process.md); (name, None) otherwise."""
+    node, separator, shard = name.rpartition("#")
+    return (node, int(shard)) if separator and shard.isdigit() else (name, None)
+
+
+def place_members(arguments: dict, node: str, nodes: Sequence[str], default_size: int,
+                  hosted: Mapping[str, int] | None = None) -> list[str]:
     """The Raft group of a new replicated queue declared on `node`: for a quorum
     queue `node` plus the next of the cluster's sorted `nodes` (wrapping),
     x-quorum-initial-group-size or `default_size` of them, at most the cluster;
-    any other durable queue is a group of one on `node`, reachable from every node."""
+    any other durable queue is a group of one on `node`, reachable from every node.
+
+    On nodes over several processes (`nodes` are shards, `<node>#k`) the members are
+    one shard index on distinct nodes (replicas on one disk would buy nothing): the
+    index hosting the fewest replicated queues over the cluster when `hosted` (queues
+    per shard) is given, the declaring shard's among equals; else the declaring shard's."""
+    home, shard = split_shard(node)
+    machines, suffix = list(nodes), ""
+    if shard is not None:
+        machines = list(dict.fromkeys(split_shard(name)[0] for name in nodes))
+        if hosted is not None:
+            shard = _least_loaded_index(shard, nodes, hosted)
+        suffix = f"#{shard}"
     if arguments.get("x-queue-type") != "quorum":
-        return [node]
-    wanted = min(arguments.get("x-quorum-initial-group-size") or default_size, len(nodes))
-    start = nodes.index(node)
-    return [nodes[(start + i) % len(nodes)] for i in range(wanted)]
+        return [home + suffix]
+    wanted = min(arguments.get("x-quorum-initial-group-size") or default_size, len(machines))
+    start = machines.index(home)
+    return [machines[(start + i) % len(machines)] + suffix for i in range(wanted)]
 
 
-def least_loaded_shard(node: str, shards: Sequence[str], hosted: Mapping[str, int]) -> str:
-    """Where a node over several processes puts a new queue's one member: the shard
-    hosting the fewest replicated queues (`hosted`, by shard name), the declaring
-    `node` among equals. Connections move to their queue's shard (docs/multi-process.md
-    section 11), so the queues' spread is the work's."""
-    fewest = min(hosted.get(shard, 0) for shard in shards)
-    if hosted.get(node, 0) == fewest:
-        return node
-    return next(shard for shard in shards if hosted.get(shard, 0) == fewest)
+def _least_loaded_index(declaring: int, shards: Sequence[str], hosted: Mapping[str, int]) -> int:
+    """The shard index hosting the fewest replicated queues over the cluster, `declaring` among equals."""
+    indexes = sorted({index for _, index in map(split_shard, shards) if index is not None})
+    load = Counter[int]()
+    for name, count in hosted.items():
+        index = split_shard(name)[1]
+        if index is not None:
+            load[index] += count
+    fewest = min(load[index] for index in indexes)
+    return declaring if load[declaring] == fewest else next(index for index in indexes if load[index] == fewest)
 
 
 def make_queue(vhost: "VirtualHost", name: str, arguments: dict, *, durable: bool,

@@ -257,14 +257,16 @@ def test_a_single_process_data_dir_is_refused_for_two(tmp_path):
     assert "was created for node_processes = 1, not 2" in result.stderr
 
 
-def test_processes_with_a_cluster_are_refused(tmp_path):
+def test_a_cluster_whose_shards_ports_meet_is_refused(tmp_path):
     server = make_server(tmp_path)
-    result = run_server(server, WARREN_NODE_PROCESSES="2", WARREN_CLUSTER_SECRET="s",
-                        WARREN_CLUSTER_NODES='[{"name": "warren@localhost", "host": "127.0.0.1"}]')
+    result = run_server(server, WARREN_NODE_PROCESSES="2", WARREN_CLUSTER_SECRET="s", WARREN_CLUSTER_PORT="25001",
+                        WARREN_CLUSTER_NODES='[{"name": "warren@localhost", "host": "127.0.0.1", "port": 25001}, '
+                                             '{"name": "other@localhost", "host": "127.0.0.1", "port": 25002}]')
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
-        "warren-server: invalid configuration: node_processes: 2 processes with cluster_nodes is not supported "
-        "yet (a clustered node runs one process): set node_processes = 1"]
+        "warren-server: invalid configuration: cluster_nodes: with node_processes = 2 the shards of a node listen "
+        "on its cluster port and the 1 after it, and these meet: warren@localhost#1 and other@localhost#0 on "
+        "127.0.0.1:25002: space the nodes' cluster ports further apart"]
 
 
 # -- every AMQP feature whatever shard a connection lands on (stage 2) ------------------------

@@ -27,8 +27,32 @@ def test_an_existing_data_directory_keeps_its_count(tmp_path):
         shards.node_processes(settings(tmp_path, node_processes=1), recorded=2)
 
 
-def test_more_than_one_process_in_a_cluster_is_refused(tmp_path):
-    cluster = [{"name": "a@h", "host": "127.0.0.1", "port": 25001}, {"name": "b@h", "host": "127.0.0.1", "port": 25002}]
-    with pytest.raises(ConfigError, match="not supported yet"):
-        shards.node_processes(settings(tmp_path, node_processes=2, cluster_nodes=cluster), recorded=None)
+def test_a_node_of_a_cluster_runs_one_process_unless_told(tmp_path):
+    cluster = [{"name": "a@h", "host": "127.0.0.1", "port": 25001}, {"name": "b@h", "host": "127.0.0.1", "port": 25011}]
     assert shards.node_processes(settings(tmp_path, cluster_nodes=cluster), recorded=None, cores=16) == 1
+    assert shards.node_processes(settings(tmp_path, node_processes=4, cluster_nodes=cluster), recorded=None) == 4
+
+
+def test_shards_whose_cluster_ports_meet_are_refused(tmp_path):
+    cluster = [{"name": "a@h", "host": "127.0.0.1", "port": 25001}, {"name": "b@h", "host": "127.0.0.1", "port": 25002},
+               {"name": "c@h", "host": "10.0.0.3", "port": 25002}]
+    assert shards.node_processes(settings(tmp_path, cluster_nodes=cluster), recorded=None) == 1
+    with pytest.raises(ConfigError, match=r"a@h#1 and b@h#0 on 127.0.0.1:25002"):
+        shards.node_processes(settings(tmp_path, node_processes=2, cluster_nodes=cluster), recorded=None)
+
+
+def test_the_shards_of_a_cluster_make_one_cluster_of_every_nodes_shards(tmp_path):
+    cluster = [{"name": "a@h", "host": "10.0.0.1", "port": 25672}, {"name": "b@h", "host": "10.0.0.2", "port": 25672}]
+    node = settings(tmp_path, node_name="b@h", cluster_nodes=cluster, cluster_secret="s3cret", cluster_port=25672,
+                    quorum_cluster_size=3)
+    plan = shards.ShardPlan(1, 2, os.getpid(), [25672, 25673], [], [], [None, None], [], [])
+    shard = plan.shard_settings(node)
+    assert (shard.node_name, shard.cluster_port, shard.data_dir) == ("b@h#1", 25673, tmp_path / "shard-1")
+    assert [(n.name, n.host, n.port) for n in shard.cluster_nodes] == [
+        ("a@h#0", "10.0.0.1", 25672), ("a@h#1", "10.0.0.1", 25673),
+        ("b@h#0", "10.0.0.2", 25672), ("b@h#1", "10.0.0.2", 25673)]
+    assert shard.quorum_cluster_size == 3
+    # bound to the shard count: a node with another count fails the handshake
+    secret = shard.cluster_secret.get_secret_value()
+    assert secret == shards.shard_secret("s3cret", 2) != shards.shard_secret("s3cret", 3)
+    assert "s3cret" not in secret

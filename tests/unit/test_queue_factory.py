@@ -5,7 +5,6 @@ from warren.broker.queues.queue import Queue
 from warren.broker.queues.queue_factory import (
     Placement,
     is_replicated,
-    least_loaded_shard,
     make_queue,
     place_members,
 )
@@ -69,12 +68,36 @@ def test_place_members_starts_at_the_declaring_node(arguments, node, members):
     assert place_members(arguments, node, ["n1", "n2", "n3", "n4", "n5"], 3) == members
 
 
+SHARDS = ["n#0", "n#1", "n#2"]
+
+
 @pytest.mark.parametrize("hosted, declaring, placed", [
     ({}, "n#1", "n#1"),                              # none anywhere: where it was declared
     ({"n#1": 1}, "n#1", "n#0"),                      # the declaring shard has more: the first with fewest
     ({"n#0": 2, "n#1": 2, "n#2": 1}, "n#0", "n#2"),
     ({"n#0": 1, "n#1": 1, "n#2": 1}, "n#2", "n#2"),  # among equals the declaring one
     ({"n#0": 3, "n#9": 7}, "n#1", "n#1"),            # shards not listed count none; unknown names count nothing
+    (None, "n#2", "n#2"),                            # connections do not move: the declaring shard
 ])
 def test_a_sharded_node_puts_a_new_queue_on_the_shard_with_fewest(hosted, declaring, placed):
-    assert least_loaded_shard(declaring, ["n#0", "n#1", "n#2"], hosted) == placed
+    assert place_members({}, declaring, SHARDS, 3, hosted) == [placed]
+    # one node: a quorum queue has one member whatever its size, replicas on one disk buy nothing
+    assert place_members({"x-queue-type": "quorum", "x-quorum-initial-group-size": 3}, declaring, SHARDS, 3,
+                         hosted) == [placed]
+
+
+CLUSTER_SHARDS = [f"{node}#{k}" for node in ("a", "b", "c", "d") for k in range(2)]
+
+
+@pytest.mark.parametrize("arguments, declaring, hosted, members", [
+    ({"x-queue-type": "quorum"}, "b#0", {}, ["b#0", "c#0", "d#0"]),       # distinct nodes, one shard index
+    ({"x-queue-type": "quorum"}, "d#1", None, ["d#1", "a#1", "b#1"]),     # the declaring node first, wrapping
+    ({"x-queue-type": "quorum"}, "a#0", {"a#0": 1, "b#0": 1, "c#0": 1}, ["a#1", "b#1", "c#1"]),
+    # the load is the cluster's per shard index: index 1 hosts more over the cluster
+    ({"x-queue-type": "quorum"}, "a#0", {"a#0": 1, "b#1": 1, "c#1": 1}, ["a#0", "b#0", "c#0"]),
+    ({"x-queue-type": "quorum", "x-quorum-initial-group-size": 9}, "c#1", {}, ["c#1", "d#1", "a#1", "b#1"]),
+    ({}, "c#1", {"c#1": 1}, ["c#0"]),                                     # a durable classic: one shard
+])
+def test_the_members_on_a_cluster_of_sharded_nodes_are_one_shard_of_distinct_nodes(arguments, declaring, hosted,
+                                                                                  members):
+    assert place_members(arguments, declaring, CLUSTER_SHARDS, 3, hosted) == members

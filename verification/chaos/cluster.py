@@ -1,5 +1,10 @@
 """A local Warren cluster: real warren-server processes on loopback, each with its
-own data dir under the run dir, their cluster links through LinkProxy."""
+own data dir under the run dir, their cluster links through LinkProxy.
+
+With `processes` > 1 each node runs that many shards (docs/multi-process.md section
+12), shard k on the node's cluster port + k: a pair of nodes has one proxy per shard
+index, on consecutive ports, and a fault on the pair's link is on all of them. A
+node's signals go to its process group (the supervisor and its shards)."""
 from __future__ import annotations
 
 import asyncio
@@ -13,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from warren.verification.chaos.proxy import LinkProxy
-from warren.verification.ports import listen_port
+from warren.verification.ports import listen_port, listen_port_block
 
 SECRET = "warren-chaos local secret"
 LISTEN_TIMEOUT_SECONDS = 60.0
@@ -26,7 +31,7 @@ class Node:
     directory: Path
     amqp_port: int = field(default_factory=listen_port)
     metrics_port: int = field(default_factory=listen_port)
-    cluster_port: int = field(default_factory=listen_port)
+    cluster_port: int = 0   # the first of the node's `processes` cluster ports
     process: asyncio.subprocess.Process | None = None
     paused: bool = False
 
@@ -44,26 +49,32 @@ class Node:
 
 
 class LocalCluster:
-    def __init__(self, run_dir: Path, size: int, heartbeat_seconds: float, extra_env: dict[str, str] | None = None):
+    def __init__(self, run_dir: Path, size: int, heartbeat_seconds: float, extra_env: dict[str, str] | None = None,
+                 processes: int = 1):
         self.run_dir = run_dir
-        self.nodes = {f"n{i}@chaos": Node(f"n{i}@chaos", run_dir / f"n{i}") for i in range(1, size + 1)}
+        self.processes = processes
+        self.nodes = {f"n{i}@chaos": Node(f"n{i}@chaos", run_dir / f"n{i}", cluster_port=listen_port_block(processes))
+                      for i in range(1, size + 1)}
         self.heartbeat_seconds = heartbeat_seconds
         self.extra_env = extra_env or {}
-        self.proxies: dict[frozenset, LinkProxy] = {}
+        self.proxies: dict[tuple[frozenset, int], LinkProxy] = {}   # (pair of nodes, shard index) -> its proxy
 
     @property
     def urls(self) -> list[str]:
         return [node.url for node in self.nodes.values()]
 
-    def proxy(self, a: str, b: str) -> LinkProxy:
-        return self.proxies[frozenset((a, b))]
+    def links(self, a: str, b: str) -> list[LinkProxy]:
+        """The proxies between nodes a and b, one per shard index."""
+        return [self.proxies[(frozenset((a, b)), k)] for k in range(self.processes)]
 
     async def start(self) -> None:
         for dialer in self.nodes:
             for acceptor in self.nodes:
-                if dialer < acceptor:  # the lower name dials (raft/transport.py)
-                    proxy = LinkProxy(dialer, acceptor, self.nodes[acceptor].cluster_port)
-                    self.proxies[frozenset((dialer, acceptor))] = await proxy.start()
+                if dialer < acceptor:  # the lower name dials (raft/transport.py), its shards too
+                    base = listen_port_block(self.processes)
+                    for k in range(self.processes):
+                        proxy = LinkProxy(dialer, acceptor, self.nodes[acceptor].cluster_port + k)
+                        self.proxies[(frozenset((dialer, acceptor)), k)] = await proxy.start(base + k)
         for node in self.nodes.values():
             node.directory.mkdir(parents=True, exist_ok=True)
             await self.launch(node.name)
@@ -71,7 +82,7 @@ class LocalCluster:
 
     def _environment(self, node: Node) -> dict[str, str]:
         members = [{"name": other.name, "host": "127.0.0.1",
-                    "port": self.proxy(node.name, other.name).port if node.name < other.name else other.cluster_port}
+                    "port": self.links(node.name, other.name)[0].port if node.name < other.name else other.cluster_port}
                    for other in self.nodes.values()]
         env = {k: v for k, v in os.environ.items() if not k.startswith("WARREN_")}
         env.update({
@@ -81,6 +92,7 @@ class LocalCluster:
             "WARREN_AMQP_HOST": "127.0.0.1", "WARREN_AMQP_PORT": str(node.amqp_port),
             "WARREN_METRICS_HOST": "127.0.0.1", "WARREN_METRICS_PORT": str(node.metrics_port),
             "WARREN_DATA_DIR": str(node.data_dir), "WARREN_LOG_LEVEL": "info",
+            "WARREN_NODE_PROCESSES": str(self.processes),
         })
         env.update(self.extra_env)
         return env
@@ -121,7 +133,10 @@ class LocalCluster:
     def signal(self, name: str, sig: int) -> None:
         node = self.nodes[name]
         if node.running:
-            node.process.send_signal(sig)
+            try:
+                os.killpg(node.process.pid, sig)   # its own session: the node and its shards
+            except ProcessLookupError:
+                return
             node.paused = sig == signal.SIGSTOP or (node.paused and sig != signal.SIGCONT)
 
     async def kill(self, name: str) -> None:
@@ -132,14 +147,14 @@ class LocalCluster:
         for node in self.nodes.values():
             if node.running:
                 if node.paused:
-                    node.process.send_signal(signal.SIGCONT)
+                    self.signal(node.name, signal.SIGCONT)
                 node.process.terminate()
         for node in self.nodes.values():
             if node.process is not None:
                 try:
                     await asyncio.wait_for(node.process.wait(), STOP_TIMEOUT_SECONDS)
                 except TimeoutError:
-                    node.process.kill()
+                    self.signal(node.name, signal.SIGKILL)
                     await node.process.wait()
         for proxy in self.proxies.values():
             await proxy.close()
@@ -163,8 +178,8 @@ class LocalCluster:
         for name, node in self.nodes.items():
             if node.running and not node.paused:
                 for row in await self.api(name, "/api/queues") or []:
-                    if row["name"] == queue and row.get("leader"):
-                        return row["leader"], row["members"]
+                    if row["name"] == queue and row.get("leader"):   # shards `<node>#k`: their nodes
+                        return node_of(row["leader"]), [node_of(member) for member in row["members"]]
         return None, []
 
     async def all_see_each_other(self) -> bool:
@@ -173,3 +188,9 @@ class LocalCluster:
             if not overview or sorted(overview.get("running_nodes", [])) != sorted(self.nodes):
                 return False
         return True
+
+
+def node_of(member: str) -> str:
+    """The node a queue's member is on: a shard's name is `<node>#k`."""
+    node, separator, shard = member.rpartition("#")
+    return node if separator and shard.isdigit() else member

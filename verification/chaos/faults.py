@@ -91,7 +91,7 @@ class FaultInjector:
 
     @staticmethod
     def _names(proxies: list[LinkProxy]) -> str:
-        return ",".join(f"{p.dialer}|{p.acceptor}" for p in proxies)
+        return ",".join(dict.fromkeys(f"{p.dialer}|{p.acceptor}" for p in proxies))   # a pair once
 
     async def _cut(self, side: set[str], directions=("forward", "backward")) -> tuple[Heal, str]:
         """Blackhole every link between `side` and the other nodes."""
@@ -122,13 +122,11 @@ class FaultInjector:
         """Nothing from the target reaches one other node; the other way still works."""
         others = sorted(set(self.cluster.nodes) - {target})
         peer = others[int(choice * 4 % 1 * len(others))]
-        proxy = self.cluster.proxy(target, peer)
-        direction = "forward" if proxy.dialer == target else "backward"
-        proxy.block(direction)
-
-        async def heal() -> None:
-            proxy.heal()
-        return heal, f"dropped={target}->{peer}"
+        proxies = self.cluster.links(target, peer)
+        direction = "forward" if proxies[0].dialer == target else "backward"
+        for proxy in proxies:
+            proxy.block(direction)
+        return self._healer(proxies), f"dropped={target}->{peer}"
 
     async def _slow(self, target: str, choice: float) -> tuple[Heal, str]:
         """Every link of the target held back a seeded delay, with as much jitter again."""

@@ -30,7 +30,7 @@ class ChaosRun:
         env = {"WARREN_CLUSTER_NODE_GONE_SECONDS": str(args.node_gone_seconds)}
         if args.wal_max_bytes:   # small: rollovers (WAL to segments) happen under the faults
             env["WARREN_WAL_MAX_SIZE_BYTES"] = str(args.wal_max_bytes)
-        self.cluster = LocalCluster(self.run_dir, args.nodes, args.heartbeat, env)
+        self.cluster = LocalCluster(self.run_dir, args.nodes, args.heartbeat, env, args.node_processes)
         self.kinds = list(args.faults)
         self.injector = FaultInjector(self.cluster, self.disks, self.recorder, self._queues()[0])
         self.perf = PerfLoad(self.run_dir, self.cluster.urls, self.history, self.run_id, args)
