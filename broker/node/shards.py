@@ -31,8 +31,9 @@ LOOPBACK = "127.0.0.1"
 SHARDS_FILE = "shards"                  # the shard count, written at the first start
 SECRET_FILE = "cluster-secret"          # the shards' cluster secret (mode 0600)
 SHARD_PORTS_FILE = "shard-ports.json"   # where each running shard listens, and its pid
-# Entries of a data directory that say nothing about how many processes used it.
-NODE_FILES = frozenset({"warren.lock", SHARDS_FILE, SECRET_FILE, SHARD_PORTS_FILE})
+# Entries of a data directory that say nothing about how many processes used it: the node's own,
+# and what mkfs puts at the root of a filesystem (a data directory on a disk or volume of its own).
+NODE_FILES = frozenset({"warren.lock", SHARDS_FILE, SECRET_FILE, SHARD_PORTS_FILE, "lost+found"})
 PR_SET_PDEATHSIG = 1
 
 

@@ -56,3 +56,14 @@ def test_the_shards_of_a_cluster_make_one_cluster_of_every_nodes_shards(tmp_path
     secret = shard.cluster_secret.get_secret_value()
     assert secret == shards.shard_secret("s3cret", 2) != shards.shard_secret("s3cret", 3)
     assert "s3cret" not in secret
+
+
+def test_what_a_data_directory_holds_says_how_many_processes_made_it(tmp_path):
+    assert shards.recorded_processes(tmp_path) is None                     # new
+    (tmp_path / "lost+found").mkdir()    # the root of a filesystem of its own (a volume, a disk) is still new
+    (tmp_path / "warren.lock").touch()
+    assert shards.recorded_processes(tmp_path) is None
+    (tmp_path / "log").mkdir()           # a single process's node log
+    assert shards.recorded_processes(tmp_path) == 1
+    (tmp_path / "shards").write_text("4\n")
+    assert shards.recorded_processes(tmp_path) == 4
