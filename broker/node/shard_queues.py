@@ -72,6 +72,12 @@ class HomeQueue(Queue):
             self.exclusive_consumer = None
         self._maybe_auto_delete()
 
+    def owner_down(self, owner: Hashable) -> None:
+        """A channel here closed without cancelling (its connection dropped): its consumers
+        leave the machine with its down, so the machine's count is judged after it."""
+        super().owner_down(owner)
+        self._maybe_auto_delete()
+
     def _maybe_auto_delete(self) -> None:
         """auto-delete counts the consumers of every shard: the machine's."""
         if self.auto_delete and self.had_consumers and not self.deleted and self.replica.machine.consumer_count == 0:

@@ -461,6 +461,26 @@ def test_an_auto_delete_queue_goes_when_its_last_consumer_on_another_shard_leave
     assert _declare_passive_fails(other, "auto")
 
 
+def test_an_auto_delete_queue_goes_when_its_consumers_connection_drops(node, two_shards):
+    """No cancel, no channel.close: the socket just goes, with a message unacked (aio-pika's
+    test_queue_iterator_reconnect_after_disconnect got it again from the queue that stayed)."""
+    publisher = two_shards[1].channel()
+    for round_ in range(4):   # the raw client lands on either shard: the queue's home is its
+        queue = f"auto-dropped-{round_}"
+        consumer = RawClient(node.amqp_port)
+        consumer.handshake()
+        consumer.open_channel()
+        consumer.send(1, commands.Queue.Declare(queue=queue, auto_delete=True))
+        consumer.expect(commands.Queue.DeclareOk)
+        consumer.send(1, commands.Basic.Consume(queue=queue))
+        consumer.expect(commands.Basic.ConsumeOk)
+        publisher.basic_publish("", queue, b"held")
+        consumer.expect(commands.Basic.Deliver)
+        consumer.close()   # abruptly: the message stays unacked
+        wait_for(lambda q=queue: all(_declare_passive_fails(c, q) for c in two_shards),
+                 f"the auto-delete queue of a consumer on {consumer.server_properties['cluster_name']} to go")
+
+
 def test_a_transient_exchange_and_its_bindings_route_on_every_shard(two_shards):
     home, other = two_shards
     declaring = home.channel()
