@@ -128,6 +128,15 @@ class RawClient:
         self.send(channel, commands.Channel.Open())
         self.expect(commands.Channel.OpenOk)
 
+    def consume_new_queue(self, queue: str, channel: int = 1, **declare) -> None:
+        """Log in, open `channel`, declare `queue` (with `declare`'s flags) and consume from it."""
+        self.handshake()
+        self.open_channel(channel)
+        self.send(channel, commands.Queue.Declare(queue=queue, **declare))
+        self.expect(commands.Queue.DeclareOk)
+        self.send(channel, commands.Basic.Consume(queue=queue))
+        self.expect(commands.Basic.ConsumeOk)
+
     def close_connection(self) -> None:
         self.send(0, commands.Connection.Close(reply_code=200, reply_text="bye", class_id=0, method_id=0))
         self.expect(commands.Connection.CloseOk)

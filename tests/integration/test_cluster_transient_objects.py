@@ -12,9 +12,11 @@ import uuid
 import pika
 import pika.exceptions
 import pytest
+from pamqp import commands
 
+from tests.integration.pika_raw_client import RawClient
 from tests.integration.pika_support import publish_confirmed
-from tests.integration.quorum_cluster import connect, start_cluster, stop_all
+from tests.integration.quorum_cluster import connect, start_cluster, stop_all, wait_for
 
 pytestmark = pytest.mark.timeout(120)
 A, B, C = "a@local", "b@local", "c@local"
@@ -109,3 +111,25 @@ def test_direct_reply_to_answers_a_requester_on_another_node(cluster):
                 client.process_data_events(time_limit=0.02)
         assert replies == [b"re:%d" % call for call in range(5)], "a reply through another node was lost"
         server_channel.queue_delete(service)
+
+
+def test_an_auto_delete_queue_goes_when_its_consumers_connection_drops(cluster):
+    """No cancel, no channel.close: the consumer's socket just goes, a message unacked; as on
+    RabbitMQ the queue goes with it, from every node."""
+    name = unique("auto-dropped")
+    consumer = RawClient(cluster[A].amqp_port)
+    consumer.consume_new_queue(name, auto_delete=True)
+    with connect(cluster[B]) as other, connect(cluster[A]) as home:
+        other.channel().basic_publish("", name, b"held")
+        consumer.expect(commands.Basic.Deliver)
+        consumer.close()
+        wait_for(lambda: _gone(home, name) and _gone(other, name), "the auto-delete queue to go from every node")
+
+
+def _gone(connection: pika.BlockingConnection, name: str) -> bool:
+    try:
+        counts(connection, name)
+    except pika.exceptions.ChannelClosedByBroker as closed:
+        assert closed.reply_code == 404, closed
+        return True
+    return False

@@ -468,12 +468,7 @@ def test_an_auto_delete_queue_goes_when_its_consumers_connection_drops(node, two
     for round_ in range(4):   # the raw client lands on either shard: the queue's home is its
         queue = f"auto-dropped-{round_}"
         consumer = RawClient(node.amqp_port)
-        consumer.handshake()
-        consumer.open_channel()
-        consumer.send(1, commands.Queue.Declare(queue=queue, auto_delete=True))
-        consumer.expect(commands.Queue.DeclareOk)
-        consumer.send(1, commands.Basic.Consume(queue=queue))
-        consumer.expect(commands.Basic.ConsumeOk)
+        consumer.consume_new_queue(queue, auto_delete=True)
         publisher.basic_publish("", queue, b"held")
         consumer.expect(commands.Basic.Deliver)
         consumer.close()   # abruptly: the message stays unacked
