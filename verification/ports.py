@@ -21,13 +21,8 @@ def listen_port(host: str = "127.0.0.1") -> int:
     """A port nothing listens on at `host` now, not handed out before in this process."""
     for _ in range(1000):
         port = _ports.choice(LISTEN_PORTS)
-        if port in _handed_out:
+        if port in _handed_out or not _bindable(host, port):
             continue
-        with socket.socket() as sock:
-            try:
-                sock.bind((host, port))
-            except OSError:
-                continue
         _handed_out.add(port)
         return port
     raise RuntimeError(f"no free port in {LISTEN_PORTS}")
