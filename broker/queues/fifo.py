@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from warren.broker.queues import queue_commands as qc
-from warren.broker.queues.message_table import SIZE_BITS, SIZE_MASK, packed, unpacked
+from warren.broker.queues.message_table import SIZE_BITS, SIZE_MASK, MessageTable, packed, unpacked
 from warren.broker.queues.queue_commands import DeadLettered, Delivery, Dequeued
 
 DROP_HEAD = "drop-head"
@@ -87,15 +87,16 @@ class QueueLimits:
 @dataclass(slots=True)
 class FifoState:
     limits: QueueLimits = field(default_factory=QueueLimits)
-    messages: dict[int, Any] = field(default_factory=dict)   # msg_id -> `packed(payload, size)`
+    messages: MessageTable = field(default_factory=MessageTable)   # msg_id -> `packed(payload, size)`
     delivery_counts: dict[int, int] = field(default_factory=dict)
     ready: deque[int] = field(default_factory=deque)
     returns: list[int] = field(default_factory=list)
     ready_bytes: int = 0
     # bytes of every message held, ready or checked out (the node's memory alarm reads it)
     message_bytes: int = 0
-    # msg_id -> time (ms) after which it expires; only messages with a TTL
-    expiries: dict[int, int] = field(default_factory=dict)
+    # msg_id -> time (ms) after which it expires; only messages with a TTL (a backlog's worth
+    # in a queue with a TTL: a table, not a dict, for the same reason as `messages`)
+    expiries: MessageTable = field(default_factory=MessageTable)
     # msg_id -> priority, for messages above 0 in a priority queue
     message_priorities: dict[int, int] = field(default_factory=dict)
     now_ms: int = 0  # the time of the command being applied

@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections import deque
+from collections.abc import Mapping
 from typing import Any
 
 from warren.broker.queues import fifo, message_table
 
 
-def int_map(mapping: dict[int, int]) -> list:
-    """An int -> int dict as two columns, keys and values, in its order."""
+def int_map(mapping: Mapping[int, int]) -> list:
+    """An int -> int dict (or message table) as two columns, keys and values, in its order."""
     return [list(mapping.keys()), list(mapping.values())]
 
 
@@ -31,8 +32,8 @@ def int_map_from(wire: list) -> dict[int, int]:
 
 
 # -- the message table ---------------------------------------------------------------------
-def _messages_to_wire(messages: dict[int, Any]) -> list:
-    """[ids, refs, sizes, inline]: columns in the dict's order; an inline
+def _messages_to_wire(messages: message_table.MessageTable) -> list:
+    """[ids, refs, sizes, inline]: columns in the table's (id) order; an inline
     payload (no log) is [position, list(payload)] in `inline`, 0 in refs."""
     refs, sizes = message_table.table_columns(messages)
     inline: list[list] = []
@@ -43,7 +44,7 @@ def _messages_to_wire(messages: dict[int, Any]) -> list:
     return [list(messages.keys()), refs, sizes, inline]
 
 
-def _messages_from_wire(wire: list) -> dict[int, Any]:
+def _messages_from_wire(wire: list) -> message_table.MessageTable:
     ids, refs, sizes, inline = wire
     messages = message_table.packed_table(ids, refs, sizes)
     for position, payload in inline:   # the key is there already: its place is kept
@@ -81,12 +82,15 @@ def fifo_from_wire(wire: list, version: int) -> fifo.FifoState:
      consumers, service) = wire
     state = fifo.FifoState(limits=fifo.QueueLimits(**limits))
     if version == 2:
-        state.messages = {msg_id: message_table.packed(payload if type(payload) is int else tuple(payload), size)
-                          for msg_id, payload, size in messages}
-        state.delivery_counts, state.expiries, state.message_priorities = dict(counts), dict(expiries), dict(priorities)
+        state.messages = message_table.MessageTable(
+            (msg_id, message_table.packed(payload if type(payload) is int else tuple(payload), size))
+            for msg_id, payload, size in messages)
+        state.delivery_counts, state.message_priorities = dict(counts), dict(priorities)
+        state.expiries = message_table.MessageTable(dict(expiries).items())
     else:
         state.messages = _messages_from_wire(messages)
-        state.delivery_counts, state.expiries = int_map_from(counts), int_map_from(expiries)
+        state.delivery_counts = int_map_from(counts)
+        state.expiries = message_table.MessageTable.from_columns(*expiries)
         state.message_priorities = int_map_from(priorities)
     state.ready, state.returns = deque(ready), returns
     # `returns` is already a heap: kept in the same order
