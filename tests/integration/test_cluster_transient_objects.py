@@ -15,8 +15,8 @@ import pytest
 from pamqp import commands
 
 from tests.integration.pika_raw_client import RawClient
-from tests.integration.pika_support import publish_confirmed
-from tests.integration.quorum_cluster import connect, start_cluster, stop_all, wait_for
+from tests.integration.pika_support import publish_confirmed, wait_queue_gone
+from tests.integration.quorum_cluster import connect, start_cluster, stop_all
 
 pytestmark = pytest.mark.timeout(120)
 A, B, C = "a@local", "b@local", "c@local"
@@ -63,15 +63,7 @@ def test_an_exclusive_queue_is_locked_to_its_connection_on_every_node(cluster):
         publish_confirmed(other.channel(), name, [b"to the owner"])
         assert counts(owner, name) == (1, 0)
     with connect(cluster[C]) as third:   # gone with its owner, on every node
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                counts(third, name)
-            except pika.exceptions.ChannelClosedByBroker as error:
-                assert error.reply_code == 404
-                break
-            assert time.monotonic() < deadline, "the exclusive queue outlived its owner on another node"
-            time.sleep(0.05)
+        wait_queue_gone(third, name, timeout=10)
 
 
 def test_a_transient_exchange_and_its_binding_route_publishes_from_every_node(cluster):
@@ -123,13 +115,5 @@ def test_an_auto_delete_queue_goes_when_its_consumers_connection_drops(cluster):
         other.channel().basic_publish("", name, b"held")
         consumer.expect(commands.Basic.Deliver)
         consumer.close()
-        wait_for(lambda: _gone(home, name) and _gone(other, name), "the auto-delete queue to go from every node")
-
-
-def _gone(connection: pika.BlockingConnection, name: str) -> bool:
-    try:
-        counts(connection, name)
-    except pika.exceptions.ChannelClosedByBroker as closed:
-        assert closed.reply_code == 404, closed
-        return True
-    return False
+        wait_queue_gone(home, name)
+        wait_queue_gone(other, name)
