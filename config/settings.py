@@ -19,6 +19,8 @@ from pydantic_settings import (
 )
 from pydantic_settings.exceptions import SettingsError
 
+WAL_MAX_SIZE_BYTES_MIN = 64 * 1024
+
 
 class ConfigError(Exception):
     """Invalid configuration; the message names the offending field."""
@@ -126,10 +128,13 @@ class Settings(BaseSettings):
     disk_free_limit_bytes: int = Field(50 * 1000 * 1000, ge=0)
 
     # The node-wide WAL rolls over at this size: its live entries move to segment
-    # files. 64 MiB keeps a rollover (one sequential read of the file) well under
-    # a second on this disk, and recovery's WAL replay short, while being large
-    # enough that a busy node rolls over only every few seconds.
-    wal_max_size_bytes: int = Field(64 * 1024 * 1024, ge=64 * 1024)
+    # files. 512 MiB as RabbitMQ's (ra's wal_max_size_bytes): a backlog of a few
+    # hundred MB is confirmed without a rollover's copy beside its batches (its
+    # confirm p99 halved, docs/performance.md); a rollover maps the file rather
+    # than read it (storage/files.py), notes 4 bytes a record (storage/wal_heads.py),
+    # and a recovery hands records over as it reads them. Split among a node's
+    # processes (broker/node/shards.py): a node's WAL disk use stays this size.
+    wal_max_size_bytes: int = Field(512 * 1024 * 1024, ge=WAL_MAX_SIZE_BYTES_MIN)
     # Entries per segment file (rabbitmq/ra's default): the unit of truncation.
     segment_max_entries: int = Field(4096, ge=16)
 

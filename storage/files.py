@@ -7,9 +7,11 @@ space. Paths are ``pathlib.Path``.
 from __future__ import annotations
 
 import contextlib
+import mmap
 import os
 import time
 from collections import OrderedDict
+from collections.abc import Iterator
 from pathlib import Path
 
 # The WAL file grows in steps allocated ahead of its writes (fallocate): an fdatasync
@@ -147,6 +149,26 @@ class RealFiles:
 
     def read_bytes(self, path: Path) -> bytes:
         return path.read_bytes()
+
+    @contextlib.contextmanager
+    def mapped(self, path: Path) -> Iterator[mmap.mmap | bytes]:
+        """A whole file, readable as bytes without being read into memory: a WAL file
+        may be as large as RabbitMQ's (512 MiB), and a rollover or a recovery reads
+        it through once. Its pages are the page cache's, not the heap's. Nothing may
+        cut the file while it is mapped (an access past its end would fault): only
+        files no longer appended to are mapped, and cut only once unmapped."""
+        with open(path, "rb") as file:
+            if os.fstat(file.fileno()).st_size == 0:   # mmap refuses an empty file
+                yield b""
+                return
+            mapping = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
+        try:
+            yield mapping
+        finally:
+            try:
+                mapping.close()
+            except BufferError:   # a view of it outlives the block (an exception's frames): unmapped when freed
+                pass
 
     def truncate(self, path: Path, size: int) -> None:
         self.forget(path)

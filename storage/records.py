@@ -28,6 +28,7 @@ that ends in zeros is torn.
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -118,11 +119,18 @@ class ScanResult:
 
 def zeros_from(data: bytes, start: int) -> bool:
     """Whether `data` holds only zero bytes from `start` on (and something there)."""
-    return start < len(data) and data.count(0, start) == len(data) - start
+    # sliced first: `data` may be a mapped file (storage/files.py), which has no count()
+    return start < len(data) and data[start:].count(0) == len(data) - start
 
 
-def scan(data: bytes, path: str = "<wal>", zero_tail_ok: bool = False) -> ScanResult:
-    """Decode a whole WAL file's bytes. Raises CorruptLog for mid-file damage."""
+def scan(data: bytes, path: str = "<wal>", zero_tail_ok: bool = False,
+         visit: Callable[[Record, int], None] | None = None) -> ScanResult:
+    """Decode a whole WAL file's bytes. Raises CorruptLog for mid-file damage.
+
+    With ``visit``, each good record is handed to it with its offset as it is
+    decoded, and the result lists none: a recovery of a large WAL file never
+    holds all its records at once. (Records before a damage that raises have
+    been visited: the caller gives up on the whole store then.)"""
     if len(data) < FILE_HEADER_SIZE:
         if FILE_HEADER.startswith(data):
             if not data:
@@ -143,8 +151,11 @@ def scan(data: bytes, path: str = "<wal>", zero_tail_ok: bool = False) -> ScanRe
             if _any_valid_record_after(data, next_offset):
                 raise CorruptLog(path, offset, problem)
             return ScanResult(records, offsets, offset, end - offset, problem)
-        records.append(record)
-        offsets.append(offset)
+        if visit is None:
+            records.append(record)
+            offsets.append(offset)
+        else:
+            visit(record, offset)
         offset = next_offset
     return ScanResult(records, offsets, offset, 0, None)
 

@@ -28,7 +28,7 @@ import structlog
 
 from warren.storage import records
 from warren.storage.files import RealFiles
-from warren.storage.wal_heads import LogHeads, WalHeads
+from warren.storage.wal_heads import Picked, WalHeads
 
 log = structlog.get_logger("warren.storage")
 
@@ -167,8 +167,8 @@ class LogStore:
             for path in self.files.listdir(log_dir):
                 self._recover_segment(log_id, path, recovered, rollover_interrupted, visit)
         for position, path in enumerate(wal_paths):
-            data = self.files.read_bytes(path)
-            result = records.scan(data, str(path), zero_tail_ok=True)
+            with self.files.mapped(path) as data:   # cut (below) only once unmapped
+                result = records.scan(data, str(path), zero_tail_ok=True, visit=_FileVisitor(path, visit))
             if result.zero_tail:   # allocated ahead and not written before a crash (storage/files.py)
                 self.files.truncate(path, result.valid_end)
             if result.torn_reason is not None:
@@ -177,7 +177,6 @@ class LogStore:
                                              result.torn_reason + " (not the newest WAL file)")
                 recovered.torn.append(TornTail(path, result.valid_end, result.torn_bytes, result.torn_reason))
                 self.files.truncate(path, result.valid_end)
-            _visit_all(result, path, visit)
             self._wal_number = max(self._wal_number, int(path.stem))
             self._inherited_wal_bytes += result.valid_end
         self._old_wals = wal_paths
@@ -187,8 +186,9 @@ class LogStore:
 
     def _recover_segment(self, log_id: int, path: Path, recovered: Recovered, rollover_interrupted: bool,
                          visit: RecordVisitor) -> None:
-        data = self.files.read_bytes(path)
-        result = records.scan(data, str(path))
+        visitor = _FileVisitor(path, visit)
+        with self.files.mapped(path) as data:   # cut (below) only once unmapped
+            result = records.scan(data, str(path), visit=visitor)
         if result.torn_reason is not None:
             # Segments are fsynced before the WAL file they came from is deleted, so a
             # torn segment is only acceptable after a crash during that move, when the
@@ -197,10 +197,9 @@ class LogStore:
                 raise records.CorruptLog(str(path), result.valid_end, result.torn_reason + " (segment)")
             recovered.torn.append(TornTail(path, result.valid_end, result.torn_bytes, result.torn_reason))
             self.files.truncate(path, result.valid_end)
-        _visit_all(result, path, visit)
-        if result.records:
+        if visitor.count:
             self.segments.setdefault(log_id, []).append(SegmentFile(
-                path, result.records[0].index, result.records[-1].index, len(result.records)))
+                path, visitor.first_index, visitor.last_index, visitor.count))
         else:
             self.files.remove(path)
 
@@ -347,17 +346,17 @@ class LogStore:
             self.files.shred(self._shreddable.pop(0))
 
     def _move_to_segments(self, wal_path: Path, cursors: dict[int, int], moved: list[Relocation]) -> None:
-        data = self.files.read_bytes(wal_path)
-        noted = self._heads.get(wal_path)
-        if noted is not None and noted.complete(len(data)):
-            by_log = noted.pick(cursors)
-        else:   # a file recovered at start, or written past the notes: its heads are read back
-            by_log = _pick_by_scan(data, wal_path, cursors)
-        view = memoryview(data)
-        for log_id, picked in by_log.items():
-            self._append_segment(log_id, view, picked, moved)
+        # mapped, not read: the file (up to wal_max_size_bytes) is never copied into the heap
+        with self.files.mapped(wal_path) as data, memoryview(data) as view:
+            noted = self._heads.get(wal_path)
+            if noted is not None and noted.complete(len(data)):
+                by_log = noted.pick(cursors)
+            else:   # a file recovered at start, or written past the notes: its heads are read back
+                by_log = _pick_by_scan(data, wal_path, cursors)
+            for log_id, picked in by_log.items():
+                self._append_segment(log_id, view, picked, moved)
 
-    def _append_segment(self, log_id: int, data: memoryview, picked: LogHeads, moved: list[Relocation]) -> None:
+    def _append_segment(self, log_id: int, data: memoryview, picked: Picked, moved: list[Relocation]) -> None:
         """Copy the picked records (in index order) from ``data`` to the log's segments,
         their bytes unchanged (segments use the WAL's record format).
 
@@ -458,7 +457,7 @@ class LogStore:
             self._wal = None
 
 
-def _pick_by_scan(data: bytes, path: Path, cursors: dict[int, int]) -> dict[int, LogHeads]:
+def _pick_by_scan(data: bytes, path: Path, cursors: dict[int, int]) -> dict[int, Picked]:
     """Per live log, its records at or above its cursor, read from the file's heads
     (which lie back to back from the file header: noted as the writer notes them)."""
     heads, _ = records.scan_heads(data, str(path))
@@ -467,7 +466,22 @@ def _pick_by_scan(data: bytes, path: Path, cursors: dict[int, int]) -> dict[int,
     return read_back.pick(cursors)
 
 
-def _visit_all(result: records.ScanResult, path: Path, visit: RecordVisitor) -> None:
-    overhead = records.PREFIX_SIZE + records.ENTRY_HEAD_SIZE
-    for record, offset in zip(result.records, result.offsets):
-        visit(record, Location(path, offset, overhead + len(record.payload)))
+class _FileVisitor:
+    """Hands each record `records.scan` decodes in one file on with its location, and
+    counts them (a segment's first and last index), so that none is kept meanwhile."""
+
+    __slots__ = ("count", "first_index", "last_index", "path", "visit")
+    _overhead = records.PREFIX_SIZE + records.ENTRY_HEAD_SIZE
+
+    def __init__(self, path: Path, visit: RecordVisitor) -> None:
+        self.path = path
+        self.visit = visit
+        self.count = 0
+        self.first_index = self.last_index = 0
+
+    def __call__(self, record: records.Record, offset: int) -> None:
+        if not self.count:
+            self.first_index = record.index
+        self.last_index = record.index
+        self.count += 1
+        self.visit(record, Location(self.path, offset, self._overhead + len(record.payload)))

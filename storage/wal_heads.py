@@ -7,7 +7,8 @@ Why: reading the heads back is a Python loop over the whole old file (about
 one of 16 B messages) on a worker thread that holds the GIL meanwhile, so the
 event loop stalled for tens of milliseconds at a time during every rollover.
 Noting a record as its batch is written costs a fraction of that, on the loop,
-spread evenly; picking is a binary search and a slice per log.
+spread evenly; picking is a binary search per log, and the records kept spelled
+out a run at a time.
 
 The notes are used only when they cover the file byte for byte
 (`WalHeads.complete`): a batch written past them (a test writing the store
@@ -17,44 +18,90 @@ before, so a missing note can cost time but never a record.
 from __future__ import annotations
 
 from array import array
-from bisect import bisect_left
+from bisect import bisect_right
+from itertools import accumulate, compress
+from typing import NamedTuple
 
 from warren.storage import records
 
 
+class Picked(NamedTuple):
+    """Records a rollover moves, in file order, as parallel arrays (made on the rollover's
+    thread, only for the records it keeps)."""
+
+    indexes: array
+    offsets: array
+    lengths: array
+
+
 class LogHeads:
-    """One log's records in one WAL file, in file order: index, offset, length."""
+    """One log's records in one WAL file, in file order, noted compactly: each record's
+    length (4 bytes), and each run of records that lie back to back with consecutive
+    indexes (one log alone in a file is one run; among many, about one per batch):
+    its first index, its offset, and the position of its first record.
 
-    __slots__ = ("increasing", "indexes", "lengths", "offsets")
+    Why compact: a WAL file may be as large as RabbitMQ's (512 MiB), millions of small
+    records; three 8-byte numbers a record were 24 bytes of the heap per record."""
 
-    def __init__(self, indexes: array | None = None, offsets: array | None = None,
-                 lengths: array | None = None) -> None:
-        self.indexes = indexes if indexes is not None else array("q")
-        self.offsets = offsets if offsets is not None else array("q")
-        self.lengths = lengths if lengths is not None else array("q")
+    __slots__ = ("_next_index", "_next_offset", "increasing", "lengths", "run_indexes", "run_offsets",
+                 "run_starts")
+
+    def __init__(self) -> None:
+        self.lengths = array("I")
+        self.run_indexes = array("q")
+        self.run_offsets = array("q")
+        self.run_starts = array("q")
+        self._next_index = self._next_offset = -1   # where the current run's next record would be
         self.increasing = True   # indexes strictly increase (no rewrite of the log's tail in this file)
 
     def add(self, index: int, offset: int, length: int) -> None:
-        indexes = self.indexes
-        if indexes and index <= indexes[-1]:
-            self.increasing = False
-        indexes.append(index)
-        self.offsets.append(offset)
+        if index != self._next_index or offset != self._next_offset:
+            if self.run_starts and index < self._next_index:
+                self.increasing = False
+            self.run_indexes.append(index)
+            self.run_offsets.append(offset)
+            self.run_starts.append(len(self.lengths))
         self.lengths.append(length)
+        self._next_index = index + 1
+        self._next_offset = offset + length
 
     def __len__(self) -> int:
-        return len(self.indexes)
+        return len(self.lengths)
 
-    def from_index(self, cursor: int) -> LogHeads:
+    def from_index(self, cursor: int) -> Picked:
         """The records at or above `cursor`, in file order (what a rollover keeps)."""
         if self.increasing:
-            start = bisect_left(self.indexes, cursor)
-            return LogHeads(self.indexes[start:], self.offsets[start:], self.lengths[start:])
-        kept = LogHeads()   # rare: a follower's tail rewritten in this file; every later write replaces it
-        for index, offset, length in zip(self.indexes, self.offsets, self.lengths):
-            if index >= cursor:
-                kept.add(index, offset, length)
-        return kept
+            return self._records_from(self._position_of(cursor))
+        every = self._records_from(0)   # rare: a follower's tail rewritten in this file; every later write replaces it
+        kept = [index >= cursor for index in every.indexes]
+        return Picked(*(array(column.typecode, compress(column, kept)) for column in every))
+
+    def _position_of(self, cursor: int) -> int:
+        """Where the first record at or above `cursor` is (indexes increase)."""
+        run = bisect_right(self.run_indexes, cursor) - 1
+        if run < 0:
+            return 0
+        return min(self.run_starts[run] + cursor - self.run_indexes[run], self._run_stop(run))
+
+    def _run_stop(self, run: int) -> int:
+        return self.run_starts[run + 1] if run + 1 < len(self.run_starts) else len(self.lengths)
+
+    def _records_from(self, position: int) -> Picked:
+        """Records from `position` on, their indexes and offsets spelled out a run at a time
+        (C iterators over each run: no Python step per record)."""
+        lengths = self.lengths
+        indexes = array("q")
+        offsets = array("q")
+        for run in range(max(bisect_right(self.run_starts, position) - 1, 0), len(self.run_starts)):
+            start, stop = self.run_starts[run], self._run_stop(run)
+            first = max(start, position)
+            if first >= stop:
+                continue
+            index = self.run_indexes[run] + first - start
+            offset = self.run_offsets[run] + (sum(lengths[start:first]) if first > start else 0)
+            indexes.extend(range(index, index + stop - first))
+            offsets.extend(accumulate(lengths[first:stop - 1], initial=offset))
+        return Picked(indexes, offsets, lengths[position:])
 
 
 class WalHeads:
@@ -85,7 +132,7 @@ class WalHeads:
         """The notes account for every byte of a file of `file_size` bytes."""
         return self.covered == file_size
 
-    def pick(self, cursors: dict[int, int]) -> dict[int, LogHeads]:
+    def pick(self, cursors: dict[int, int]) -> dict[int, Picked]:
         """Per live log (one in `cursors`), its records at or above its cursor."""
         picked = {}
         for log_id, log_heads in self.logs.items():
@@ -93,6 +140,6 @@ class WalHeads:
             if cursor is None:
                 continue
             kept = log_heads.from_index(cursor)
-            if kept:
+            if kept.lengths:
                 picked[log_id] = kept
         return picked

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from pydantic import SecretStr
 
-from warren.config import ClusterNode, ConfigError, Settings
+from warren.config import WAL_MAX_SIZE_BYTES_MIN, ClusterNode, ConfigError, Settings
 
 LOOPBACK = "127.0.0.1"
 # In the data directory of a node over several processes.
@@ -165,6 +165,8 @@ class ShardPlan:
             "cluster_port": self.cluster_ports[self.shard],
             # No node-wide sum of queued bytes: each shard alarms at its share.
             "memory_high_watermark_bytes": max(settings.memory_high_watermark_bytes // self.count, 1024 * 1024),
+            # Each shard writes a WAL of its own: the node's WAL size is their sum, as its disk use.
+            "wal_max_size_bytes": max(settings.wal_max_size_bytes // self.count, WAL_MAX_SIZE_BYTES_MIN),
         }
         if len(settings.cluster_nodes) > 1:   # stage 2: one flat cluster of every node's shards
             secret = settings.cluster_secret.get_secret_value() if settings.cluster_secret else ""

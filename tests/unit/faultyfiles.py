@@ -28,8 +28,10 @@ Fault knobs:
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -235,6 +237,10 @@ class FaultyFiles:
         if isinstance(node, FakeDir):
             raise IsADirectoryError(errno.EISDIR, "Is a directory", str(path))
         return bytes(node.data)
+
+    @contextlib.contextmanager
+    def mapped(self, path: Path) -> Iterator[bytes]:
+        yield self.read_bytes(path)
 
     def read_at(self, path: Path, offset: int, length: int, cached: bool = True) -> bytes:
         data = self.read_bytes(path)[offset:offset + length]

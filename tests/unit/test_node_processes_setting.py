@@ -52,6 +52,9 @@ def test_the_shards_of_a_cluster_make_one_cluster_of_every_nodes_shards(tmp_path
         ("a@h#0", "10.0.0.1", 25672), ("a@h#1", "10.0.0.1", 25673),
         ("b@h#0", "10.0.0.2", 25672), ("b@h#1", "10.0.0.2", 25673)]
     assert shard.quorum_cluster_size == 3
+    # a node's WAL size and memory watermark are its shards' sum
+    assert (shard.wal_max_size_bytes, shard.memory_high_watermark_bytes) == (
+        node.wal_max_size_bytes // 2, node.memory_high_watermark_bytes // 2)
     # bound to the shard count: a node with another count fails the handshake
     secret = shard.cluster_secret.get_secret_value()
     assert secret == shards.shard_secret("s3cret", 2) != shards.shard_secret("s3cret", 3)

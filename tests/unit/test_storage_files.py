@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
 from warren.storage import files, records
 from warren.storage.files import PREALLOCATE_STEP_BYTES, AppendHandle, RealFiles
 from warren.storage.wal import Location, LogStore
@@ -142,3 +144,44 @@ def test_only_open_files_allocated_ahead_are_listed_for_reads(tmp_path: Path):
             wal_file.close()
     assert list(real._appending) == [tmp_path / "00000019.wal"]   # noqa: SLF001
     wal_file.close()
+
+
+def test_a_mapped_file_reads_as_its_bytes_and_an_empty_one_as_empty(tmp_path: Path):
+    full, empty = tmp_path / "full", tmp_path / "empty"
+    full.write_bytes(records.FILE_HEADER + encoded(1) + encoded(2))
+    empty.write_bytes(b"")
+    with RealFiles().mapped(full) as data:
+        assert (len(data), data[:], records.scan(data).records[1].payload) == (
+            full.stat().st_size, full.read_bytes(), bytes([2]) * 100)
+    with RealFiles().mapped(empty) as data:
+        assert len(data) == 0 and records.scan(data).records == []
+
+
+def test_an_error_while_a_view_of_a_mapped_file_is_held_goes_up_as_it_is(tmp_path: Path):
+    path = tmp_path / "wal"
+    path.write_bytes(records.FILE_HEADER + encoded(1))
+    try:
+        with RealFiles().mapped(path) as data:
+            view = memoryview(data)[8:]   # kept alive by the traceback: the mapping cannot be closed at once
+            raise LookupError(len(view))
+    except LookupError as error:
+        assert error.args == (len(encoded(1)),)
+
+
+def test_a_rollover_and_a_recovery_map_the_wal_instead_of_reading_it_whole(tmp_path: Path, monkeypatch):
+    monkeypatch.setattr(RealFiles, "read_bytes", lambda *_: pytest.fail("a whole file read into memory"))
+    store = LogStore(tmp_path, 1 << 20, 8)
+    store.recover()
+    for index in range(1, 41):
+        data = encoded(index)
+        path, start = store.write_batch(data)
+        if index % 3:   # the others written past the notes: those files' heads are read back, mapped too
+            store.note_written(path, start, records.heads_of_batch(data))
+        if index % 15 == 0:
+            store.rollover({1: index - 5})
+    store.close()
+    again = LogStore(tmp_path, 1 << 20, 8)
+    recovered = again.recover()
+    again.close()
+    assert set(range(26, 41)) <= set(recovered.logs[1])   # and whole segments below the last cursor
+    assert all(record.payload == bytes([index % 251]) * 100 for index, record in recovered.logs[1].items())

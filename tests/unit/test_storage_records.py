@@ -50,6 +50,16 @@ def test_encode_scan_round_trip(entries):
     assert result.torn_reason is None
 
 
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(RECORDS)
+def test_a_scan_with_a_visitor_hands_each_record_over_with_its_offset_and_keeps_none(entries):
+    data = file_of(entries)
+    visited = []
+    result = scan(data, "visited.wal", visit=lambda record, offset: visited.append((record, offset)))
+    assert visited == list(zip(entries, record_offsets(entries)))
+    assert (result.records, result.offsets, result.valid_end, result.torn_reason) == ([], [], len(data), None)
+
+
 def test_empty_file_and_header_only_file_are_clean():
     assert scan(b"") == records.ScanResult([], [], 0, 0, None)
     assert scan(FILE_HEADER) == records.ScanResult([], [], FILE_HEADER_SIZE, 0, None)

@@ -60,7 +60,29 @@ def test_the_noted_heads_pick_what_reading_the_file_back_picks(tmp_path_factory,
     live = dict(zip(LOGS, cursors))
     if drop:
         del live[1]
-    assert as_lists(noted.pick(live)) == as_lists(wal._pick_by_scan(data, path, live))
+    picked = as_lists(noted.pick(live))
+    assert picked == as_lists(wal._pick_by_scan(data, path, live))
+    every, _ = records.scan_heads(data)   # the model: each live log's records at or above its cursor, in file order
+    model: dict[int, tuple[list, list, list]] = {}
+    for log_id, index, offset, length in every:
+        if log_id in live and index >= live[log_id]:
+            for column, value in zip(model.setdefault(log_id, ([], [], [])), (index, offset, length)):
+                column.append(value)
+    assert picked == model
+
+
+def test_a_log_alone_is_noted_as_one_run_of_four_bytes_a_record(tmp_path):
+    store = LogStore(tmp_path, 1 << 30, 16)
+    store.recover()
+    for index in range(1, 1001):
+        data = records.encode(5, 1, index, b"m" * (index % 7))
+        path, start = store.write_batch(data)
+        store.note_written(path, start, records.heads_of_batch(data))
+    log_heads = store._heads[store.wal_path].logs[5]
+    assert (len(log_heads), len(log_heads.run_starts), log_heads.lengths.itemsize) == (1000, 1, 4)
+    picked = log_heads.from_index(990)
+    assert list(picked.indexes) == list(range(990, 1001))
+    store.close()
 
 
 def test_heads_of_a_batch_are_those_read_back():
