@@ -100,3 +100,17 @@ def walked_config_at(log: RaftLog, index: int) -> tuple[int, tuple[str, ...]]:
         if entry.kind == EntryKind.CONFIG:
             return at, ConfigChange.decode(entry.data).voters
     return log.snapshot_index, log.snapshot.voters
+
+
+def test_committed_entries_are_handed_over_a_bounded_size_at_a_time_and_read_back_only_that_far():
+    data = [bytes([i]) * 1000 for i in range(10)]
+    # as recovered: every entry committed, its data on disk only
+    log = RaftLog(Snapshot(0, 0, ("a",), b""), [Entry(1, i + 1, EntryKind.NORMAL, None) for i in range(10)], 10)
+    loaded = []
+    log.loader = lambda index: loaded.append(index) or data[index - 1]
+    first = log.committed_unapplied(0, max_bytes=2500)
+    assert [(e.index, e.data) for e in first] == [(1, data[0]), (2, data[1])]
+    assert loaded == [1, 2, 3]   # the third read back to find it over the bound, not the other seven
+    assert [e.index for e in log.committed_unapplied(0, max_bytes=10)] == [1]   # one at least, over the bound
+    log.applied_index = 2
+    assert [e.index for e in log.committed_unapplied(2)] == list(range(3, 11))   # within the default bound

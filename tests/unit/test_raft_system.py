@@ -17,6 +17,7 @@ import pytest
 
 from tests.unit.systemsim import HarnessFailure, SystemCluster, run_chaos
 from warren.raft.group import QUIESCE
+from warren.raft.log import COMMITTED_BYTES_PER_READY
 from warren.raft.messages import AppendEntries, Entry, EntryKind, HardState, Heartbeat, Role, from_wire, to_wire
 from warren.raft.system import PersistFailed, RaftSystem
 
@@ -597,3 +598,19 @@ def test_carried_commits_are_persisted_on_request_and_forgotten_with_their_group
     assert [(item.group_id, item.entries) for item in r.persisted[-1]] == [("q", ())]
     assert r.persisted[-1][0].hard_state.commit_index == system.status("q").commit_index
     assert not system.carried
+
+
+def test_a_long_run_of_committed_entries_is_applied_a_bounded_size_a_turn_and_all_of_it():
+    """As after a restart with a big backlog in the log: no turn applies more than
+    COMMITTED_BYTES_PER_READY of entry data (one entry at least), and the group goes on
+    to the next turn by itself until every entry is applied, in order."""
+    r, system = lone_leader("q")
+    big = COMMITTED_BYTES_PER_READY // 3 + 1
+    indexes = [system.propose("q", bytes([n]) * big) for n in range(10)]
+    per_turn = []
+    for _ in range(20):
+        before = len(r.applied)
+        r.turns(1)
+        per_turn.append(len(r.applied) - before)
+    assert [index for group_id, index in r.applied if group_id == "q"][-10:] == indexes
+    assert max(per_turn) == 2 and sum(per_turn) == 10, per_turn
