@@ -131,7 +131,7 @@ class Settings(BaseSettings):
     # files. 512 MiB as RabbitMQ's (ra's wal_max_size_bytes): a backlog of a few
     # hundred MB is confirmed without a rollover's copy beside its batches (its
     # confirm p99 halved, docs/performance.md); a rollover maps the file rather
-    # than read it (storage/files.py), notes 4 bytes a record (storage/wal_heads.py),
+    # than read it (storage/files.py), notes 12 bytes a record (storage/wal_heads.py),
     # and a recovery hands records over as it reads them. Split among a node's
     # processes (broker/node/shards.py): a node's WAL disk use stays this size.
     wal_max_size_bytes: int = Field(512 * 1024 * 1024, ge=WAL_MAX_SIZE_BYTES_MIN)

@@ -239,7 +239,7 @@ class RaftRuntime:
         """Stop ticking and processing, close the links. The caller then
         drains and closes the storage, which writes the commit indexes still
         carried (`CarriedCommits.carry`, raft/carried_commits.py) so that the next start re-applies
-        every committed entry at once."""
+        every committed entry (`Cluster.host_groups`)."""
         if self.system is not None and self.failed is None and not self.stopped:
             self.system.persist_carried_commits()
         self.stopped = True
@@ -326,8 +326,9 @@ class RaftRuntime:
         self.persistence.compactions.pop(group_id, None)
         self.committer.append(removed_record(storage.log_id))
         store = self.committer.store
-        if store.log_segment_bytes(storage.log_id) >= store.wal_max_size_bytes:
-            self.committer.rollover_soon()   # its segments go at a rollover: one now, not once the WAL is full
+        # its segments go at a rollover: one now if they are 64 MiB or more, not once the (512 MiB) WAL is full
+        if store.log_segment_bytes(storage.log_id) >= min(store.wal_max_size_bytes, 64 * 1024 * 1024):
+            self.committer.rollover_soon()
         return True
 
     def propose(self, group_id: GroupId, data: bytes) -> int | None:

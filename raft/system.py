@@ -398,6 +398,12 @@ class RaftSystem(SystemViews):
     def needs_turn(self) -> bool:
         return bool(self.touched or self.durable_tokens or self.outbox)
 
+    def applied_total(self) -> tuple[int, int]:
+        """(entries applied, entries committed) summed over every group: a turn applies
+        a bounded size of them (raft/log.py), so a restart's re-application takes turns."""
+        logs = [group.raft.log for group in self.groups.values()]
+        return sum(log.applied_index for log in logs), sum(log.commit_index for log in logs)
+
     def process_ready(self) -> None:
         """One event-loop turn's Ready processing for all groups (see above)."""
         if self.failed:

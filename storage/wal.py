@@ -130,7 +130,8 @@ class LogStore:
         # bytes of the WAL files an earlier run left (recover): they count toward the next rollover, else a
         # node restarted before its WAL filled keeps every file its runs left; none once a rollover starts
         self._inherited_wal_bytes = 0
-        # per WAL file written in this run: where each log's records lie (storage/wal_heads.py)
+        # per WAL file written in this run or read by its recovery: where each log's records lie
+        # (storage/wal_heads.py)
         self._heads: dict[Path, WalHeads] = {}
         # set when a failed batch could not be cut off: no more appends are accepted
         self._broken: OSError | None = None
@@ -167,8 +168,10 @@ class LogStore:
             for path in self.files.listdir(log_dir):
                 self._recover_segment(log_id, path, recovered, rollover_interrupted, visit)
         for position, path in enumerate(wal_paths):
+            # noted as read, so that the first rollover does not read the file's heads back (storage/wal_heads.py)
+            heads = WalHeads()
             with self.files.mapped(path) as data:   # cut (below) only once unmapped
-                result = records.scan(data, str(path), zero_tail_ok=True, visit=_FileVisitor(path, visit))
+                result = records.scan(data, str(path), zero_tail_ok=True, visit=_FileVisitor(path, visit, heads))
             if result.zero_tail:   # allocated ahead and not written before a crash (storage/files.py)
                 self.files.truncate(path, result.valid_end)
             if result.torn_reason is not None:
@@ -177,6 +180,8 @@ class LogStore:
                                              result.torn_reason + " (not the newest WAL file)")
                 recovered.torn.append(TornTail(path, result.valid_end, result.torn_bytes, result.torn_reason))
                 self.files.truncate(path, result.valid_end)
+            heads.covered = result.valid_end   # the file is cut to this above
+            self._heads[path] = heads
             self._wal_number = max(self._wal_number, int(path.stem))
             self._inherited_wal_bytes += result.valid_end
         self._old_wals = wal_paths
@@ -468,20 +473,26 @@ def _pick_by_scan(data: bytes, path: Path, cursors: dict[int, int]) -> dict[int,
 
 class _FileVisitor:
     """Hands each record `records.scan` decodes in one file on with its location, and
-    counts them (a segment's first and last index), so that none is kept meanwhile."""
+    counts them (a segment's first and last index), so that none is kept meanwhile;
+    with `heads`, notes the entry records as a write notes them (a WAL file)."""
 
-    __slots__ = ("count", "first_index", "last_index", "path", "visit")
+    __slots__ = ("count", "first_index", "heads", "last_index", "path", "visit")
     _overhead = records.PREFIX_SIZE + records.ENTRY_HEAD_SIZE
 
-    def __init__(self, path: Path, visit: RecordVisitor) -> None:
+    def __init__(self, path: Path, visit: RecordVisitor, heads: WalHeads | None = None) -> None:
         self.path = path
         self.visit = visit
+        self.heads = heads
         self.count = 0
         self.first_index = self.last_index = 0
 
     def __call__(self, record: records.Record, offset: int) -> None:
+        index = record.index
         if not self.count:
-            self.first_index = record.index
-        self.last_index = record.index
+            self.first_index = index
+        self.last_index = index
         self.count += 1
-        self.visit(record, Location(self.path, offset, self._overhead + len(record.payload)))
+        location = Location(self.path, offset, self._overhead + len(record.payload))
+        if self.heads is not None and index:
+            self.heads.note_record(record.log_id, index, offset, location.length)
+        self.visit(record, location)

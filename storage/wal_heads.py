@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from array import array
 from bisect import bisect_right
-from itertools import accumulate, compress
+from itertools import compress
 from typing import NamedTuple
 
 from warren.storage import records
@@ -35,35 +35,34 @@ class Picked(NamedTuple):
 
 
 class LogHeads:
-    """One log's records in one WAL file, in file order, noted compactly: each record's
-    length (4 bytes), and each run of records that lie back to back with consecutive
-    indexes (one log alone in a file is one run; among many, about one per batch):
-    its first index, its offset, and the position of its first record.
+    """One log's entry records in one WAL file, in file order: each record's offset and
+    length, and its index as runs of consecutive indexes (a log's entries follow each
+    other: one run a file, unless a follower's tail was written again in it).
 
-    Why compact: a WAL file may be as large as RabbitMQ's (512 MiB), millions of small
-    records; three 8-byte numbers a record were 24 bytes of the heap per record."""
+    Why so: a WAL file may be as large as RabbitMQ's (512 MiB), millions of small
+    records; an index, an offset and a length of 8 bytes each were 24 bytes of the heap
+    per record, now 12. Control records (index 0) are not noted: no cursor is below 1,
+    so a rollover never moves them (every new WAL file starts with them again)."""
 
-    __slots__ = ("_next_index", "_next_offset", "increasing", "lengths", "run_indexes", "run_offsets",
-                 "run_starts")
+    __slots__ = ("_next_index", "increasing", "lengths", "offsets", "run_indexes", "run_starts")
 
     def __init__(self) -> None:
-        self.lengths = array("I")
-        self.run_indexes = array("q")
-        self.run_offsets = array("q")
-        self.run_starts = array("q")
-        self._next_index = self._next_offset = -1   # where the current run's next record would be
+        self.offsets = array("q")
+        self.lengths = array("I")   # a record's payload is at most 1 GiB (records.RECORD_PAYLOAD_MAX_BYTES)
+        self.run_indexes = array("q")   # the first index of each run...
+        self.run_starts = array("q")    # ...and the position of its first record
+        self._next_index = -1
         self.increasing = True   # indexes strictly increase (no rewrite of the log's tail in this file)
 
     def add(self, index: int, offset: int, length: int) -> None:
-        if index != self._next_index or offset != self._next_offset:
+        if index != self._next_index:
             if self.run_starts and index < self._next_index:
                 self.increasing = False
             self.run_indexes.append(index)
-            self.run_offsets.append(offset)
             self.run_starts.append(len(self.lengths))
+        self.offsets.append(offset)
         self.lengths.append(length)
         self._next_index = index + 1
-        self._next_offset = offset + length
 
     def __len__(self) -> int:
         return len(self.lengths)
@@ -87,21 +86,13 @@ class LogHeads:
         return self.run_starts[run + 1] if run + 1 < len(self.run_starts) else len(self.lengths)
 
     def _records_from(self, position: int) -> Picked:
-        """Records from `position` on, their indexes and offsets spelled out a run at a time
-        (C iterators over each run: no Python step per record)."""
-        lengths = self.lengths
+        """Records from `position` on, their indexes spelled out a run at a time."""
         indexes = array("q")
-        offsets = array("q")
         for run in range(max(bisect_right(self.run_starts, position) - 1, 0), len(self.run_starts)):
-            start, stop = self.run_starts[run], self._run_stop(run)
-            first = max(start, position)
-            if first >= stop:
-                continue
-            index = self.run_indexes[run] + first - start
-            offset = self.run_offsets[run] + (sum(lengths[start:first]) if first > start else 0)
-            indexes.extend(range(index, index + stop - first))
-            offsets.extend(accumulate(lengths[first:stop - 1], initial=offset))
-        return Picked(indexes, offsets, lengths[position:])
+            start, stop = max(self.run_starts[run], position), self._run_stop(run)
+            first = self.run_indexes[run] + start - self.run_starts[run]
+            indexes.extend(range(first, first + max(stop - start, 0)))
+        return Picked(indexes, self.offsets[position:], self.lengths[position:])
 
 
 class WalHeads:
@@ -118,15 +109,19 @@ class WalHeads:
         if start != self.covered:
             self.covered = -1   # a gap: these notes cannot stand for the file any more
             return
-        logs = self.logs
         offset = start
         for log_id, index, length in heads:
-            log_heads = logs.get(log_id)
-            if log_heads is None:
-                log_heads = logs[log_id] = LogHeads()
-            log_heads.add(index, offset, length)
+            if index:   # not a control record (LogHeads)
+                self.note_record(log_id, index, offset, length)
             offset += length
         self.covered = offset
+
+    def note_record(self, log_id: int, index: int, offset: int, length: int) -> None:
+        """One entry record, as a recovery reads an earlier run's WAL file (`covered` is its caller's)."""
+        log_heads = self.logs.get(log_id)
+        if log_heads is None:
+            log_heads = self.logs[log_id] = LogHeads()
+        log_heads.add(index, offset, length)
 
     def complete(self, file_size: int) -> bool:
         """The notes account for every byte of a file of `file_size` bytes."""

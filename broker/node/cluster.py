@@ -199,9 +199,16 @@ class Cluster:
         if META not in self.runtime.groups:
             self.runtime.add_group(META, self.nodes)
         seed = self.metadata.seed_if_empty()
-        # Re-apply the recovered committed entries now, before clients connect.
-        self.runtime.on_turn()
-        return seed
+        # Re-apply the recovered committed entries now, before clients connect: a turn
+        # applies 4 MiB of them at most (raft/log.py), so turns until none is left, or
+        # until a turn applies none (one waits for its write: the loop goes on with it).
+        system = self.runtime.system
+        applied, committed = system.applied_total()
+        while True:
+            self.runtime.on_turn()
+            before, (applied, committed) = applied, system.applied_total()
+            if applied >= committed or applied == before:
+                return seed
 
     async def _await_links(self, seconds: float) -> bool:
         """Before clients connect, let the links to the running nodes come up and each

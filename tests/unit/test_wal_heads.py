@@ -44,7 +44,7 @@ def as_lists(picked: dict) -> dict:
 
 
 @settings(max_examples=200, deadline=None)
-@given(seed=st.integers(0, 2**32), batches=st.integers(1, 40), cursors=st.lists(st.integers(0, 60), min_size=3,
+@given(seed=st.integers(0, 2**32), batches=st.integers(1, 40), cursors=st.lists(st.integers(1, 60), min_size=3,
                                                                                   max_size=3), drop=st.booleans())
 def test_the_noted_heads_pick_what_reading_the_file_back_picks(tmp_path_factory, seed, batches, cursors, drop):
     store = LogStore(tmp_path_factory.mktemp("wal"), 1 << 30, 16)
@@ -62,7 +62,8 @@ def test_the_noted_heads_pick_what_reading_the_file_back_picks(tmp_path_factory,
         del live[1]
     picked = as_lists(noted.pick(live))
     assert picked == as_lists(wal._pick_by_scan(data, path, live))
-    every, _ = records.scan_heads(data)   # the model: each live log's records at or above its cursor, in file order
+    # the model: each live log's records at or above its cursor (a release cursor: 1 at least), in file order
+    every, _ = records.scan_heads(data)
     model: dict[int, tuple[list, list, list]] = {}
     for log_id, index, offset, length in every:
         if log_id in live and index >= live[log_id]:
@@ -71,18 +72,33 @@ def test_the_noted_heads_pick_what_reading_the_file_back_picks(tmp_path_factory,
     assert picked == model
 
 
-def test_a_log_alone_is_noted_as_one_run_of_four_bytes_a_record(tmp_path):
+def test_a_logs_entries_among_control_records_and_other_logs_are_one_run_of_twelve_bytes_a_record(tmp_path):
+    """As the runtime writes them: each batch a log's entries, other logs' records, and
+    the log's hard state (a control record, index 0) after them."""
     store = LogStore(tmp_path, 1 << 30, 16)
     store.recover()
     for index in range(1, 1001):
-        data = records.encode(5, 1, index, b"m" * (index % 7))
+        data = b"".join((records.encode(5, 1, index, b"m" * (index % 7)), records.encode(6, 1, index, b"other"),
+                         records.encode(5, 1, 0, b"hard state")))
         path, start = store.write_batch(data)
         store.note_written(path, start, records.heads_of_batch(data))
     log_heads = store._heads[store.wal_path].logs[5]
-    assert (len(log_heads), len(log_heads.run_starts), log_heads.lengths.itemsize) == (1000, 1, 4)
+    assert (len(log_heads), len(log_heads.run_starts), log_heads.increasing) == (1000, 1, True)
+    assert log_heads.offsets.itemsize + log_heads.lengths.itemsize == 12
     picked = log_heads.from_index(990)
     assert list(picked.indexes) == list(range(990, 1001))
     store.close()
+
+
+def test_a_recovered_wal_file_is_noted_as_read_and_its_rollover_reads_no_heads_back(tmp_path, monkeypatch):
+    store, written = filled_store(tmp_path, noted_every=2)   # whatever the first run noted: a restart reads anew
+    store.close()
+    again = LogStore(tmp_path, 1 << 30, 8)
+    again.recover()
+    monkeypatch.setattr(records, "scan_heads", lambda *_: pytest.fail("the heads were read back"))
+    again.rollover({1: 11})
+    again.close()
+    assert recovered_payloads(tmp_path) == {key: value for key, value in written.items() if key[1] >= 11}
 
 
 def test_heads_of_a_batch_are_those_read_back():
