@@ -202,10 +202,11 @@ class Cluster:
         # Re-apply the recovered committed entries now, before clients connect: a turn
         # applies 4 MiB of them at most (raft/log.py), so turns until none is left, or
         # until a turn applies none (one waits for its write: the loop goes on with it).
+        # `turn_now`: a turn each pass requests drops, not left scheduled for later.
         system = self.runtime.system
         applied, committed = system.applied_total()
         while True:
-            self.runtime.on_turn()
+            self.runtime.turn_now()
             before, (applied, committed) = applied, system.applied_total()
             if applied >= committed or applied == before:
                 return seed
