@@ -493,6 +493,6 @@ class _FileVisitor:
         self.last_index = index
         self.count += 1
         location = Location(self.path, offset, self._overhead + len(record.payload))
-        if self.heads is not None and index:
+        if self.heads is not None:
             self.heads.note_record(record.log_id, index, offset, location.length)
         self.visit(record, location)

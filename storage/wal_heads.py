@@ -111,13 +111,15 @@ class WalHeads:
             return
         offset = start
         for log_id, index, length in heads:
-            if index:   # not a control record (LogHeads)
-                self.note_record(log_id, index, offset, length)
+            self.note_record(log_id, index, offset, length)
             offset += length
         self.covered = offset
 
     def note_record(self, log_id: int, index: int, offset: int, length: int) -> None:
-        """One entry record, as a recovery reads an earlier run's WAL file (`covered` is its caller's)."""
+        """One record, written or read back by a recovery (`covered` is the caller's).
+        A control record (index 0) is not noted (LogHeads)."""
+        if not index:
+            return
         log_heads = self.logs.get(log_id)
         if log_heads is None:
             log_heads = self.logs[log_id] = LogHeads()
