@@ -50,7 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--queues", type=int, default=1)
     p.add_argument("--queue", default="chaos")
     p.add_argument("--drain-idle", type=float, default=3.0, help="a queue is drained after this long quiet and empty")
-    p.add_argument("--drain-max", type=float, default=90.0)
+    p.add_argument("--drain-max", type=float, default=None,
+                   help="seconds the final drain may take (default: 90, or --duration if longer: a queue "
+                        "without a consumer holds the whole load's messages)")
     p.add_argument("--json", dest="json_path", help="write the run's report here")
     return p
 
@@ -67,6 +69,8 @@ async def _main(args) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.drain_max is None:
+        args.drain_max = max(90.0, args.duration)
     if args.queues > args.perf_processes * args.producers:
         # a queue without a publisher is never declared: the final drain would wait for it until --drain-max
         parser.error(f"--queues {args.queues} needs a publisher each: --perf-processes x --producers is "

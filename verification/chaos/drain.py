@@ -11,6 +11,10 @@ from warren.verification.perf.link import LINK_ERRORS, node_label
 
 POLL_SECONDS = 0.2
 PREFETCH = 500
+# One basic.ack (multiple) per this many deliveries, and whatever is left at every poll: an ack
+# each is a settle command each for the queue's Raft group, and a drain of a few hundred
+# thousand messages left by consumerless queues then outlasts --drain-max.
+ACK_EVERY = 100
 
 
 class QueueDrainer:
@@ -19,6 +23,8 @@ class QueueDrainer:
         self.node = node_label(url)
         self.delivered = 0
         self.last_delivery = time.monotonic()
+        self._unacked: list[tuple[str | None, bool]] = []   # (message id, redelivered) delivered, not yet acked
+        self._last_tag = 0
 
     async def run(self, idle_seconds: float, deadline: float) -> None:
         while time.monotonic() < deadline:
@@ -37,15 +43,19 @@ class QueueDrainer:
 
     async def _drain_on(self, connection, idle_seconds: float, deadline: float) -> bool:
         channel = await connection.channel()
+        self._unacked.clear()   # a new channel: what the last one delivered unacked comes again, flagged
         await channel.basic_qos(prefetch_count=PREFETCH)
         await channel.basic_consume(self.queue, self._on_message, no_ack=False)
         while time.monotonic() < deadline:
             await asyncio.sleep(POLL_SECONDS)  # polling emptiness and idleness, with a deadline
+            await self._ack(channel)
             if time.monotonic() - self.last_delivery < idle_seconds:
                 continue
             counts = await channel.queue_declare(self.queue, passive=True)
             if counts.message_count == 0:
+                await self._ack(channel)   # anything delivered since this poll's ack
                 return True
+        await self._ack(channel)
         return False
 
     async def _on_message(self, message) -> None:
@@ -53,9 +63,20 @@ class QueueDrainer:
         mid = message.header.properties.message_id
         redelivered = bool(message.delivery.redelivered)
         self._record("deliver", mid, redelivered)
-        await message.channel.basic_ack(message.delivery.delivery_tag)
-        self.delivered += 1
-        self._record("ack", mid, redelivered)
+        self._unacked.append((mid, redelivered))
+        self._last_tag = message.delivery.delivery_tag
+        if len(self._unacked) >= ACK_EVERY:
+            await self._ack(message.channel)
+
+    async def _ack(self, channel) -> None:
+        """Ack every delivery so far with one basic.ack, then record each as acked."""
+        if not self._unacked:
+            return
+        acked, self._unacked = self._unacked, []
+        await channel.basic_ack(self._last_tag, multiple=True)
+        self.delivered += len(acked)
+        for mid, redelivered in acked:
+            self._record("ack", mid, redelivered)
 
     def _record(self, event: str, mid: str | None, redelivered: bool) -> None:
         publisher_id, _, seq = (mid or "").rpartition(":")
