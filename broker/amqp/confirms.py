@@ -38,23 +38,25 @@ class ConfirmTracker:
         if not settled:
             return []
         replies: list[tuple[int, bool, bool]] = []
-        # Contiguous prefix: acks coalesce into one multiple=true ack per run.
+        # Contiguous prefix: acks coalesce into one ack per run, with multiple set only when
+        # it covers more than one publish (as RabbitMQ's channel sends them).
         seq = self.lowest_outstanding
-        run_end = 0
+        run_end = run_length = 0
         early = self._reported_early
         while seq in settled or seq in early:
             if seq in early:
                 early.discard(seq)  # already answered; re-covering it with a multiple ack is harmless
             elif settled.pop(seq):
                 run_end = seq
+                run_length += 1
             else:
                 if run_end:
-                    replies.append((run_end, True, True))
-                    run_end = 0
+                    replies.append((run_end, run_length > 1, True))
+                    run_end = run_length = 0
                 replies.append((seq, False, False))
             seq += 1
         if run_end:
-            replies.append((run_end, True, True))
+            replies.append((run_end, run_length > 1, True))
         self.lowest_outstanding = seq
         # Settled beyond a gap: reported one by one, never with multiple.
         for late in sorted(settled):

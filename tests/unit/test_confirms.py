@@ -78,8 +78,21 @@ def test_nacks_break_runs():
     tracker = ConfirmTracker()
     for seq, ok in zip(publish(tracker, Client(), 5), [True, False, True, True, False]):
         tracker.settle(seq, ok)
-    assert tracker.take_replies() == [(1, True, True), (2, False, False), (4, True, True), (5, False, False)], (
+    assert tracker.take_replies() == [(1, False, True), (2, False, False), (4, True, True), (5, False, False)], (
         "acks coalesce around nacks; nacks are sent one by one")
+
+
+def test_a_run_of_one_is_acked_without_multiple():
+    """As RabbitMQ's channel does: multiple is set only when an ack covers more than one publish."""
+    tracker = ConfirmTracker()
+    seq = tracker.next_publish()
+    tracker.settle(seq, True)
+    assert tracker.take_replies() == [(1, False, True)], "one confirmed publish is one plain ack"
+    first, second = tracker.next_publish(), tracker.next_publish()
+    tracker.settle(second, True)
+    assert tracker.take_replies() == [(3, False, True)], "settled past a gap: a plain ack"
+    tracker.settle(first, True)
+    assert tracker.take_replies() == [(2, False, True)], "one publish closes the gap: a plain ack"
 
 
 def test_out_of_order_settles_past_a_gap_are_answered_one_by_one():
