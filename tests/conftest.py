@@ -1,6 +1,7 @@
 """Shared fixtures: real broker processes on free loopback ports."""
 from __future__ import annotations
 
+import tempfile
 import uuid
 
 import pytest
@@ -16,6 +17,18 @@ def bytecode_cache_for_child_processes(tmp_path_factory):
     with pytest.MonkeyPatch.context() as patch:
         patch.delenv("PYTHONDONTWRITEBYTECODE", raising=False)
         patch.setenv("PYTHONPYCACHEPREFIX", str(tmp_path_factory.mktemp("pycache")))
+        yield
+
+
+@pytest.fixture(scope="session", autouse=True)
+def temporary_files_in_the_runs_folder(tmp_path_factory):
+    """tempfile's directory, here and in every process the tests start (brokers, warren-verify
+    and its Java wrapper, multiprocessing), inside the run's own folder: the suite leaves
+    nothing in the machine's /tmp."""
+    folder = str(tmp_path_factory.mktemp("tmp"))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TMPDIR", folder)
+        patch.setattr(tempfile, "tempdir", folder)
         yield
 
 

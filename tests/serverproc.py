@@ -8,7 +8,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from warren.verification.ports import listen_port
@@ -29,9 +29,17 @@ class ServerProcess:
     data_dir: Path
     env: dict
     process: subprocess.Popen | None = None
-    log_path: Path = field(default_factory=lambda: Path(tempfile.mktemp(prefix="warren-log-")))
+    log_path: Path | None = None   # default: a new file beside the data directory, in the test's own folder
     # what follows the interpreter: the server module, or a wrapper that patches something first
     command: tuple[str, ...] = ("-m", "warren.broker")   # what the interpreter runs (a test may wrap the server)
+
+    def __post_init__(self) -> None:
+        if self.log_path is None:
+            self.data_dir.parent.mkdir(parents=True, exist_ok=True)
+            handle, path = tempfile.mkstemp(prefix=f"warren-{self.data_dir.name}-", suffix=".log",
+                                            dir=self.data_dir.parent)
+            os.close(handle)
+            self.log_path = Path(path)
 
     @property
     def url(self) -> str:

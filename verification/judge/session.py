@@ -33,6 +33,13 @@ def spark_session(master: str | None = None, driver_memory: str = "2g",
                .config("spark.sql.adaptive.enabled", "true"))
     if master:
         builder = builder.master(master)
+    if _local_run(master):
+        # Java ignores TMPDIR: its temporary files (Spark's block manager among them) go where
+        # Python's do, and neither the driver nor spark-submit's launcher (SPARK_LAUNCHER_OPTS)
+        # leaves a /tmp/hsperfdata_<user> behind.
+        os.environ.setdefault("SPARK_LAUNCHER_OPTS", "-XX:-UsePerfData")   # split by spark-class: no quoting
+        builder = builder.config("spark.driver.extraJavaOptions",
+                                 f'"-Djava.io.tmpdir={tempfile.gettempdir()}" -XX:-UsePerfData')
     if shuffle_partitions is None and _local_run(master):
         # Spark's 200 default costs more in per-partition overhead than the work on one machine.
         shuffle_partitions = 4 * (os.cpu_count() or 2)
