@@ -227,14 +227,17 @@ def containers_conf(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     host_before = _file_state(HOST_CONTAINERS_CONF)
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("CONTAINERS_CONF", str(conf))
+        # builds keep no intermediate images in the host's storage (podman, podman-compose)
+        patch.setenv("BUILDAH_LAYERS", "false")
         yield conf
     assert _file_state(HOST_CONTAINERS_CONF) == host_before, \
         f"the container tests changed the host's {HOST_CONTAINERS_CONF}"
 
 
 @pytest.fixture(scope="module")
-def image(containers_conf: Path, tmp_path_factory: pytest.TempPathFactory) -> str:
-    """Prepare the machine (podman, base images) and build the Dockerfile."""
+def image(containers_conf: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Prepare the machine (podman, base images) and build the Dockerfile; at the end,
+    remove the image, so that the host's storage keeps only the base images."""
     if os.geteuid() != 0:
         pytest.fail(
             "the container tests need root (rootful podman, apt-get, debootstrap); "
@@ -270,14 +273,24 @@ def image(containers_conf: Path, tmp_path_factory: pytest.TempPathFactory) -> st
             "--volume", f"{pip_conf}:/etc/pip.conf:ro",
             "--volume", f"{HOST_CA}:/etc/host-ca.crt:ro",
         ]
-    _run(build + [str(REPO)], timeout=1200)
-    done = time.monotonic()
-    print(
-        f"\n[container] machine prepared in {prepared - started:.1f} s, "
-        f"image built in {done - prepared:.1f} s",
-        file=sys.stderr,
-    )
-    return IMAGE
+    images_before = _image_ids()
+    try:
+        _run(build + [str(REPO)], timeout=1200)
+        done = time.monotonic()
+        print(
+            f"\n[container] machine prepared in {prepared - started:.1f} s, "
+            f"image built in {done - prepared:.1f} s",
+            file=sys.stderr,
+        )
+        yield IMAGE
+    finally:
+        _run(PODMAN + ["rmi", "--force", IMAGE], timeout=120, check=False)
+    left = _image_ids() - images_before
+    assert not left, f"the container tests left images in the host's storage: {sorted(left)}"
+
+
+def _image_ids() -> set[str]:
+    return set(_run(PODMAN + ["images", "--all", "--quiet", "--no-trunc"], timeout=60).stdout.split())
 
 
 @pytest.fixture(scope="module")
