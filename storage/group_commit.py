@@ -222,6 +222,7 @@ class GroupCommitter:
         self._rollover_task = loop.create_task(self._finish_rollover(loop, cursors))
 
     async def _finish_rollover(self, loop: asyncio.AbstractEventLoop, cursors: dict[int, int]) -> None:
+        finished = False
         try:
             moved = await loop.run_in_executor(None, self.store.move_to_segments, cursors)
             if self._relocated_listeners:
@@ -232,13 +233,17 @@ class GroupCommitter:
                         listener([relocation])
                     await asyncio.sleep(0)
             await loop.run_in_executor(None, self.store.finish_rollover, cursors)
+            finished = True
         except OSError as error:
             # The old WAL files stay listed; the next rollover moves them again.
             log.error("wal.rollover_failed", error=str(error))
             return
         finally:
             self._rollover_task = None
-            if self._rollover_wanted and not self._busy:   # asked for while this one ran
+            # Asked for while this one ran, or the writes meanwhile filled the new file: the next
+            # rollover now, not at the next write, which on a quiet node may come much later.
+            # (Not after a failure: the next write tries again, no loop of failing rollovers.)
+            if (self._rollover_wanted or (finished and self.store.needs_rollover())) and not self._busy:
                 self.rollover_soon()
             elif not self._busy and not self._pending and not self._sealed:
                 self._notify_idle()

@@ -993,6 +993,51 @@ async def test_failed_rollover_does_not_break_the_committer(tmp_path):
     assert recovered_indexes(tmp_path) == list(range(1, 31))
 
 
+class SlowMoveStore(LogStore):
+    """A store whose rollover copies into segments only once the test lets it."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.move_started = threading.Event()
+        self.release_move = threading.Event()
+
+    def move_to_segments(self, cursors: dict[int, int]):
+        self.move_started.set()
+        assert self.release_move.wait(10), "the test never let the rollover's copy go on"
+        return super().move_to_segments(cursors)
+
+
+async def test_a_wal_filled_during_a_rollover_is_rolled_over_when_that_one_ends(tmp_path):
+    """Writes go on while a rollover copies the old WAL file into segments. If they fill the
+    new file past the WAL's size meanwhile, the next rollover follows at once, not at the next
+    write, which on a quiet node may come much later: the WAL stays within its size."""
+    store = real_store(tmp_path, wal_max_size_bytes=1000, store_class=SlowMoveStore)
+    committer = GroupCommitter(store, lambda: ({1: 1}, b""))
+    loop = asyncio.get_running_loop()
+
+    async def write(index: int) -> None:
+        durable = loop.create_future()
+        committer.when_durable(committer.append(records.encode(1, 0, index, b"w" * 100)), durable.set_result)
+        assert await asyncio.wait_for(durable, 5), f"record {index} was not written"
+
+    index = 0
+    while not store.move_started.is_set():   # the first WAL file fills and its rollover starts
+        index += 1
+        await write(index)
+    while not store.needs_rollover():        # the new file fills while that rollover copies
+        index += 1
+        await write(index)
+    store.release_move.set()
+    await asyncio.wait_for(committer.drain(), 10)
+    assert not store.needs_rollover(), (
+        f"the WAL holds {store.wal_size_bytes} B, over its {store.wal_max_size_bytes}, after"
+        f" {store.rollovers} rollover(s) and nothing is being written: no rollover until the next write")
+    assert store.rollovers == 2
+    committer.close()
+    store.close()
+    assert recovered_indexes(tmp_path) == list(range(1, index + 1))
+
+
 def test_wal_files_left_by_restarts_count_toward_the_next_rollover():
     """Every start opens a new WAL file and keeps the older ones until a rollover
     moves what they hold into segments. If only the newest file counted toward
