@@ -4,6 +4,7 @@ of it: real shards, real sockets, pika and aio-pika."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import aio_pika
 import pika
@@ -23,9 +24,10 @@ from tests.integration.test_node_processes import (
 pytestmark = pytest.mark.timeout(120)
 
 QUORUM = {"x-queue-type": "quorum"}
-# Which idle shard's loop accepts a connection is up to the kernel: this many tries
-# find one on a given shard unless something is wrong (each is even odds or better).
-TRIES = 40
+# Which shard's loop accepts a connection is up to the kernel: the shard that just closed
+# the last try may win the next many times over while the other is busy for a moment
+# (40 tries in 0.16 s all landed on one shard once), so tries go on for this long.
+LANDING_SECONDS = 15.0
 
 
 @pytest.fixture
@@ -38,12 +40,14 @@ def node(tmp_path):
 
 def connection_on(server: ShardedServer, shard: int) -> pika.BlockingConnection:
     """A pika connection the shard `shard` accepted (the others opened on the way are closed)."""
-    for _ in range(TRIES):
+    deadline, tries = time.monotonic() + LANDING_SECONDS, 0
+    while time.monotonic() < deadline:
+        tries += 1
         connection = pika.BlockingConnection(pika.URLParameters(server.url))
         if shard_of(connection) == shard:
             return connection
         connection.close()
-    raise AssertionError(f"no connection of {TRIES} landed on shard {shard}")
+    raise AssertionError(f"no connection of {tries} in {LANDING_SECONDS} s landed on shard {shard}")
 
 
 def connections_per_shard(server: ShardedServer) -> list[int]:
@@ -142,13 +146,15 @@ def test_aio_pika_publisher_and_consumer_move_and_confirm(node):
     owner = home_queue(node, "aio-moving", 0)
 
     async def on_shard_1() -> aio_pika.abc.AbstractRobustConnection:
-        for _ in range(TRIES):
+        deadline, tries = time.monotonic() + LANDING_SECONDS, 0
+        while time.monotonic() < deadline:
+            tries += 1
             connection = await aio_pika.connect_robust(node.url)
             name = connection.transport.connection.server_properties["cluster_name"]
             if name.endswith("#1"):
                 return connection
             await connection.close()
-        raise AssertionError(f"no aio-pika connection of {TRIES} landed on shard 1")
+        raise AssertionError(f"no aio-pika connection of {tries} in {LANDING_SECONDS} s landed on shard 1")
 
     async def scenario() -> list[bytes]:
         publisher, consumer = await on_shard_1(), await on_shard_1()

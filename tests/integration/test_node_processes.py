@@ -83,7 +83,7 @@ def sharded_server(tmp_path, move_connections: bool = False) -> ShardedServer:
     warren-server, tested in test_connection_moves.py): these tests cross between shards."""
     plain = make_server(tmp_path, WARREN_NODE_PROCESSES=str(SHARDS),
                         WARREN_MOVE_CONNECTIONS="true" if move_connections else "false")
-    return ShardedServer(plain.amqp_port, plain.metrics_port, plain.data_dir, plain.env)
+    return ShardedServer(plain.amqp_port, plain.metrics_port, plain.data_dir, plain.env, log_path=plain.log_path)
 
 
 @pytest.fixture
