@@ -219,9 +219,12 @@ class GroupCommitter:
         except OSError as error:
             log.error("wal.rollover_failed", error=str(error))
             return
-        self._rollover_task = loop.create_task(self._finish_rollover(loop, cursors))
+        # the new file's size before any write: its first batch alone may pass the WAL's size
+        switched_at = self.store.wal_size_bytes
+        self._rollover_task = loop.create_task(self._finish_rollover(loop, cursors, switched_at))
 
-    async def _finish_rollover(self, loop: asyncio.AbstractEventLoop, cursors: dict[int, int]) -> None:
+    async def _finish_rollover(self, loop: asyncio.AbstractEventLoop, cursors: dict[int, int],
+                               switched_at: int) -> None:
         finished = False
         try:
             moved = await loop.run_in_executor(None, self.store.move_to_segments, cursors)
@@ -242,8 +245,10 @@ class GroupCommitter:
             self._rollover_task = None
             # Asked for while this one ran, or the writes meanwhile filled the new file: the next
             # rollover now, not at the next write, which on a quiet node may come much later.
-            # (Not after a failure: the next write tries again, no loop of failing rollovers.)
-            if (self._rollover_wanted or (finished and self.store.needs_rollover())) and not self._busy:
+            # (Not after a failure, nor when nothing was written since the switch: no loop of
+            # rollovers that fail, or whose first batch alone passes the WAL's size.)
+            filled = finished and self.store.wal_size_bytes > switched_at and self.store.needs_rollover()
+            if (self._rollover_wanted or filled) and not self._busy:
                 self.rollover_soon()
             elif not self._busy and not self._pending and not self._sealed:
                 self._notify_idle()

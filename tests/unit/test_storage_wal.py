@@ -1038,6 +1038,20 @@ async def test_a_wal_filled_during_a_rollover_is_rolled_over_when_that_one_ends(
     assert recovered_indexes(tmp_path) == list(range(1, index + 1))
 
 
+async def test_a_first_batch_larger_than_the_wal_does_not_roll_over_again_and_again(tmp_path):
+    """A rollover's new file starts with every group's newest snapshot, which may alone pass
+    the WAL's size: with nothing written since, the rollover that ends is not followed by
+    another (each would start the same way), and the committer goes idle."""
+    store = real_store(tmp_path, wal_max_size_bytes=1000)
+    committer = GroupCommitter(store, lambda: ({1: 1}, records.encode(METADATA_LOG_ID, 0, 1, b"s" * 1500)))
+    for index in range(1, 12):
+        committer.append(records.encode(1, 0, index, b"w" * 100))
+    await asyncio.wait_for(committer.drain(), 5)
+    assert store.rollovers == 1, f"{store.rollovers} rollovers for one WAL file's worth of writes"
+    committer.close()
+    store.close()
+
+
 def test_wal_files_left_by_restarts_count_toward_the_next_rollover():
     """Every start opens a new WAL file and keeps the older ones until a rollover
     moves what they hold into segments. If only the newest file counted toward
