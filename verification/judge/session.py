@@ -40,9 +40,9 @@ def spark_session(master: str | None = None, driver_memory: str = "2g",
         os.environ.setdefault("SPARK_LAUNCHER_OPTS", "-XX:-UsePerfData")   # split by spark-class: no quoting
         builder = builder.config("spark.driver.extraJavaOptions",
                                  f'"-Djava.io.tmpdir={tempfile.gettempdir()}" -XX:-UsePerfData')
-    if shuffle_partitions is None and _local_run(master):
-        # Spark's 200 default costs more in per-partition overhead than the work on one machine.
-        shuffle_partitions = 4 * (os.cpu_count() or 2)
+        if shuffle_partitions is None:
+            # Spark's 200 default costs more in per-partition overhead than the work on one machine.
+            shuffle_partitions = 4 * (os.cpu_count() or 2)
     if shuffle_partitions:
         builder = builder.config("spark.sql.shuffle.partitions", str(shuffle_partitions))
     spark = builder.getOrCreate()
