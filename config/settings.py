@@ -158,8 +158,18 @@ class Settings(BaseSettings):
     # How long a starting cluster node waits to catch up with the metadata group (it needs
     # a majority of the nodes) before it opens its AMQP port anyway.
     cluster_startup_catch_up_seconds: float = Field(30.0, ge=0)
-    # Enqueues a channel may have in flight before it stops reading its socket.
+    # Enqueues a channel may have in flight before it counts as slow, and (RabbitMQ's credit flow
+    # from reader to channel) how many more it reads before its socket pauses, and how many of
+    # those must be done before it reads again (broker/amqp/publish_credit.py).
     commands_soft_limit: int = Field(32, ge=1)
+    credit_flow_default_credit: tuple[int, int] = (400, 200)
+
+    @field_validator("credit_flow_default_credit")
+    @classmethod
+    def _credit_not_negative(cls, value: tuple[int, int]) -> tuple[int, int]:
+        if min(value) < 0:
+            raise ValueError("credit_flow_default_credit: (initial credit, more credit after), neither negative")
+        return value
 
     @field_validator("log_level", mode="before")
     @classmethod

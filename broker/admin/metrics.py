@@ -29,7 +29,7 @@ class BrokerCollector(Collector):
         yield _gauge("warren_cluster_peers_up", "Other cluster nodes with an authenticated link",
                      len(broker.peers_up))
         yield _gauge("warren_quorum_enqueues_pending", "Publishes of this node's channels not yet applied by "
-                     "their quorum queues (bounded by commands_soft_limit per channel)",
+                     "their quorum queues (bounded per channel by commands_soft_limit plus the reader credit)",
                      broker.cluster.enqueues_pending)
         for name, help_text, value in (
             ("warren_messages_published", "Messages published by clients", counters.published),

@@ -22,6 +22,7 @@ from pamqp import commands as spec
 from warren.broker.amqp.channel_consumers import Consumer, ConsumerMethods
 from warren.broker.amqp.channel_topology import REPLY_TO_QUEUE, TopologyMethods
 from warren.broker.amqp.confirms import ConfirmTracker, PendingPublish
+from warren.broker.amqp.publish_credit import PublishCredit
 from warren.broker.queues import queue_commands as qc
 from warren.broker.queues.queue import Queue
 from warren.protocol import codec
@@ -72,10 +73,9 @@ class Channel(TopologyMethods, ConsumerMethods):
         # deliveries a queue made past the global prefetch, sent as acks make room
         self.held: deque[tuple] = deque()
         self.delivery_times: deque[tuple[int, float]] = deque()
-        # enqueues to quorum queues not yet applied (commands_soft_limit)
-        self.enqueues_in_flight = 0
-        self.soft_limit = self.broker.settings.commands_soft_limit
-        self.commands_paused = False
+        # enqueues not yet answered: past the soft limit and the reader's credit, the socket pauses
+        settings = self.broker.settings
+        self.publish_credit = PublishCredit(settings.commands_soft_limit, *settings.credit_flow_default_credit)
         self._last_time_mark = 0.0
         self.awaiting_replies = 0   # durable topology changes not yet applied (channel_topology.py)
         # while the channel deletes a queue: its own consumers' cancels, sent after the delete-ok
@@ -145,18 +145,14 @@ class Channel(TopologyMethods, ConsumerMethods):
 
     def _enqueue(self, queue: Queue, payload: tuple, ttl_ms: int | None, priority: int,
                  on_applied: Callable[[bool], None]) -> None:
-        self.enqueues_in_flight += 1
-        if self.enqueues_in_flight > self.soft_limit and not self.commands_paused:
-            # RabbitMQ's soft limit: stop reading this client until the queues catch up.
-            self.commands_paused = True
+        if self.publish_credit.took():
+            # stop reading this client until the queues catch up
             self.connection.set_channel_paused(self, True)
         self.queues_used[id(queue)] = queue
         queue.enqueue_from(self.owner, payload, ttl_ms, priority, on_applied)
 
     def _enqueue_done(self) -> None:
-        self.enqueues_in_flight -= 1
-        if self.commands_paused and self.enqueues_in_flight <= self.soft_limit // 2:
-            self.commands_paused = False
+        if self.publish_credit.done():
             self.connection.set_channel_paused(self, False)
 
     def _on_sole_enqueue_applied(self, seq: int, accepted: bool) -> None:
@@ -550,8 +546,7 @@ class Channel(TopologyMethods, ConsumerMethods):
             if not queue.deleted:
                 queue.owner_down(self.owner)
         self.queues_used.clear()
-        if self.commands_paused:
-            self.commands_paused = False
+        if self.publish_credit.release():
             self.connection.set_channel_paused(self, False)
 
 

@@ -95,7 +95,7 @@ class AMQPConnection(asyncio.Protocol):
         self.writes_paused = False
         self.has_published = False
         self.blocked = False  # by a resource alarm (connection.blocked sent)
-        # channels over commands_soft_limit: reading the socket waits for them
+        # channels past their publish credit (publish_credit.py): reading the socket waits for them
         self.paused_channels: set[Channel] = set()
         # frames of channels waiting for a reply, by channel number (release_held)
         self._held: dict[int, deque[tuple]] = {}
@@ -205,7 +205,7 @@ class AMQPConnection(asyncio.Protocol):
 
     @property
     def reading_paused(self) -> bool:
-        """We hold the socket unread: backpressure, a resource alarm, a channel over commands_soft_limit
+        """We hold the socket unread: backpressure, a resource alarm, a channel past its publish credit
         or the metadata fence."""
         return bool(self.writes_paused or self.blocked or self.paused_channels or self._held_over_limit
                     or self.fence_hold.holding)

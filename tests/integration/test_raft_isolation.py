@@ -125,7 +125,7 @@ def own_server(tmp_path):
 
 # Not Raft: publishes to a quorum queue deleted before it applied them are
 # never answered, so the channel's enqueues in flight only grow and past
-# commands_soft_limit (32) it stops reading its socket for good (with
+# its publish credit (432) it stops reading its socket for good (with
 # WARREN_COMMANDS_SOFT_LIMIT=1000000 the scenario passes). broker/queues/quorum.py
 # and broker/amqp/channel.py, another item of issue 9.
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))

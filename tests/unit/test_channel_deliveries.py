@@ -20,7 +20,7 @@ class Connection:
         self.vhost = SimpleNamespace(name="/")
         self.broker = SimpleNamespace(
             counters=SimpleNamespace(delivered=0),
-            settings=SimpleNamespace(commands_soft_limit=32),
+            settings=SimpleNamespace(commands_soft_limit=32, credit_flow_default_credit=(400, 200)),
             access=SimpleNamespace(permission=lambda user, vhost: None))
 
     def write(self, data: bytes) -> None:
