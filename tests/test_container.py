@@ -174,7 +174,9 @@ def _fetch_metrics(port: int) -> tuple[int, str, str]:
         )
 
 
-def _start_container(image: str, name: str, amqp_port: int, metrics_port: int) -> None:
+def _start_container(image: str, name: str, amqp_port: int, metrics_port: int,
+                     processes: tuple[str, ...] = ("--env", "WARREN_NODE_PROCESSES=1")) -> None:
+    """`processes`: the node's count, or the podman options it derives from (tests run one)."""
     users = [
         {"name": "guest", "password": "guest"},
         {"name": TEST_USER, "password": TEST_PASSWORD},
@@ -189,7 +191,7 @@ def _start_container(image: str, name: str, amqp_port: int, metrics_port: int) -
             "--env", "WARREN_AMQP_HOST=0.0.0.0",
             "--env", f"WARREN_NODE_NAME=warren@{name}",
             "--env", "WARREN_LOG_LEVEL=info",
-            "--env", "WARREN_NODE_PROCESSES=1",   # the default is the machine's cores; tests run one
+            *processes,
             "--env", f"WARREN_USERS={json.dumps(users)}",
             image,
         ],
@@ -423,6 +425,23 @@ def test_runs_as_non_root_with_writable_data_dir(warren: dict[str, Any]) -> None
         PODMAN + ["exec", warren["name"], "sh", "-c", "test -d /var/lib/warren -a -w /var/lib/warren"],
         timeout=60,
     )
+
+
+@container
+@slow_timeout
+def test_a_container_limited_to_one_cpu_runs_one_process(image: str) -> None:
+    """`--cpus 1` on a machine of more: the default count follows the container's CPU
+    quota, not the host's cores (broker/node/usable_cores.py)."""
+    name = f"warren-pytest-cpus-{uuid.uuid4().hex[:10]}"
+    amqp_port = free_port()
+    try:
+        _start_container(image, name, amqp_port, free_port(), processes=("--cpus", "1"))
+        _poll(f"AMQP port {amqp_port}", lambda: _port_accepts(amqp_port), timeout=90, container_name=name)
+        listing = _run(PODMAN + ["exec", name, "ls", "/var/lib/warren"], timeout=60).stdout.split()
+        assert "shard-ports.json" not in listing and "shard-0" not in listing, \
+            f"a node in a one-CPU container started shards: {listing}; logs:\n{_container_logs(name)}"
+    finally:
+        _remove_container(name)
 
 
 @container

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from pydantic import SecretStr
 
+from warren.broker.node.usable_cores import usable_cores
 from warren.config import WAL_MAX_SIZE_BYTES_MIN, ClusterNode, ConfigError, Settings
 
 LOOPBACK = "127.0.0.1"
@@ -60,9 +61,10 @@ def recorded_processes(data_dir: Path) -> int | None:
 
 def node_processes(settings: Settings, recorded: int | None, cores: int | None = None) -> int:
     """How many processes the node runs on: the setting, else the data directory's
-    count, else the machine's cores (`cores`, default `os.cpu_count()`); 1 for a new
-    node of a cluster unless the setting says otherwise (every node of a cluster must
-    run as many, and a default that followed each machine's cores would differ)."""
+    count, else the cores it may use (`cores`, default `usable_cores()`: its CPU
+    affinity capped by its cgroup's CPU quota); 1 for a new node of a cluster unless
+    the setting says otherwise (every node of a cluster must run as many, and a
+    default that followed each machine's cores would differ)."""
     wanted = settings.node_processes
     if wanted is not None and recorded is not None and wanted != recorded:
         raise ConfigError(f"data_dir {settings.data_dir} was created for node_processes = {recorded}, "
@@ -75,7 +77,7 @@ def node_processes(settings: Settings, recorded: int | None, cores: int | None =
     elif settings.cluster_nodes:
         count = 1
     else:
-        count = max(1, cores if cores is not None else os.cpu_count() or 1)
+        count = max(1, cores if cores is not None else usable_cores())
     clashes = overlapping_ports(settings, count) if count > 1 else []
     if clashes:
         raise ConfigError(f"invalid configuration: cluster_nodes: with node_processes = {count} the shards of "

@@ -249,6 +249,20 @@ def test_another_process_count_on_the_data_dir_is_refused(node):
         "node_processes = 2 (queues do not move between processes)"]
 
 
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to tell one from all")
+def test_a_node_bound_to_one_cpu_runs_one_process_by_default(tmp_path):
+    """The default count is the cores the node may use (broker/node/usable_cores.py), not the host's."""
+    bound = make_server(tmp_path)
+    del bound.env["WARREN_NODE_PROCESSES"]
+    cpu = min(os.sched_getaffinity(0))
+    bound.command = ("-c", f"import os, sys; os.sched_setaffinity(0, {{{cpu}}}); "
+                           "from warren.broker.node.launch import main; sys.exit(main())")
+    bound.start()
+    bound.stop()
+    result = run_server(bound, WARREN_NODE_PROCESSES="2")
+    assert "was created for node_processes = 1, not 2" in result.stderr, result.stderr
+
+
 def test_a_single_process_data_dir_is_refused_for_two(tmp_path):
     single = make_server(tmp_path).start()
     single.stop()

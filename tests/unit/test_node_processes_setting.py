@@ -6,6 +6,7 @@ import os
 import pytest
 
 from warren.broker.node import shards
+from warren.broker.node.usable_cores import usable_cores
 from warren.config import ConfigError, Settings
 
 
@@ -15,7 +16,7 @@ def settings(tmp_path, **values) -> Settings:
 
 def test_a_new_data_directory_runs_one_process_per_core_unless_told(tmp_path):
     assert shards.node_processes(settings(tmp_path), recorded=None, cores=16) == 16
-    assert shards.node_processes(settings(tmp_path), recorded=None) == (os.cpu_count() or 1)
+    assert shards.node_processes(settings(tmp_path), recorded=None) == usable_cores()
     assert shards.node_processes(settings(tmp_path, node_processes=3), recorded=None, cores=16) == 3
     assert shards.node_processes(settings(tmp_path, node_processes=1), recorded=None, cores=16) == 1
 
