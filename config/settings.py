@@ -122,10 +122,6 @@ class Settings(BaseSettings):
     # connections are blocked (connection.blocked, as RabbitMQ's memory alarm does).
     memory_high_watermark_bytes: int = Field(2 * 1024**3, ge=1024 * 1024)
     alarm_check_interval_seconds: float = Field(0.5, gt=0, le=60)
-    # Once the node has done no work (no publish, delivery, ack or WAL write) for this long,
-    # the malloc heap's free memory goes back to the system, once a quiet spell (as
-    # RabbitMQ's idle queues hibernate; broker/node/heap_trim.py). 0: never.
-    heap_trim_quiet_seconds: float = Field(1.0, ge=0, le=3600)
     # Disk alarm: below this much free space in data_dir, publishers are blocked. Free space
     # is looked at every alarm check near the limit, up to every 10 s far from it
     # (broker/node/broker.py, next_disk_check_in: RabbitMQ's disk monitor does the same).

@@ -43,8 +43,6 @@ class BrokerCollector(Collector):
              counters.connections_moved_out),
             ("warren_connections_moved_in", "Connections taken from another process of the node (also counted "
              "opened)", counters.connections_moved_in),
-            ("warren_heap_trims", "Times the node gave its malloc heap's free memory back to the system after a "
-             "quiet spell (heap_trim_quiet_seconds)", counters.heap_trims),
         ):
             counter = CounterMetricFamily(name, help_text)
             counter.add_metric([], value)

@@ -14,7 +14,6 @@ from warren.broker.admin.definitions import Definitions
 from warren.broker.admin.wal_stats import WalStats
 from warren.broker.node import metadata_commands as mc
 from warren.broker.node.cluster import Cluster
-from warren.broker.node.heap_trim import QuietTrim
 from warren.broker.node.local_topology import LocalTopology
 from warren.broker.node.metadata import Metadata
 from warren.broker.node.shard_link import REPLY, ShardLink
@@ -54,7 +53,6 @@ class Counters:
     connections_closed: int = 0
     connections_moved_out: int = 0   # to their queue's shard (broker/amqp/connection_move.py)
     connections_moved_in: int = 0
-    heap_trims: int = 0   # the heap's free memory given back after a quiet spell (heap_trim.py)
 
 
 class Broker:
@@ -103,10 +101,6 @@ class Broker:
         self.next_disk_check = 0.0   # time.monotonic() of the next free-space check
         # cluster peers whose authenticated link is up (node-pair failure detection)
         self.peers_up: set[str] = set()
-        # the heap's free memory back to the system once the node is quiet (heap_trim.py); the
-        # server sets `trim_heap` (glibc's malloc_trim), a simulated node has none
-        self.trim_heap: Callable[[], object] | None = None
-        self.quiet_trim = QuietTrim(settings.heap_trim_quiet_seconds)
 
     async def start(self) -> None:
         """Recovery is Raft recovery: replay the WAL into the groups, then host them
@@ -228,19 +222,6 @@ class Broker:
         self.memory_alarm, self.disk_alarm = memory, disk
         # the cluster shell tells the peers, and calls on_cluster_alarms back if that changes what blocks
         self.cluster.set_local_alarms([name for name, on in (("memory", memory), ("disk", disk)) if on])
-
-    def trim_heap_when_quiet(self) -> None:
-        """Give the heap's free memory back once the node has done nothing for a while
-        (periodic, with the alarms): no publish, delivery or ack here, no WAL write."""
-        if self.trim_heap is None or not self.settings.heap_trim_quiet_seconds:
-            return
-        counters = self.counters
-        work = counters.published + counters.delivered + counters.acknowledged + self.node_log.store.bytes_written
-        if self.quiet_trim.due(time.monotonic(), work):
-            started = time.perf_counter()
-            self.trim_heap()
-            counters.heap_trims += 1
-            log.debug("heap.trimmed", ms=round((time.perf_counter() - started) * 1000, 1))
 
     def on_cluster_alarms(self, alarms: ClusterAlarms) -> None:
         """The resources in alarm on this node or a running peer changed: publishers are

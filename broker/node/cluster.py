@@ -301,13 +301,11 @@ class Cluster:
         self.after_input()
 
     def broker_housekeeping(self) -> None:
-        """Resource alarms, message TTL and x-expires, consumer timeouts, the heap's trim
-        when quiet: due on the core's clock."""
+        """Resource alarms, message TTL and x-expires, consumer timeouts: due on the core's clock."""
         try:
             self.broker.check_alarms()
             self.broker.tick_queues()
             self.broker.check_consumer_timeouts()
-            self.broker.trim_heap_when_quiet()
         except Exception:  # noqa: BLE001 -- housekeeping must go on; the bug is logged
             log.exception("broker.housekeeping_failed")
 

@@ -36,7 +36,7 @@ import uvloop
 from warren.broker.admin.gather import ShardGatherer
 from warren.broker.admin.http import start_http_server
 from warren.broker.amqp.connection import AMQPConnection
-from warren.broker.node import gc_tuning, heap_trim, shards
+from warren.broker.node import gc_tuning, shards
 from warren.broker.node.broker import VERSION, Broker
 from warren.broker.node.connection_handoff import ConnectionHandoff
 from warren.broker.node.listen_sockets import LISTEN_BACKLOG, skippable
@@ -201,7 +201,6 @@ async def serve(settings: Settings, inherited: InheritedSockets | None = None) -
     log.info("server.started", node=settings.node_name, **broker.listeners, data_dir=str(settings.data_dir),
              version=VERSION)
     gc_tuning.tune_after_start()
-    broker.trim_heap = heap_trim.malloc_trim()
     await stop.wait()
     log.info("server.stopping", connections=len(broker.connections))
     for server in servers:

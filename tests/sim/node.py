@@ -81,9 +81,6 @@ class SimBroker:
     def check_consumer_timeouts(self) -> None:
         pass
 
-    def trim_heap_when_quiet(self) -> None:
-        pass   # the heap is the test process's; a real node's trim is tested with real ones
-
 
 class SimTransport:
     """What the runtime uses of `ClusterTransport`: frames go into the world's network."""
