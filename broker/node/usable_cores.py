@@ -37,7 +37,10 @@ def cgroup_cpu_quota(proc_cgroup: Path, cgroup_root: Path) -> float | None:
         return None
     quotas: list[float] = []
     for line in lines:
-        hierarchy, controllers, path = line.split(":", 2)
+        fields = line.split(":", 2)
+        if len(fields) != 3:   # not a cgroup line: no quota known from it
+            continue
+        hierarchy, controllers, path = fields
         if hierarchy == "0" and not controllers:
             quotas += (q for d in _up_from(cgroup_root, path) if (q := _v2_quota(d)) is not None)
         elif "cpu" in controllers.split(","):

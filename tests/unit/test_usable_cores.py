@@ -17,7 +17,7 @@ def tree(tmp_path: Path, proc_cgroup: str, files: dict[str, str]) -> tuple[Path,
     for name, text in files.items():
         (root / name).parent.mkdir(parents=True, exist_ok=True)
         (root / name).write_text(text)
-    root.mkdir(exist_ok=True)
+    root.mkdir(parents=True, exist_ok=True)
     proc = tmp_path / "proc-self-cgroup"
     proc.write_text(proc_cgroup)
     return proc, root
@@ -61,6 +61,8 @@ def test_no_quota_anywhere(tmp_path):
     assert cgroup_cpu_quota(proc, root) is None
     assert usable_cores(proc, root) == len(os.sched_getaffinity(0))
     assert cgroup_cpu_quota(tmp_path / "missing", root) is None
+    odd, _ = tree(tmp_path / "odd", "garbage\n0::/\n", {})
+    assert cgroup_cpu_quota(odd, root) is None
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to tell one from all")
