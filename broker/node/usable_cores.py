@@ -62,9 +62,12 @@ def _up_from(mount: Path, path: str) -> list[Path]:
 def _v2_quota(directory: Path) -> float | None:
     try:
         quota, period = (directory / "cpu.max").read_text().split()
+        if quota == "max":
+            return None
+        cores, every = int(quota), int(period)
     except (OSError, ValueError):
         return None
-    return None if quota == "max" else int(quota) / int(period)
+    return None if cores <= 0 or every <= 0 else cores / every
 
 
 def _v1_quota(directory: Path) -> float | None:

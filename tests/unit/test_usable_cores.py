@@ -63,6 +63,9 @@ def test_no_quota_anywhere(tmp_path):
     assert cgroup_cpu_quota(tmp_path / "missing", root) is None
     odd, _ = tree(tmp_path / "odd", "garbage\n0::/\n", {})
     assert cgroup_cpu_quota(odd, root) is None
+    for text in ("abc 100000\n", "100000 0\n"):   # unreadable cpu.max files name no quota
+        proc, bad = tree(tmp_path / text.split()[1], "0::/\n", {"cpu.max": text})
+        assert cgroup_cpu_quota(proc, bad) is None, text
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to tell one from all")
