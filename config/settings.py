@@ -87,8 +87,9 @@ class Settings(BaseSettings):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["json", "console"] = "json"
     # Processes the node runs on (docs/multi-process.md): more than one makes warren-server a
-    # supervisor of that many queue shards over one listening port. None: the machine's cores
-    # for a new data directory (1 for a node of a cluster), else the count it was created with.
+    # supervisor of that many queue shards over one listening port. None: the cores the node
+    # may use (broker/node/usable_cores.py) for a new data directory (1 for a node of a
+    # cluster), else the count it was created with.
     node_processes: int | None = Field(None, ge=1, le=256)
     # Set by the supervisor for its shard k (broker/node/shards.py), never by hand.
     node_shard: int | None = Field(None, ge=0)

@@ -65,7 +65,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         description="Warren: an AMQP 0-9-1 message broker. Configuration comes from an optional TOML "
                     "file and WARREN_* environment variables (which win), e.g. WARREN_AMQP_PORT=5672, "
                     "WARREN_DATA_DIR=./warren-data, WARREN_LOG_FORMAT=console, WARREN_NODE_PROCESSES=1 (default: "
-                    "one process per core, fixed when the data directory is created).")
+                    "one process per core the node may use, its CPU affinity capped by its cgroup's CPU quota; "
+                    "1 for a node of a cluster; fixed when the data directory is created).")
     parser.add_argument("--config", metavar="PATH", help="TOML configuration file")
     parser.add_argument("--version", action="version", version=f"warren {VERSION}")
     parser.add_argument("--shard-plan", help=argparse.SUPPRESS)   # set by the supervisor for its shards
