@@ -5,8 +5,13 @@ and fdatasynced on a worker thread while the loop keeps serving, and appends
 made meanwhile form the next batch. Batches are numbered; whoever must wait
 for durability (a publisher confirm) registers a callback for the batch its
 record went into, and it runs on the loop once that batch is on disk — or
-with ``ok=False`` if the write or fsync failed (ENOSPC, EIO), in which case the
-batch's bytes are cut off the WAL again so the file stays well-formed.
+with ``ok=False`` if the write or fsync failed (EIO, a failed fdatasync), in which
+case the batch's bytes are cut off the WAL again so the file stays well-formed.
+A batch whose write finds the disk full (`NoSpace`: cut off again, nothing of
+it written) is not failed: it is written again, in its place, until there is
+room (the batches appended meanwhile wait behind it; the disk alarm has
+stopped the publishers), as a slow disk would be waited for. Only a shutdown
+gives up on it.
 """
 from __future__ import annotations
 
@@ -19,7 +24,7 @@ from typing import NamedTuple
 import structlog
 
 from warren.storage import records
-from warren.storage.wal import LogStore, Relocation
+from warren.storage.wal import LogStore, NoSpace, Relocation
 from warren.storage.writer_thread import WriterThread
 
 log = structlog.get_logger("warren.storage")
@@ -27,6 +32,9 @@ log = structlog.get_logger("warren.storage")
 DurableCallback = Callable[[bool], None]
 # Upper bound of one batch; a larger backlog is written as several batches.
 BATCH_MAX_BYTES = 16 * 1024 * 1024
+# A batch that found the disk full is tried again after these, doubling.
+NO_SPACE_RETRY_FIRST_SECONDS = 0.05
+NO_SPACE_RETRY_MAX_SECONDS = 1.0
 
 
 class BatchWritten(NamedTuple):
@@ -82,6 +90,11 @@ class GroupCommitter:
         self._rollover_wanted = False   # before the WAL is full (rollover_soon)
         self._shredding: asyncio.Task | None = None   # freeing what rollovers let go (LogStore.shred_trash)
         self.failed_batches = 0
+        # the batch with the writer: (batch, data, heads, started), to write again if it found no space
+        self._writing: tuple[int, bytes, list[tuple[int, int, int]], float] | None = None
+        self._space_retry: asyncio.TimerHandle | None = None
+        self._space_waits = 0       # tries of the current batch that found the disk full
+        self._closing = False       # drain(): a batch that finds no space fails
 
     def append(self, encoded_record: bytes) -> int:
         """Queue one encoded record; returns the batch number it will be written in."""
@@ -148,6 +161,7 @@ class GroupCommitter:
         self._busy = True
         loop = asyncio.get_running_loop()
         started = time.perf_counter()
+        self._writing = (batch, data, heads, started)
         self._writer.submit(loop, batch, heads, data, started)
         for listener in self._writing_listeners:
             listener()
@@ -158,6 +172,13 @@ class GroupCommitter:
         (`error`). Listeners, then its callbacks; then a rollover if the WAL is
         full, else the next batch."""
         ok = error is None
+        if isinstance(error, NoSpace) and not self._closing:
+            self._wait_for_space(error)
+            return
+        self._writing = None
+        if self._space_waits:
+            log.info("wal.space_found", batch=batch, ok=ok, tries=self._space_waits + 1)
+            self._space_waits = 0
         if not ok:
             self.failed_batches += 1
             if isinstance(error, OSError):
@@ -177,6 +198,25 @@ class GroupCommitter:
                 callback(ok)
         finally:   # a callback that raises must not stop the writer
             self._write_on(ok)
+
+    @property
+    def waiting_for_space(self) -> bool:
+        """Whether a batch found the disk full and waits to be written again."""
+        return self._space_waits > 0
+
+    def _wait_for_space(self, error: NoSpace) -> None:
+        """The batch being written found the disk full: try it again later, in its place."""
+        if not self._space_waits:
+            log.error("wal.no_space", batch=self._writing[0], bytes=len(self._writing[1]), error=str(error),
+                      detail="the batch is written again once there is room; nothing waiting for it is confirmed")
+        delay = min(NO_SPACE_RETRY_MAX_SECONDS, NO_SPACE_RETRY_FIRST_SECONDS * 2 ** min(self._space_waits, 16))
+        self._space_waits += 1
+        self._space_retry = asyncio.get_running_loop().call_later(delay, self._write_again)
+
+    def _write_again(self) -> None:
+        self._space_retry = None
+        batch, data, heads, started = self._writing
+        self._writer.submit(asyncio.get_running_loop(), batch, heads, data, started)
 
     def rollover_soon(self) -> None:
         """Roll over between the next two batches, or now if none is being written,
@@ -269,17 +309,26 @@ class GroupCommitter:
 
     async def drain(self) -> None:
         """Wait until everything appended so far is on disk, a rollover under
-        way is done and what rollovers let go is freed (used at shutdown)."""
-        while self._busy or self._pending or self._sealed or self._rollover_task is not None:
-            if not self._busy:
-                self._write_next()
-            if not (self._busy or self._pending or self._sealed or self._rollover_task is not None):
-                break
-            waiter = asyncio.get_running_loop().create_future()
-            self._idle_waiters.append(waiter)
-            await waiter
-        while self._shredding is not None:
-            await asyncio.shield(self._shredding)
+        way is done and what rollovers let go is freed (used at shutdown). While
+        it waits, a batch that finds the disk full fails (the one waiting for
+        space is tried once more now): a full disk must not hold up a shutdown."""
+        self._closing = True
+        try:
+            if self._space_retry is not None:
+                self._space_retry.cancel()
+                self._write_again()
+            while self._busy or self._pending or self._sealed or self._rollover_task is not None:
+                if not self._busy:
+                    self._write_next()
+                if not (self._busy or self._pending or self._sealed or self._rollover_task is not None):
+                    break
+                waiter = asyncio.get_running_loop().create_future()
+                self._idle_waiters.append(waiter)
+                await waiter
+            while self._shredding is not None:
+                await asyncio.shield(self._shredding)
+        finally:
+            self._closing = False
 
     def close(self) -> None:
         """Stop the writer thread (after `drain`)."""

@@ -16,6 +16,7 @@ the newest WAL file is cut off (and reported), damage anywhere else raises
 """
 from __future__ import annotations
 
+import errno
 from array import array
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -37,8 +38,18 @@ SEGMENTS_DIR = "segments"
 # Files a rollover let go wait here to be shredded (their space freed a step at a time,
 # storage/files.py): a name no recovery reads, so a file cut short there is never data.
 TRASH_DIR = "trash"
+# A write that fails with one of these wrote nothing once it is cut off again: the batch
+# may be written again when there is room (`NoSpace`).
+NO_SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 # A rollover's copy into segments is synced in pieces of this size (`_write_segment`).
 SEGMENT_SYNC_BYTES = 4 * 1024 * 1024
+
+
+class NoSpace(OSError):
+    """A batch's write found the disk full (ENOSPC, EDQUOT) and was cut off the WAL
+    again: nothing of it is on disk, so it may be written again once there is room.
+    A failed fdatasync is never this: after one, what the page cache holds cannot
+    be trusted to reach the disk, so that batch is lost for good."""
 
 
 @dataclass(slots=True)
@@ -226,20 +237,31 @@ class LogStore:
         size_before = self._wal.size
         try:
             self._wal.write(data)
-            self._wal.sync()
         except OSError as error:
-            # Cut the failed batch off, durably, so later batches follow a well-formed file.
-            path = self._wal.path
-            try:
-                self._wal.close()
-                self.files.truncate(path, size_before)
-                self._wal = self.files.open_append(path, preallocate_bytes=self.wal_max_size_bytes)
-            except OSError as cut_error:
-                self._broken = cut_error
-            raise error
+            if self._cut_off(size_before) and error.errno in NO_SPACE_ERRNOS:
+                raise NoSpace(error.errno, f"no space for a WAL batch: {error.strerror}") from error
+            raise
+        try:
+            self._wal.sync()
+        except OSError:
+            self._cut_off(size_before)
+            raise
         self.fsyncs += 1
         self.bytes_written += len(data)
         return self._wal.path, size_before
+
+    def _cut_off(self, size_before: int) -> bool:
+        """Cut a failed batch off, durably, so later batches follow a well-formed
+        file; whether that worked (if not, the WAL is unusable from now on)."""
+        path = self._wal.path
+        try:
+            self._wal.close()
+            self.files.truncate(path, size_before)
+            self._wal = self.files.open_append(path, preallocate_bytes=self.wal_max_size_bytes)
+        except OSError as cut_error:
+            self._broken = cut_error
+            return False
+        return True
 
     def note_written(self, path: Path, start: int, heads: list[tuple[int, int, int]]) -> None:
         """The batch `write_batch` wrote at `start` of `path` held records (log_id,

@@ -1,0 +1,111 @@
+"""A node whose disk fills up stays up, and confirms what it could not write once there is room.
+
+A real warren-server on a small filesystem of the test's own (a tmpfs mounted in
+the test's temporary folder: root only, as CI runs), its disk alarm off so that
+a publish reaches the WAL with the disk full. The WAL write of that publish
+finds no space; the node must not stop (it used to: `raft.fatal`, exit 1, for
+its supervisor to restart it into the same full disk) and must not confirm the
+message until it is written. Once the filler is removed the same publish is
+confirmed (an ack, not a nack), the node stops cleanly, and after a restart
+both messages are in the queue.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import aio_pika
+import pytest
+
+from tests.serverproc import make_server
+
+DISK_BYTES = 32 * 1024 * 1024
+# larger than the WAL allocates ahead of its writes (storage/files.py), so its write needs new space
+BIG_BODY = b"b" * (6 * 1024 * 1024)
+WAIT_SECONDS = 20.0
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path):
+    if os.geteuid() != 0:
+        pytest.skip(f"mounting a small filesystem needs root; running as uid {os.geteuid()} (CI runs as root)")
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={DISK_BYTES}", "tmpfs", str(mount)], check=True,
+                   capture_output=True, timeout=30)
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], capture_output=True, timeout=30)
+
+
+def fill(mount: Path) -> Path:
+    """Fill the filesystem up to its last byte with one file."""
+    filler = mount / "filler"
+    chunk = b"\0" * (1024 * 1024)
+    with open(filler, "wb", buffering=0) as file:
+        while True:
+            try:
+                file.write(chunk)
+            except OSError as error:
+                assert error.errno == errno.ENOSPC, error
+                break
+        with contextlib.suppress(OSError):
+            while file.write(b"\0" * 4096):
+                pass
+    return filler
+
+
+def wait_for_log(server, event: str) -> None:
+    deadline = time.monotonic() + WAIT_SECONDS
+    while event not in server.log():
+        assert server.process.poll() is None, (
+            f"the node exited with {server.process.returncode} when its disk filled up:\n{server.log()}")
+        assert time.monotonic() < deadline, f"no {event} in the node's log after {WAIT_SECONDS} s:\n{server.log()}"
+        time.sleep(0.05)   # polling the log for the event, not synchronising with the node
+
+
+async def test_a_node_whose_disk_fills_up_stays_up_and_confirms_once_there_is_room(small_disk):
+    server = make_server(small_disk, WARREN_DISK_FREE_LIMIT_BYTES="0")
+    server.log_path = small_disk.parent / "server.log"
+    server.start()
+    try:
+        connection = await aio_pika.connect(server.url)
+        channel = await connection.channel(publisher_confirms=True)
+        queue = await channel.declare_queue("filled", durable=True, arguments={"x-queue-type": "quorum"})
+        await channel.default_exchange.publish(aio_pika.Message(b"before", delivery_mode=2), routing_key="filled")
+
+        filler = fill(small_disk)
+        second = asyncio.ensure_future(
+            channel.default_exchange.publish(aio_pika.Message(BIG_BODY, delivery_mode=2), routing_key="filled"))
+        await asyncio.get_running_loop().run_in_executor(None, wait_for_log, server, "wal.no_space")
+        assert not second.done(), f"a publish the node could not write was answered: {second!r}"
+        assert server.process.poll() is None
+
+        filler.unlink()
+        await asyncio.wait_for(second, WAIT_SECONDS)   # raises if it was nacked
+        assert "wal.space_found" in server.log()
+        await connection.close()
+    finally:
+        status = server.stop()
+    assert status == 0, f"warren-server exited with {status}:\n{server.log()}"
+
+    server.start()
+    try:
+        connection = await aio_pika.connect(server.url)
+        channel = await connection.channel()
+        queue = await channel.declare_queue("filled", passive=True)
+        bodies = []
+        for _ in range(2):
+            message = await queue.get(timeout=WAIT_SECONDS)
+            bodies.append(message.body)
+            await message.ack()
+        assert bodies == [b"before", BIG_BODY]
+        await connection.close()
+    finally:
+        server.stop()

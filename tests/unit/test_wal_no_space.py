@@ -1,0 +1,141 @@
+"""A WAL batch that finds the disk full waits for space instead of failing.
+
+A write that fails for lack of space (ENOSPC, EDQUOT) is cut off the file again
+and wrote nothing: the batch is written again once there is room, in its place
+(the batches appended meanwhile wait behind it), and its callbacks run then,
+with ok=True. Only a shutdown gives up on it. An fdatasync that fails stays a
+failed batch: after it, the page cache's copy cannot be trusted (see
+test_storage_wal's SyncFailsStore)."""
+from __future__ import annotations
+
+import asyncio
+import errno
+
+import pytest
+
+from warren.storage import group_commit, records
+from warren.storage.group_commit import GroupCommitter
+from warren.storage.wal import LogStore, NoSpace
+
+
+class DiskFullStore(LogStore):
+    """The real write_batch, with the WAL file's write running out of space half
+    way through the batch while `full` is set."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.full = False
+        self.attempts = 0
+        self.attempted_while_full = asyncio.Event()
+
+    def write_batch(self, data: bytes):
+        self.attempts += 1
+        if not self.full:
+            return super().write_batch(data)
+        handle = self._wal
+        real_write = handle.write
+
+        def write_half_then_fail(chunk: bytes) -> None:
+            real_write(chunk[: len(chunk) // 2])
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        handle.write = write_half_then_fail
+        try:
+            super().write_batch(data)
+        finally:
+            del handle.write
+            self.loop.call_soon_threadsafe(self.attempted_while_full.set)
+
+
+def disk_full_store(tmp_path) -> DiskFullStore:
+    store = DiskFullStore(tmp_path / "log", 1 << 20, 8)
+    store.recover()
+    store.loop = asyncio.get_running_loop()
+    return store
+
+
+def no_rollover() -> tuple[dict[int, int], bytes]:
+    raise AssertionError("no rollover expected")
+
+
+def indexes_in_file_order(tmp_path) -> list[int]:
+    wal_dir = tmp_path / "log" / "wal"
+    found = []
+    for path in sorted(wal_dir.iterdir()):
+        found += [record.index for record in records.scan(path.read_bytes()).records]
+    return found
+
+
+@pytest.fixture(autouse=True)
+def quick_retries(monkeypatch):
+    monkeypatch.setattr(group_commit, "NO_SPACE_RETRY_FIRST_SECONDS", 0.001)
+    monkeypatch.setattr(group_commit, "NO_SPACE_RETRY_MAX_SECONDS", 0.004)
+
+
+async def test_a_batch_that_finds_the_disk_full_is_written_once_there_is_room(tmp_path):
+    store = disk_full_store(tmp_path)
+    committer = GroupCommitter(store, no_rollover)
+    outcomes: dict[int, list[bool]] = {}
+    third_reported = asyncio.Event()
+
+    def report(index: int, ok: bool) -> None:
+        outcomes.setdefault(index, []).append(ok)
+        if index == 3:
+            third_reported.set()
+
+    def append(index: int) -> None:
+        batch = committer.append(records.encode(1, 0, index, b"m%d" % index))
+        committer.when_durable(batch, lambda ok: report(index, ok))
+
+    append(1)
+    await committer.drain()
+    store.full = True
+    append(2)
+    committer.flush()
+    for _ in range(3):   # it tries again, and again, and nothing is reported meanwhile
+        store.attempted_while_full.clear()
+        await asyncio.wait_for(store.attempted_while_full.wait(), 5)
+    append(3)            # appended while batch 2 waits: written after it
+    assert outcomes == {1: [True]}, "a batch that found the disk full was reported before it was written"
+    assert committer.waiting_for_space
+    store.full = False   # the next try (not a shutdown's drain) writes it, then the one behind it
+    await asyncio.wait_for(third_reported.wait(), 5)
+    assert outcomes == {1: [True], 2: [True], 3: [True]}
+    assert committer.failed_batches == 0
+    assert not committer.waiting_for_space
+    await committer.drain()
+    store.close()
+    assert indexes_in_file_order(tmp_path) == [1, 2, 3]
+
+
+async def test_shutdown_gives_up_on_a_batch_waiting_for_space(tmp_path):
+    store = disk_full_store(tmp_path)
+    committer = GroupCommitter(store, no_rollover)
+    outcomes = []
+    store.full = True
+    committer.when_durable(committer.append(records.encode(1, 0, 1, b"m")), outcomes.append)
+    committer.flush()
+    await asyncio.wait_for(store.attempted_while_full.wait(), 5)
+    committer.when_durable(committer.append(records.encode(1, 0, 2, b"n")), outcomes.append)
+    await asyncio.wait_for(committer.drain(), 5)
+    assert outcomes == [False, False]
+    assert committer.failed_batches == 2
+    store.close()
+    assert indexes_in_file_order(tmp_path) == []
+
+
+def test_no_space_is_told_apart_from_other_write_failures(tmp_path):
+    store = LogStore(tmp_path / "log", 1 << 20, 8)
+    store.recover()
+    handle = store._wal
+    for code, expected in ((errno.ENOSPC, NoSpace), (errno.EDQUOT, NoSpace), (errno.EIO, OSError)):
+        def failing_write(chunk: bytes, code: int = code) -> None:
+            raise OSError(code, "injected")
+
+        handle = store._wal
+        handle.write = failing_write
+        with pytest.raises(OSError) as caught:
+            store.write_batch(records.encode(1, 0, 1, b"x"))
+        assert type(caught.value) is expected, (code, caught.value)
+        assert caught.value.errno == code
+    store.close()
