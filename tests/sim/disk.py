@@ -11,7 +11,10 @@ world calls `write_some(rng)` each step, which writes the batches handed over
 batch is durable at a random later time. A crash loses what was handed over
 but not written, and whatever the file layer had not synced; a disk error
 (`FaultyFiles.eio_on_sync`) fails the batch, and the runtime then fails the
-node as it would in production (the world restarts it, as a supervisor).
+node as it would in production (the world restarts it, as a supervisor). A
+full disk (`FaultyFiles.enospc_after_bytes`: `LogStore.write_batch` raises
+`NoSpace`) fails nothing: the batch waits at the head to be written again, as
+`GroupCommitter` does, until the world frees the space.
 """
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ from pathlib import Path
 
 from warren.storage import records
 from warren.storage.group_commit import BatchWritten
-from warren.storage.wal import LogStore
+from warren.storage.wal import LogStore, NoSpace
 
 WAL_MAX_BYTES = 1 << 40   # no rollover in the simulation
 
@@ -41,6 +44,7 @@ class SimCommitter:
         self._relocated_listeners: list = []
         self._writing_listeners: list = []
         self.failed_batches = 0
+        self.no_space_tries = 0   # writes that found the disk full (the batch waited)
 
     def append(self, encoded_record: bytes) -> int:
         self._pending.append(encoded_record)
@@ -84,6 +88,10 @@ class SimCommitter:
             try:
                 path, start = self.store.write_batch(data)
                 self.store.note_written(path, start, records.heads_of_batch(data))   # as GroupCommitter
+            except NoSpace:
+                self.handed.insert(0, (batch, data, count))   # written again, in its place, when there is room
+                self.no_space_tries += 1
+                return
             except OSError:
                 self.failed_batches += 1
                 for callback in self._callbacks.pop(batch, ()):

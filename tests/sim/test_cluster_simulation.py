@@ -78,7 +78,8 @@ def test_the_faults_are_exercised():
         for key, count in [*world.stats.items(), *world.history.counts.items()]:
             seen[key] = seen.get(key, 0) + count
     wanted = set(SCENARIOS["faults"].faults) | {"restart", "declare", "delete", "redeliveries", "node failed",
-                                                 "pause past gone", "minority past gone", "crash past gone"}
+                                                 "pause past gone", "minority past gone", "crash past gone",
+                                                 "batch waited for space"}
     assert wanted <= set(seen), sorted(wanted - set(seen))
     installs = [World(SCENARIOS["snapshots"], seed).run().stats.get("install snapshot", 0) for seed in range(2)]
     assert sum(installs) > 0, installs

@@ -65,7 +65,7 @@ class Scenario:
     duplicate_rate: float = 0.01
     fault_rate: float = 0.004      # per step: a new fault (when none is on)
     fault_seconds_max: float = 2.5
-    faults: tuple[str, ...] = ("minority", "bridge", "one-way", "pause", "crash", "disk")
+    faults: tuple[str, ...] = ("minority", "bridge", "one-way", "pause", "crash", "disk", "full")
     churn_rate: float = 0.002      # per step: declare or delete a scratch queue
     reconnect_rate: float = 0.0005
     snapshot_entries: int | None = None   # a queue snapshots (and compacts its log) this often
@@ -378,10 +378,19 @@ class World:
             node = self.nodes[shuffled[0]]
             if node.up:
                 node.files.eio_on_sync = True
+        elif kind == "full":   # no byte more fits on the node's disk until the fault ends
+            node = self.nodes[shuffled[0]]
+            node.files.enospc_after_bytes = node.files.bytes_written_total
 
     def end_fault(self) -> None:
         self.network.heal()
         self.fault = None
+        for node in self.nodes.values():   # a full disk's space is freed when the fault ends
+            if node.files.enospc_after_bytes is not None:
+                node.files.enospc_after_bytes = None
+                if node.committer is not None and node.committer.no_space_tries:   # None: crashed meanwhile
+                    self.note("batch waited for space")
+                    node.committer.no_space_tries = 0
 
     def heal(self) -> None:
         self.end_fault()
