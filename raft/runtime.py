@@ -108,7 +108,7 @@ from warren.raft.raft_storage import (
     log_id_of,
     removed_record,
 )
-from warren.raft.stall import stall_limit_seconds, step_down_leaders
+from warren.raft.stall import stall_limit_seconds, step_down_leaders, step_down_while_disk_full
 from warren.raft.system import PersistFailed, RaftSystem
 from warren.raft.transport import ClusterTransport, TransportLimits
 from warren.raft.turns import TurnScheduler
@@ -527,6 +527,8 @@ class RaftRuntime:
             self.check_stall()
             self.last_tick_at = self._loop.time()
             self.system.tick()
+            step_down_while_disk_full(self.system, self.committer.waiting_for_space_since, self.last_tick_at,
+                                      stall_limit_seconds(self.raft_options["election_ticks"], self.tick_seconds))
         except Exception as error:  # noqa: BLE001 -- a dead timer would leave Raft half alive: the node's
             log.exception("raft.tick_failed", node=self.node_name)
             self.fail(error)

@@ -20,10 +20,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import structlog
+
 from warren.raft.messages import Role
 
 if TYPE_CHECKING:
     from warren.raft.system import RaftSystem
+
+log = structlog.get_logger("warren.raft")
 
 STALL_ELECTION_TIMEOUTS = 2
 
@@ -41,3 +45,18 @@ def step_down_leaders(system: "RaftSystem") -> int:
         system.wake(group)
         system.touch(group)
     return len(led)
+
+
+def step_down_while_disk_full(system: "RaftSystem", waiting_since: float | None, now: float, limit: float) -> int:
+    """A node whose WAL waits for disk space (storage/group_commit.py, `waiting_for_space_since`)
+    persists nothing, so a group it leads applies nothing (no confirm, no delivery) though its
+    followers could commit without it. Past the stall limit its leaders step down, as after a
+    stall, so that the groups elect a leader elsewhere (this node cannot win back a group
+    before it can write its vote); a group of one keeps its leader. How many stepped down."""
+    if waiting_since is None or now - waiting_since <= limit:
+        return 0
+    stepped_down = step_down_leaders(system)
+    if stepped_down:
+        log.warning("raft.disk_full_leaders_stepped_down", node=system.node_name, seconds=round(now - waiting_since, 3),
+                    leaders_stepped_down=stepped_down)
+    return stepped_down

@@ -94,7 +94,8 @@ class GroupCommitter:
         self._writing: tuple[int, bytes, list[tuple[int, int, int]], float] | None = None
         self._space_retry: asyncio.TimerHandle | None = None
         self._space_waits = 0       # tries of the current batch that found the disk full
-        self._closing = False       # drain(): a batch that finds no space fails
+        self.waiting_for_space_since: float | None = None   # loop time of the first of them
+        self._closing = 0           # drain()s under way: meanwhile a batch that finds no space fails
 
     def append(self, encoded_record: bytes) -> int:
         """Queue one encoded record; returns the batch number it will be written in."""
@@ -179,6 +180,7 @@ class GroupCommitter:
         if self._space_waits:
             log.info("wal.space_found", batch=batch, ok=ok, tries=self._space_waits + 1)
             self._space_waits = 0
+            self.waiting_for_space_since = None
         if not ok:
             self.failed_batches += 1
             if isinstance(error, OSError):
@@ -207,6 +209,7 @@ class GroupCommitter:
     def _wait_for_space(self, error: NoSpace) -> None:
         """The batch being written found the disk full: try it again later, in its place."""
         if not self._space_waits:
+            self.waiting_for_space_since = asyncio.get_running_loop().time()
             log.error("wal.no_space", batch=self._writing[0], bytes=len(self._writing[1]), error=str(error),
                       detail="the batch is written again once there is room; nothing waiting for it is confirmed")
         delay = min(NO_SPACE_RETRY_MAX_SECONDS, NO_SPACE_RETRY_FIRST_SECONDS * 2 ** min(self._space_waits, 16))
@@ -312,7 +315,7 @@ class GroupCommitter:
         way is done and what rollovers let go is freed (used at shutdown). While
         it waits, a batch that finds the disk full fails (the one waiting for
         space is tried once more now): a full disk must not hold up a shutdown."""
-        self._closing = True
+        self._closing += 1
         try:
             if self._space_retry is not None:
                 self._space_retry.cancel()
@@ -328,8 +331,11 @@ class GroupCommitter:
             while self._shredding is not None:
                 await asyncio.shield(self._shredding)
         finally:
-            self._closing = False
+            self._closing -= 1
 
     def close(self) -> None:
         """Stop the writer thread (after `drain`)."""
+        if self._space_retry is not None:
+            self._space_retry.cancel()
+            self._space_retry = None
         self._writer.close()

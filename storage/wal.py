@@ -16,6 +16,7 @@ the newest WAL file is cut off (and reported), damage anywhere else raises
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 from array import array
 from collections.abc import Callable
@@ -220,13 +221,25 @@ class LogStore:
             self.files.remove(path)
 
     def _open_new_wal(self) -> None:
+        """Start the next WAL file. It becomes the one appended to only once its header
+        is durable: if that fails (the disk is full) the file is removed again and the
+        error raised, and batches go on into the current file, never into a file
+        without a header, which no recovery would read."""
+        path = self.wal_dir / f"{self._wal_number + 1:08d}.wal"
+        wal = self.files.open_append(path, preallocate_bytes=self.wal_max_size_bytes)
+        try:
+            wal.write(records.FILE_HEADER)
+            wal.sync()
+            self.files.sync_directory(self.wal_dir)
+        except OSError:
+            wal.close()
+            with contextlib.suppress(OSError):
+                self.files.remove(path)
+                self.files.sync_directory(self.wal_dir)
+            raise
         self._wal_number += 1
-        path = self.wal_dir / f"{self._wal_number:08d}.wal"
-        self._wal = self.files.open_append(path, preallocate_bytes=self.wal_max_size_bytes)
+        self._wal = wal
         self._heads[path] = WalHeads()
-        self._wal.write(records.FILE_HEADER)
-        self._wal.sync()
-        self.files.sync_directory(self.wal_dir)
 
     # -- appends ----------------------------------------------------------
     def write_batch(self, data: bytes) -> tuple[Path, int]:
@@ -315,10 +328,10 @@ class LogStore:
         """Close the current WAL file and start a new one beginning with ``first_batch``.
         Quick: appends go on into the new file while ``move_to_segments`` runs."""
         old = self._wal
-        self._old_wals.append(old.path)
         self._inherited_wal_bytes = 0   # a failed rollover is not retried after every batch
+        self._open_new_wal()            # if it fails, the current file stays the one appended to
+        self._old_wals.append(old.path)
         old.close()
-        self._open_new_wal()
         if first_batch:
             path, start = self.write_batch(first_batch)
             self.note_written(path, start, records.heads_of_batch(first_batch))

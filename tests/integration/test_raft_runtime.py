@@ -11,6 +11,7 @@ The replay tests at the end drive the record format without a network.
 from __future__ import annotations
 
 import asyncio
+import errno
 import random
 import time
 from collections import defaultdict
@@ -36,7 +37,7 @@ from warren.raft.stall import stall_limit_seconds
 from warren.raft.transport import TransportLimits
 from warren.storage import records
 from warren.storage.group_commit import GroupCommitter
-from warren.storage.wal import LogStore
+from warren.storage.wal import LogStore, NoSpace
 
 SECRET = "raft-runtime-cookie"
 GROUPS = [f"queue-{n}" for n in range(10)]
@@ -410,3 +411,56 @@ async def test_a_removed_groups_segments_go_at_a_rollover_made_for_them_not_once
         await until(lambda: node.applied["kept"][-1:] == [b"after"], lambda: str(node.applied["kept"][-3:]), 5)
     finally:
         await node.stop()
+
+
+async def test_leaders_of_a_node_whose_disk_is_full_step_down_and_the_groups_go_on(tmp_path):
+    """A node whose WAL finds the disk full persists nothing: the groups it leads would apply
+    nothing (its followers commit without it, but it cannot take its next Ready). Past the stall
+    limit its leaders step down, the other two elect leaders and go on; once there is room the
+    node writes what waited and catches up."""
+    names = ["node-a", "node-b", "node-c"]
+    members = [ClusterNode(name=name, host="127.0.0.1", port=free_port()) for name in names]
+    nodes = [Node(name, members, tmp_path / name, seed) for seed, name in enumerate(names)]
+    expected: dict[str, list[bytes]] = defaultdict(list)
+    try:
+        for node in nodes:
+            await node.start()
+            for group_id in GROUPS:
+                assert node.runtime.add_group(group_id, names)
+        await until(lambda: leaders(nodes) is not None, lambda: describe_leaders(nodes), ELECTION_BOUND_SECONDS)
+        await propose_through_leaders(nodes, "before", 5, expected)
+        await until(lambda: caught_up(nodes, expected), lambda: describe_progress(nodes, expected),
+                    APPLY_BOUND_SECONDS)
+        full = next(n for n in nodes if n.name in leaders(nodes).values())
+        others = [n for n in nodes if n is not full]
+
+        def no_space(data: bytes):
+            raise NoSpace(errno.ENOSPC, "injected: the disk is full")
+
+        full.store.write_batch = no_space   # looked up per batch by the writer thread
+        for group_id, leader in leaders(nodes).items():   # one proposal each: the full node's wait begins
+            if leader == full.name:
+                assert full.runtime.propose(group_id, b"stuck") is not None
+        await until(lambda: full.committer.waiting_for_space, "the full node never tried to write", 5.0)
+        runtime = full.runtime
+        stall = stall_limit_seconds(runtime.raft_options["election_ticks"], runtime.tick_seconds)
+        await until(lambda: (current := leaders(others)) is not None and full.name not in current.values(),
+                    lambda: f"the full node still leads: {describe_leaders(nodes)}", stall + NEW_LEADERS_BOUND_SECONDS)
+        for group_id in GROUPS:   # what the full node took in as leader may or may not have been committed
+            expected[group_id] = list(others[0].applied[group_id])
+        by_name = {n.name: n for n in others}
+        for group_id, leader in leaders(others).items():
+            for number in range(5):
+                data = f"{group_id}/while-full/{number}".encode()
+                assert by_name[leader].runtime.propose(group_id, data) is not None
+                expected[group_id].append(data)
+                await asyncio.sleep(0)
+        await until(lambda: caught_up(others, expected), lambda: describe_progress(nodes, expected),
+                    APPLY_BOUND_SECONDS)
+        del full.store.write_batch   # room again
+        await until(lambda: caught_up(nodes, expected), lambda: describe_progress(nodes, expected),
+                    APPLY_BOUND_SECONDS)
+        assert runtime.failed is None
+    finally:
+        for node in nodes:
+            await node.stop()

@@ -45,6 +45,7 @@ class SimCommitter:
         self._writing_listeners: list = []
         self.failed_batches = 0
         self.no_space_tries = 0   # writes that found the disk full (the batch waited)
+        self.waiting_for_space_since: float | None = None   # as GroupCommitter's: the runtime's leaders step down
 
     def append(self, encoded_record: bytes) -> int:
         self._pending.append(encoded_record)
@@ -91,12 +92,16 @@ class SimCommitter:
             except NoSpace:
                 self.handed.insert(0, (batch, data, count))   # written again, in its place, when there is room
                 self.no_space_tries += 1
+                if self.waiting_for_space_since is None:
+                    self.waiting_for_space_since = self.loop.time()
                 return
             except OSError:
+                self.waiting_for_space_since = None
                 self.failed_batches += 1
                 for callback in self._callbacks.pop(batch, ()):
                     callback(False)
                 continue
+            self.waiting_for_space_since = None
             written = BatchWritten(batch, Path(path), start, count, len(data), 0.0)
             for listener in self._written_listeners:
                 listener(written)

@@ -271,6 +271,7 @@ class World:
         for name, until in list(self.down_until.items()):
             if everyone or until <= self.clock.now:
                 del self.down_until[name]
+                self.nodes[name].files.enospc_after_bytes = None   # a node starts with room (the WAL's header)
                 self.nodes[name].start()
                 self.note("restart")
 
@@ -380,7 +381,8 @@ class World:
                 node.files.eio_on_sync = True
         elif kind == "full":   # no byte more fits on the node's disk until the fault ends
             node = self.nodes[shuffled[0]]
-            node.files.enospc_after_bytes = node.files.bytes_written_total
+            if node.up:
+                node.files.enospc_after_bytes = node.files.bytes_written_total
 
     def end_fault(self) -> None:
         self.network.heal()

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import errno
+from pathlib import Path
 
 import pytest
 
+from tests.unit.faultyfiles import FaultyFiles
 from warren.storage import group_commit, records
 from warren.storage.group_commit import GroupCommitter
 from warren.storage.wal import LogStore, NoSpace
@@ -139,3 +141,26 @@ def test_no_space_is_told_apart_from_other_write_failures(tmp_path):
         assert type(caught.value) is expected, (code, caught.value)
         assert caught.value.errno == code
     store.close()
+
+
+def test_a_rollover_that_finds_the_disk_full_leaves_batches_going_into_the_current_file():
+    """A new WAL file whose header cannot be written (the disk is full) is removed again and
+    the current file stays the one appended to: a batch that waited for space and is written
+    after the failed switch must not land in a file without a header, which recovery refuses
+    (as "not a Warren WAL file"), nor into the closed old file."""
+    fake = FaultyFiles(5, mkdir_durable=True)
+    fake.makedirs_durable(Path("/data"))
+    store = LogStore(Path("/data/log"), 1 << 20, 8, files=fake)
+    store.recover()
+    store.write_batch(records.encode(1, 0, 1, b"first"))
+    fake.enospc_after_bytes = fake.bytes_written_total
+    with pytest.raises(OSError):
+        store.switch_wal()
+    with pytest.raises(NoSpace):
+        store.write_batch(records.encode(1, 0, 2, b"second"))
+    fake.enospc_after_bytes = None
+    store.write_batch(records.encode(1, 0, 2, b"second"))
+    store.close()
+    recovered = LogStore(Path("/data/log"), 1 << 20, 8, files=fake).recover()
+    assert sorted(recovered.logs[1]) == [1, 2]
+    assert recovered.torn == []
