@@ -170,8 +170,11 @@ class RealFiles:
             except BufferError:   # a view of it outlives the block (an exception's frames): unmapped when freed
                 pass
 
-    def truncate(self, path: Path, size: int) -> None:
-        self.forget(path)
+    def truncate(self, path: Path, size: int, keep_cache: bool = False) -> None:
+        """Cut the file at `size`, durably. `keep_cache`: its readers and cached blocks stay (no
+        thread but the loop's may touch them): what lies past `size` is written again, the same."""
+        if not keep_cache:
+            self.forget(path)
         with open(path, "r+b") as file:
             file.truncate(size)
             file.flush()

@@ -251,7 +251,10 @@ class LogStore:
         try:
             self._wal.write(data)
         except OSError as error:
-            if self._cut_off(size_before) and error.errno in NO_SPACE_ERRNOS:
+            # A batch that found no space is written again at this offset, the same bytes: readers
+            # on the loop keep their cache (forgetting it here, on the writer thread, would race them).
+            no_space = error.errno in NO_SPACE_ERRNOS
+            if self._cut_off(size_before, keep_cache=no_space) and no_space:
                 raise NoSpace(error.errno, f"no space for a WAL batch: {error.strerror}") from error
             raise
         try:
@@ -263,13 +266,13 @@ class LogStore:
         self.bytes_written += len(data)
         return self._wal.path, size_before
 
-    def _cut_off(self, size_before: int) -> bool:
+    def _cut_off(self, size_before: int, keep_cache: bool = False) -> bool:
         """Cut a failed batch off, durably, so later batches follow a well-formed
         file; whether that worked (if not, the WAL is unusable from now on)."""
         path = self._wal.path
         try:
             self._wal.close()
-            self.files.truncate(path, size_before)
+            self.files.truncate(path, size_before, keep_cache=keep_cache)
             self._wal = self.files.open_append(path, preallocate_bytes=self.wal_max_size_bytes)
         except OSError as cut_error:
             self._broken = cut_error

@@ -255,8 +255,8 @@ class FaultyFiles:
         node = self.nodes.get(path)
         return len(node.data) if node is not None and not isinstance(node, FakeDir) else 0
 
-    def truncate(self, path: Path, size: int) -> None:
-        """Truncate and fsync, like ``RealFiles.truncate``."""
+    def truncate(self, path: Path, size: int, keep_cache: bool = False) -> None:
+        """Truncate and fsync, like ``RealFiles.truncate`` (which has a read cache to keep or not)."""
         self.tick("truncate", path)
         node = self.nodes.get(path)
         if not isinstance(node, FakeFile):
