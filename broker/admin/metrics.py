@@ -109,6 +109,9 @@ class BrokerCollector(Collector):
         written = CounterMetricFamily("warren_wal_written_bytes", "Bytes appended to the WAL")
         written.add_metric([], store.bytes_written)
         yield written
+        yield _gauge("warren_wal_waiting_for_space", "1 while a WAL batch that found the disk full waits to "
+                     "be written again (nothing waiting for it is confirmed meanwhile)",
+                     int(broker.node_log.committer.waiting_for_space))
         yield _gauge("warren_recovery_seconds", "Time the last start spent recovering from disk",
                      broker.recovery_seconds)
         yield from broker.wal_stats.collect()

@@ -7,7 +7,7 @@ finds no space; the node must not stop (it used to: `raft.fatal`, exit 1, for
 its supervisor to restart it into the same full disk) and must not confirm the
 message until it is written. Once the filler is removed the same publish is
 confirmed (an ack, not a nack), the node stops cleanly, and after a restart
-both messages are in the queue.
+both messages are in the queue. `warren_wal_waiting_for_space` says 1 meanwhile.
 """
 from __future__ import annotations
 
@@ -15,8 +15,10 @@ import asyncio
 import contextlib
 import errno
 import os
+import re
 import subprocess
 import time
+import urllib.request
 from pathlib import Path
 
 import aio_pika
@@ -70,6 +72,13 @@ def wait_for_log(server, event: str) -> None:
         time.sleep(0.05)   # polling the log for the event, not synchronising with the node
 
 
+def waiting_for_space(server) -> float:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10).read().decode()
+    found = re.search(r"^warren_wal_waiting_for_space ([0-9.]+)$", text, re.M)
+    assert found, f"no warren_wal_waiting_for_space in the metrics:\n{text[:2000]}"
+    return float(found.group(1))
+
+
 async def test_a_node_whose_disk_fills_up_stays_up_and_confirms_once_there_is_room(small_disk):
     server = make_server(small_disk, WARREN_DISK_FREE_LIMIT_BYTES="0")
     server.log_path = small_disk.parent / "server.log"
@@ -86,10 +95,12 @@ async def test_a_node_whose_disk_fills_up_stays_up_and_confirms_once_there_is_ro
         await asyncio.get_running_loop().run_in_executor(None, wait_for_log, server, "wal.no_space")
         assert not second.done(), f"a publish the node could not write was answered: {second!r}"
         assert server.process.poll() is None
+        assert waiting_for_space(server) == 1.0
 
         filler.unlink()
         await asyncio.wait_for(second, WAIT_SECONDS)   # raises if it was nacked
         assert "wal.space_found" in server.log()
+        assert waiting_for_space(server) == 0.0
         await connection.close()
     finally:
         status = server.stop()
