@@ -120,3 +120,42 @@ async def test_a_node_whose_disk_fills_up_stays_up_and_confirms_once_there_is_ro
         await connection.close()
     finally:
         server.stop()
+
+
+async def test_a_node_stopped_while_its_disk_is_full_stops_cleanly(small_disk):
+    """SIGTERM while a batch waits for space: the node gives up on it and exits 0 within the
+    stop timeout; what it had confirmed is there after a restart, the unconfirmed publish not."""
+    server = make_server(small_disk, WARREN_DISK_FREE_LIMIT_BYTES="0")
+    server.log_path = small_disk.parent / "server.log"
+    server.start()
+    try:
+        connection = await aio_pika.connect(server.url)
+        channel = await connection.channel(publisher_confirms=True)
+        await channel.declare_queue("stopped-full", durable=True, arguments={"x-queue-type": "quorum"})
+        await channel.default_exchange.publish(aio_pika.Message(b"before", delivery_mode=2),
+                                               routing_key="stopped-full")
+        filler = fill(small_disk)
+        second = asyncio.ensure_future(channel.default_exchange.publish(
+            aio_pika.Message(BIG_BODY, delivery_mode=2), routing_key="stopped-full"))
+        await asyncio.get_running_loop().run_in_executor(None, wait_for_log, server, "wal.no_space")
+        status = await asyncio.get_running_loop().run_in_executor(None, server.stop)
+        assert status == 0, f"warren-server exited with {status} when stopped with its disk full:\n{server.log()}"
+        assert not second.done() or second.exception() is not None, "the unwritten publish was confirmed"
+        second.cancel()
+        with contextlib.suppress(Exception):
+            await connection.close()
+    finally:
+        server.stop()
+    filler.unlink()
+
+    server.start()
+    try:
+        connection = await aio_pika.connect(server.url)
+        channel = await connection.channel()
+        queue = await channel.declare_queue("stopped-full", passive=True)
+        assert queue.declaration_result.message_count == 1
+        message = await queue.get(timeout=WAIT_SECONDS)
+        assert message.body == b"before"
+        await connection.close()
+    finally:
+        server.stop()
