@@ -79,20 +79,26 @@ def waiting_for_space(server) -> float:
     return float(found.group(1))
 
 
+async def publish_into_a_full_disk(server, disk: Path, queue_name: str):
+    """A quorum queue with one confirmed message, the disk filled up, then a publish the node
+    cannot write, once the node logs that it waits for space: (connection, filler, publish)."""
+    connection = await aio_pika.connect(server.url)
+    channel = await connection.channel(publisher_confirms=True)
+    await channel.declare_queue(queue_name, durable=True, arguments={"x-queue-type": "quorum"})
+    await channel.default_exchange.publish(aio_pika.Message(b"before", delivery_mode=2), routing_key=queue_name)
+    filler = fill(disk)
+    publish = asyncio.ensure_future(
+        channel.default_exchange.publish(aio_pika.Message(BIG_BODY, delivery_mode=2), routing_key=queue_name))
+    await asyncio.get_running_loop().run_in_executor(None, wait_for_log, server, "wal.no_space")
+    return connection, filler, publish
+
+
 async def test_a_node_whose_disk_fills_up_stays_up_and_confirms_once_there_is_room(small_disk):
     server = make_server(small_disk, WARREN_DISK_FREE_LIMIT_BYTES="0")
     server.log_path = small_disk.parent / "server.log"
     server.start()
     try:
-        connection = await aio_pika.connect(server.url)
-        channel = await connection.channel(publisher_confirms=True)
-        queue = await channel.declare_queue("filled", durable=True, arguments={"x-queue-type": "quorum"})
-        await channel.default_exchange.publish(aio_pika.Message(b"before", delivery_mode=2), routing_key="filled")
-
-        filler = fill(small_disk)
-        second = asyncio.ensure_future(
-            channel.default_exchange.publish(aio_pika.Message(BIG_BODY, delivery_mode=2), routing_key="filled"))
-        await asyncio.get_running_loop().run_in_executor(None, wait_for_log, server, "wal.no_space")
+        connection, filler, second = await publish_into_a_full_disk(server, small_disk, "filled")
         assert not second.done(), f"a publish the node could not write was answered: {second!r}"
         assert server.process.poll() is None
         assert waiting_for_space(server) == 1.0
@@ -129,15 +135,7 @@ async def test_a_node_stopped_while_its_disk_is_full_stops_cleanly(small_disk):
     server.log_path = small_disk.parent / "server.log"
     server.start()
     try:
-        connection = await aio_pika.connect(server.url)
-        channel = await connection.channel(publisher_confirms=True)
-        await channel.declare_queue("stopped-full", durable=True, arguments={"x-queue-type": "quorum"})
-        await channel.default_exchange.publish(aio_pika.Message(b"before", delivery_mode=2),
-                                               routing_key="stopped-full")
-        filler = fill(small_disk)
-        second = asyncio.ensure_future(channel.default_exchange.publish(
-            aio_pika.Message(BIG_BODY, delivery_mode=2), routing_key="stopped-full"))
-        await asyncio.get_running_loop().run_in_executor(None, wait_for_log, server, "wal.no_space")
+        connection, filler, second = await publish_into_a_full_disk(server, small_disk, "stopped-full")
         status = await asyncio.get_running_loop().run_in_executor(None, server.stop)
         assert status == 0, f"warren-server exited with {status} when stopped with its disk full:\n{server.log()}"
         assert not second.done() or second.exception() is not None, "the unwritten publish was confirmed"
