@@ -38,9 +38,8 @@ def packed_table(ids: list[int], payloads: list[Any], sizes: list[int]) -> Messa
     return MessageTable.from_columns(ids, [packed(payload, size) for payload, size in zip(payloads, sizes)])
 
 
-def table_columns(messages: MessageTable) -> tuple[list[Any], list[int]]:
-    """(payloads, sizes) of the message table, in its order: `unpacked` for every message."""
-    values = list(messages.values())
+def held_columns(values: list[Any]) -> tuple[list[Any], list[int]]:
+    """(payloads, sizes) of a message table's values (in its order): `unpacked` for each."""
     if set(map(type, values)) - {int}:   # a C-level look first: tuples (a transient queue's) are rare
         pairs = list(map(unpacked, values))
         return [payload for payload, _ in pairs], [size for _, size in pairs]

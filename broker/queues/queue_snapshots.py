@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from warren.broker.queues.quorum_machine import QuorumMachine
+    from warren.broker.queues.snapshot_codec import CapturedSnapshot
 
 # Entries, or bytes of entries, between snapshots at least (more when the queue
 # holds many messages).
@@ -51,12 +52,15 @@ class ReleaseCursor:
     settled further on (whose deliveries the consumers saw already).
     At most `keep` candidates: the oldest (the next to promote) and the
     newest. A message that is never consumed keeps the whole log after it,
-    as in RabbitMQ."""
+    as in RabbitMQ. A candidate is captured (`QuorumMachine.capture`) and
+    packed into bytes only when promoted: a queue that drains empty drops its
+    candidates unpacked (rabbit_fifo's release cursor holds its state as an
+    immutable term, and ra writes it only when it is promoted)."""
 
     def __init__(self, keep: int = 2) -> None:
         assert keep >= 2
         self.keep = keep
-        self.candidates: deque[tuple[int, bytes]] = deque()
+        self.candidates: deque[tuple[int, CapturedSnapshot]] = deque()
 
     def offer(self, index: int, machine: "QuorumMachine") -> tuple[int, bytes] | None:
         """`machine` has applied through `index`: the (index, snapshot) to
@@ -68,10 +72,10 @@ class ReleaseCursor:
         promoted = None
         while self.candidates and self.candidates[0][0] < oldest:
             promoted = self.candidates.popleft()
-        self.candidates.append((index, machine.snapshot()))
+        self.candidates.append((index, machine.capture()))
         if len(self.candidates) > self.keep:
             del self.candidates[-2]
-        return promoted
+        return None if promoted is None else (promoted[0], promoted[1].pack())
 
     def reset(self) -> None:
         """The machine was replaced (a snapshot installed): its candidates are void."""

@@ -533,18 +533,19 @@ class QuorumMachine:
 
     # --- snapshots -----------------------------------------------------------------------
     def snapshot(self) -> bytes:
+        return self.capture().pack()
+
+    def capture(self) -> snapshot_codec.CapturedSnapshot:
+        """The state now, to `pack` into a snapshot now or later: see `CapturedSnapshot`."""
         sessions = [[e, s.next_seq, list(s.held.items())] for e, s in self._sessions.items()]
         seqs = [[list(c), state.last_seq, snapshot_codec.int_map(state.checked_out)]
                 for c, state in self._fifo.consumers.items() if state.last_seq]
         suspected = [[list(c), active] for c, active in self._suspected.items()]
         nodes = list(self._suspected_nodes.items())
         retired = list(self._retired.items())
-        gets = [[owner, request_id, None if got is None else [got.msg_id, got.payload if type(got.payload) is int
-                                                              else list(got.payload), got.redelivered,
-                                                              got.message_count, got.delivery_count]]
-                for owner, (request_id, got) in self._gets.items()]
-        return _pack([SNAPSHOT_VERSION, self.next_msg_id, snapshot_codec.fifo_to_wire(self._fifo), sessions, seqs,
-                      suspected, nodes, retired, gets])
+        return snapshot_codec.CapturedSnapshot([SNAPSHOT_VERSION, self.next_msg_id, snapshot_codec.capture(self._fifo),
+                                                sessions, seqs, suspected, nodes, retired,
+                                                snapshot_codec.gets_to_wire(self._gets)])
 
     @classmethod
     def restore(cls, data: bytes) -> QuorumMachine:
@@ -566,12 +567,7 @@ class QuorumMachine:
         machine._suspected = {tuple(consumer): active for consumer, active in suspected}
         machine._suspected_nodes = {node: incarnations for node, incarnations in nodes}
         machine._retired = {node: incarnations for node, incarnations in retired}
-        for owner, request_id, got in gets:
-            if got is not None:
-                msg_id, payload, redelivered, count, delivery_count = got
-                got = qc.Dequeued(msg_id, payload if type(payload) is int else tuple(payload), redelivered,
-                                    count, delivery_count)
-            machine._gets[owner] = (request_id, got)
+        machine._gets = snapshot_codec.gets_from_wire(gets)
         return machine
 
 

@@ -19,6 +19,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from warren.broker.queues import fifo, message_table
+from warren.broker.queues import queue_commands as qc
+from warren.raft import packing
 
 
 def int_map(mapping: Mapping[int, int]) -> list:
@@ -32,16 +34,17 @@ def int_map_from(wire: list) -> dict[int, int]:
 
 
 # -- the message table ---------------------------------------------------------------------
-def _messages_to_wire(messages: message_table.MessageTable) -> list:
-    """[ids, refs, sizes, inline]: columns in the table's (id) order; an inline
-    payload (no log) is [position, list(payload)] in `inline`, 0 in refs."""
-    refs, sizes = message_table.table_columns(messages)
+def _messages_to_wire(ids: list[int], held: list[Any]) -> list:
+    """[ids, refs, sizes, inline]: columns of the table's keys and values (`captured`
+    copies, in id order); an inline payload (no log) is [position, list(payload)] in
+    `inline`, 0 in refs."""
+    refs, sizes = message_table.held_columns(held)
     inline: list[list] = []
     if set(map(type, refs)) - {int}:   # a C-level look first: inline payloads are rare
         inline = [[position, list(payload)] for position, payload in enumerate(refs) if type(payload) is not int]
         for position, _ in inline:
             refs[position] = 0
-    return [list(messages.keys()), refs, sizes, inline]
+    return [ids, refs, sizes, inline]
 
 
 def _messages_from_wire(wire: list) -> message_table.MessageTable:
@@ -54,13 +57,28 @@ def _messages_from_wire(wire: list) -> message_table.MessageTable:
 
 # -- the whole fifo ---------------------------------------------------------------------------
 def fifo_to_wire(state: fifo.FifoState) -> list:
+    return finish(capture(state))
+
+
+def capture(state: fifo.FifoState) -> list:
+    """The fifo's wire form as of now, sharing nothing mutable with `state`, but with
+    its message table still as C-level copies of its keys and values: `finish` turns
+    those into columns (Python-level work per message, and most of a snapshot's cost),
+    so a release cursor candidate costs that only if it is ever promoted."""
     limits = {f.name: getattr(state.limits, f.name) for f in dataclasses.fields(fifo.QueueLimits)}
     by_id: dict[Any, fifo.ConsumerState] = state.consumers   # ids are (owner, tag) tuples
     consumers = [[list(cid), c.prefetch, c.priority, c.no_ack, list(c.checked_out), c.cancelled, c.suspended,
                   c.in_service, c.ticket, c.exclusive] for cid, c in by_id.items()]
-    return [limits, _messages_to_wire(state.messages), int_map(state.delivery_counts), list(state.ready),
-            state.returns, state.ready_bytes, state.message_bytes, int_map(state.expiries),
-            int_map(state.message_priorities), state.now_ms, consumers, _service_to_wire(state)]
+    messages = (list(state.messages.keys()), list(state.messages.values()))
+    return [limits, messages, int_map(state.delivery_counts), list(state.ready), list(state.returns),
+            state.ready_bytes, state.message_bytes, int_map(state.expiries), int_map(state.message_priorities),
+            state.now_ms, consumers, _service_to_wire(state)]
+
+
+def finish(captured: list) -> list:
+    """A `capture` as the snapshot holds it (version 3)."""
+    limits, messages, *rest = captured
+    return [limits, _messages_to_wire(*messages), *rest]
 
 
 def _service_to_wire(state: fifo.FifoState) -> list:
@@ -106,3 +124,42 @@ def fifo_from_wire(wire: list, version: int) -> fifo.FifoState:
         state.service[priority] = deque((cid, consumer, consumer.ticket) for cid, consumer in entries)
     state.priorities = sorted(state.service, reverse=True)
     return state
+
+
+# -- the whole machine ---------------------------------------------------------------------
+class CapturedSnapshot:
+    """A quorum machine's state captured for a snapshot (`QuorumMachine.capture`: its
+    wire form with the fifo as a `capture`), packed into the snapshot's bytes only by
+    `pack`. A release cursor candidate (broker/queues/queue_snapshots.py) is taken
+    while a queue holds many messages and promoted, if ever, only once all of them are
+    settled: packing a queue of 200k messages stopped the loop for ~50 ms (as a backlog
+    began to drain, and at each doubling while it filled), capturing it for a sixth of
+    that (docs/performance.md)."""
+
+    __slots__ = ("_wire",)
+
+    def __init__(self, wire: list) -> None:
+        self._wire = wire
+
+    def pack(self) -> bytes:
+        version, next_msg_id, fifo_state, *rest = self._wire
+        return packing.packb([version, next_msg_id, finish(fifo_state), *rest])
+
+
+def gets_to_wire(gets: Mapping[str, tuple[int, qc.Dequeued | None]]) -> list:
+    """The answers to basic.gets kept per owner, for a resent request (quorum_machine)."""
+    return [[owner, request_id, None if got is None else
+             [got.msg_id, got.payload if type(got.payload) is int else list(got.payload), got.redelivered,
+              got.message_count, got.delivery_count]]
+            for owner, (request_id, got) in gets.items()]
+
+
+def gets_from_wire(wire: list) -> dict[str, tuple[int, qc.Dequeued | None]]:
+    gets: dict[str, tuple[int, qc.Dequeued | None]] = {}
+    for owner, request_id, got in wire:
+        if got is not None:
+            msg_id, payload, redelivered, count, delivery_count = got
+            got = qc.Dequeued(msg_id, payload if type(payload) is int else tuple(payload), redelivered,
+                              count, delivery_count)
+        gets[owner] = (request_id, got)
+    return gets

@@ -128,3 +128,17 @@ def test_restore_of_either_version_behaves_exactly_like_the_original(limits, bef
     assert restored.snapshot() == original.snapshot()
     assert restored.oldest_ref_index() == original.oldest_ref_index()
     assert restored.checked_out_deliveries() == original.checked_out_deliveries()
+
+
+@settings(max_examples=200, deadline=None)
+@given(limits_strategy, st.integers(0, 80), st.booleans(), choices_strategy)
+def test_a_captured_snapshot_packs_the_state_of_its_capture_whatever_came_after(limits, before, indexed, choices):
+    """A release cursor candidate is captured when offered and packed only if it is
+    promoted, many commands later: the capture must share nothing that those
+    commands change (the returns heap, a consumer's checked-out table, a session...)."""
+    machine = QuorumMachine(limits)
+    run_indexed_log(choices, machine, 1 if indexed else None, before)
+    expected = machine.snapshot()
+    capture = machine.capture()
+    run_indexed_log(choices, machine, before + 1 if indexed else None)
+    assert capture.pack() == expected
