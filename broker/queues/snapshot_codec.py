@@ -132,9 +132,8 @@ class CapturedSnapshot:
     wire form with the fifo as a `capture`), packed into the snapshot's bytes only by
     `pack`. A release cursor candidate (broker/queues/queue_snapshots.py) is taken
     while a queue holds many messages and promoted, if ever, only once all of them are
-    settled: packing a queue of 200k messages stopped the loop for ~50 ms (as a backlog
-    began to drain, and at each doubling while it filled), capturing it for a sixth of
-    that (docs/performance.md)."""
+    settled: packing a queue of 200k messages stopped the loop for ~50 ms as a backlog
+    began to drain, capturing it for a sixth of that (docs/performance.md)."""
 
     __slots__ = ("_wire",)
 
