@@ -1,7 +1,7 @@
-"""`warren-server` and `python -m warren.broker`: the malloc tunables first, then the server.
+"""`warren-server` and `python -m warren.broker`: the malloc tunable first, then the server.
 
-The tunables (broker/node/malloc_tuning.py) are read when a process starts, so the
-server executes itself again with them set. That happens here, before the server's
+The tunable (broker/node/malloc_tuning.py) is read when a process starts, so the
+server executes itself again with it set. That happens here, before the server's
 modules are imported: they take about half a second to import, which an exec after
 importing them paid twice on every start (a test suite starts hundreds of nodes)."""
 from __future__ import annotations
@@ -13,18 +13,18 @@ from warren.broker.node import malloc_tuning
 
 
 def main() -> int:
-    _execute_again_with_malloc_tunables()
+    _execute_again_with_huge_pages()
     from warren.broker.node import server  # after the exec: imported once
     return server.main(sys.argv[1:])
 
 
-def _execute_again_with_malloc_tunables() -> None:
-    """Replace this process (same pid, same command line) by one whose malloc has
-    the node's tunables, unless it already has (or the user set them)."""
-    env = malloc_tuning.environment_with_tunables(os.environ, sys.platform)
+def _execute_again_with_huge_pages() -> None:
+    """Replace this process (same pid, same command line) by one whose malloc uses
+    transparent huge pages, unless it already does."""
+    env = malloc_tuning.environment_with_huge_pages(os.environ, sys.platform)
     if env is None:
         return
     try:
         os.execve(sys.executable, sys.orig_argv, env)
-    except OSError as error:   # run on with glibc's defaults: slower, not wrong
-        print(f"warren-server: could not restart with its malloc tunables: {error}", file=sys.stderr)
+    except OSError as error:   # run on with 4 KiB pages: slower, not wrong
+        print(f"warren-server: could not restart with huge pages: {error}", file=sys.stderr)
