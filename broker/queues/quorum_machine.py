@@ -58,7 +58,6 @@ from warren.broker.queues import fifo, message_table, queue_codec, snapshot_code
 from warren.broker.queues import queue_commands as qc
 from warren.broker.queues.queue_commands import Applied, Delivery, Got, Purged, owner_incarnation, owner_node
 from warren.protocol import codec
-from warren.raft import packing
 
 # Out-of-order enqueues held per enqueuer; beyond it they are dropped (the sender resends).
 HOLD_MAX = 4096
@@ -77,9 +76,6 @@ REF_SLOTS = 1 << 16
 decode = queue_codec.decode_positional
 ARITY = queue_codec.ARITY
 LIVENESS_OPS = queue_codec.LIVENESS_TAGS
-
-
-_pack = packing.packb
 
 
 def ref_location(ref: int) -> tuple[int, int]:
