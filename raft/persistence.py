@@ -34,8 +34,9 @@ from typing import TYPE_CHECKING
 
 from warren.raft.group import GroupId, PersistItem
 from warren.raft.messages import Snapshot
-from warren.raft.raft_storage import GroupStorage, snapshot_record
+from warren.raft.raft_storage import GroupStorage, snapshot_record_pieces
 from warren.raft.released import Released
+from warren.storage import records
 
 if TYPE_CHECKING:
     from warren.raft.entry_locations import EntryLocations
@@ -78,7 +79,7 @@ class RaftPersistence:
             self.committer.when_durable(batch, lambda ok, token=batch: self.on_durable(token, ok))
         return batch
 
-    def encode_item(self, item: PersistItem) -> list[bytes] | None:
+    def encode_item(self, item: PersistItem) -> list[records.Encoded] | None:
         """The item's records (snapshot, entries, hard state), all encoded
         before any is appended: a group whose records cannot be encoded
         fails alone and leaves nothing half written; None then."""
@@ -89,7 +90,7 @@ class RaftPersistence:
             self.system.fail_group(item.group_id, error)
             return None
 
-    def append_item(self, item: PersistItem, encoded: list[bytes]) -> int:
+    def append_item(self, item: PersistItem, encoded: list[records.Encoded]) -> int:
         """Append one group's records; note where its entries go. The batch number."""
         storage = self.groups[item.group_id]
         committer = self.committer
@@ -101,7 +102,7 @@ class RaftPersistence:
             entry_position = position - first_entry
             if 0 <= entry_position < len(entries):
                 self.locations.note(batch, storage, entries[entry_position].index, committer.last_offset_in_batch,
-                                    len(record))
+                                    records.record_size(record))
         return batch
 
     def on_durable(self, token: int, ok: bool) -> None:
@@ -134,7 +135,7 @@ class RaftPersistence:
         comes first writes the snapshot again at the start of the new WAL
         file before it drops anything below the cursor."""
         assert storage.snapshot is None or snapshot.index > storage.snapshot.index
-        self.committer.append(snapshot_record(storage.log_id, snapshot))
+        self.committer.append(snapshot_record_pieces(storage.log_id, snapshot))
         storage.snapshot = snapshot
         # what the compaction dropped is freed a piece per turn (raft/released.py)
         self.released.drop_keys(storage.locations, storage.prune_locations())

@@ -89,7 +89,6 @@ Snapshot files of their own, as in ra, would remove both limits.
 """
 from __future__ import annotations
 
-import struct
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -114,9 +113,7 @@ ENTRY_KINDS = frozenset(int(kind) for kind in EntryKind)
 
 # storage.records' framing, for `snapshot_record_pieces` (a unit test pins the
 # two encoders to the same bytes)
-_MARKER_LENGTH = struct.Struct(">II")   # marker, body length
-_CRCS = struct.Struct(">II")            # header crc, body crc
-_RECORD_HEAD = struct.Struct(">QQQ")    # log_id, term, index
+_ENTRY_ARRAY = b"\x92"   # msgpack's header of a two-element array: an entry's [kind, data]
 
 
 class RaftLogCorrupt(Exception):
@@ -139,9 +136,17 @@ def _unpack(payload: bytes) -> list:
 
 # --- encoding ----------------------------------------------------------------------------------
 
-def entry_record(log_id: int, entry: Entry) -> bytes:
+def entry_record(log_id: int, entry: Entry) -> records.Encoded:
+    """The entry's record, as pieces around its data (`records.encode_split`): the
+    payload is msgpack [kind, data], its data a command that holds a turn's
+    published bodies, written as it is, not packed into the payload again and the
+    payload into the record (each a copy of every body)."""
     assert entry.index >= 1
-    return records.encode(log_id, entry.term, entry.index, _pack([int(entry.kind), entry.data]))
+    data = entry.data
+    if type(data) is not bytes:
+        return records.encode(log_id, entry.term, entry.index, _pack([int(entry.kind), data]))
+    payload_head = _ENTRY_ARRAY + _pack(int(entry.kind)) + _bin_header(len(data))
+    return records.encode_split(log_id, entry.term, entry.index, payload_head, data)
 
 
 def group_record(log_id: int, group_id: GroupId, members: tuple[str, ...], hosted_at: int = 0, me: str = "") -> bytes:
@@ -153,18 +158,13 @@ def hard_state_record(log_id: int, hard_state: HardState) -> bytes:
     return records.encode(log_id, hard_state.term, CONTROL_INDEX, payload)
 
 
-def snapshot_record(log_id: int, snapshot: Snapshot) -> bytes:
-    """The SNAPSHOT record, its data copied once (see `snapshot_record_pieces`)."""
-    return b"".join(snapshot_record_pieces(log_id, snapshot))
-
-
 def snapshot_record_pieces(log_id: int, snapshot: Snapshot) -> tuple[bytes, bytes]:
     """The SNAPSHOT record as (everything before the data, the data itself):
     their concatenation is byte for byte `records.encode(log_id, term, 0,
     msgpack [18, index, term, voters, data])`, but built without copying the
     data (a queue's snapshot may be large): msgpack's bin header is written
-    here and the checksum runs over the pieces. Whoever joins them (into a
-    record, or straight into a rollover's first batch) makes the one copy."""
+    here and the checksum runs over the pieces. The WAL writes them as they
+    are; a rollover's first batch joins them (the one copy)."""
     data = snapshot.data
     if len(data) > 0xFFFFFFFF:
         raise ValueError(f"a snapshot of {len(data)} bytes does not fit a msgpack bin")
@@ -172,14 +172,7 @@ def snapshot_record_pieces(log_id: int, snapshot: Snapshot) -> tuple[bytes, byte
     payload_head = b"".join((
         packer.pack_array_header(5), packer.pack(SNAPSHOT), packer.pack(snapshot.index),
         packer.pack(snapshot.term), packer.pack(list(snapshot.voters)), _bin_header(len(data))))
-    payload_size = len(payload_head) + len(data)
-    if payload_size > records.RECORD_PAYLOAD_MAX_BYTES:
-        raise ValueError(f"record payload of {payload_size} bytes exceeds {records.RECORD_PAYLOAD_MAX_BYTES}")
-    head = _RECORD_HEAD.pack(log_id, snapshot.term, CONTROL_INDEX) + payload_head
-    marker_length = _MARKER_LENGTH.pack(records.RECORD_MARKER, len(head) + len(data))
-    body_crc = records.crc32(data, records.crc32(head))
-    prefix = marker_length + _CRCS.pack(records.crc32(marker_length), body_crc)
-    return prefix + head, data
+    return records.encode_split(log_id, snapshot.term, CONTROL_INDEX, payload_head, data)
 
 
 def _bin_header(size: int) -> bytes:
@@ -210,17 +203,17 @@ class GroupStorage:
     me: str = ""         # this replica's member id, "" for the node's name (GROUP record)
     pruned_below: int = 0   # no location below this is left (`prune_locations`)
 
-    def records_for(self, item: PersistItem) -> list[bytes]:
+    def records_for(self, item: PersistItem) -> list[records.Encoded]:
         """The records for one group's Ready, in the order the core asks."""
         assert item.group_id == self.group_id
         # A truncation always comes with the entries that replace the tail:
         # replay relies on "a write at an index replaces the tail".
         assert item.truncate_from is None or (item.entries and item.entries[0].index == item.truncate_from), \
             f"group {self.group_id!r}: truncate_from {item.truncate_from} without entries from there"
-        encoded: list[bytes] = []
+        encoded: list[records.Encoded] = []
         if item.snapshot is not None:
             self.snapshot = item.snapshot
-            encoded.append(snapshot_record(self.log_id, item.snapshot))
+            encoded.append(snapshot_record_pieces(self.log_id, item.snapshot))
         for entry in item.entries:
             encoded.append(entry_record(self.log_id, entry))
         if item.hard_state is not None:

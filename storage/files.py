@@ -11,7 +11,7 @@ import mmap
 import os
 import time
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 # The WAL file grows in steps allocated ahead of its writes (fallocate): an fdatasync
@@ -24,6 +24,9 @@ PREALLOCATE_STEP_BYTES = 4 * 1024 * 1024
 # extents in the journal the syncs wait for); 8 MiB steps 5 ms apart, at most 4 ms.
 SHRED_STEP_BYTES = 8 * 1024 * 1024
 SHRED_PAUSE_SECONDS = 0.005
+
+# pwritev takes at most this many buffers a call (Linux's IOV_MAX).
+IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
 
 
 class AppendHandle:
@@ -45,14 +48,32 @@ class AppendHandle:
         self.closed = False
 
     def write(self, data: bytes) -> None:
-        end = self.size + len(data)
+        self.write_pieces((data,))
+
+    def write_pieces(self, pieces: Sequence[bytes]) -> None:
+        """Append the pieces one after another, as one write of their concatenation,
+        without making it (a WAL batch's records, each record's head and its entry's
+        data: a published body is not copied again on its way to the disk)."""
+        end = self.size + sum(map(len, pieces))
         if self.allocated < end < self._allocate_up_to and self.size:
             self._allocate(min(end + PREALLOCATE_STEP_BYTES, self._allocate_up_to))
-        view = memoryview(data)
-        while view:
-            written = os.pwrite(self._fd, view, self.size)
-            view = view[written:]
-            self.size += written
+        for start in range(0, len(pieces), IOV_MAX):
+            self._pwritev(list(pieces[start:start + IOV_MAX]))
+
+    def _pwritev(self, buffers: list) -> None:
+        if not buffers:
+            return
+        written = os.pwritev(self._fd, buffers, self.size)
+        self.size += written
+        if written == sum(map(len, buffers)):
+            return
+        for position, buffer in enumerate(buffers):   # a short write goes on where it stopped
+            if written < len(buffer):
+                rest = buffers[position:]
+                rest[0] = memoryview(buffer)[written:]
+                self._pwritev(rest)
+                return
+            written -= len(buffer)
 
     def _allocate(self, end: int) -> None:
         try:

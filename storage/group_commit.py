@@ -91,18 +91,23 @@ class GroupCommitter:
         self._shredding: asyncio.Task | None = None   # freeing what rollovers let go (LogStore.shred_trash)
         self.failed_batches = 0
         # the batch with the writer: (batch, data, heads, started), to write again if it found no space
-        self._writing: tuple[int, bytes, list[tuple[int, int, int]], float] | None = None
+        self._writing: tuple[int, list[bytes], list[tuple[int, int, int]], float] | None = None
         self._space_retry: asyncio.TimerHandle | None = None
         self._space_waits = 0       # tries of the current batch that found the disk full
         self.waiting_for_space_since: float | None = None   # loop time of the first of them
         self._closing = 0           # drain()s under way: meanwhile a batch that finds no space fails
 
-    def append(self, encoded_record: bytes) -> int:
-        """Queue one encoded record; returns the batch number it will be written in."""
-        self._pending.append(encoded_record)
+    def append(self, encoded_record: records.Encoded) -> int:
+        """Queue one encoded record (bytes, or its pieces: written as they are, not
+        joined); returns the batch number it will be written in."""
+        head = records.head_of(encoded_record)
+        if type(encoded_record) is bytes:
+            self._pending.append(encoded_record)
+        else:
+            self._pending.extend(encoded_record)
         self.last_offset_in_batch = self._pending_bytes
-        self._pending_bytes += len(encoded_record)
-        self._pending_heads.append(records.head_of(encoded_record))
+        self._pending_bytes += head[2]
+        self._pending_heads.append(head)
         if not self._busy and self._kick is None:
             # the rest of this turn joins the batch
             self._kick = asyncio.get_running_loop().call_soon(self._on_kick)
@@ -132,10 +137,12 @@ class GroupCommitter:
         if on_writing is not None:
             self._writing_listeners.append(on_writing)
 
-    def _take(self) -> tuple[bytes, list[tuple[int, int, int]]]:
-        data = b"".join(self._pending)
-        heads = self._pending_heads
-        self._pending.clear()
+    def _take(self) -> tuple[list[bytes], list[tuple[int, int, int]]]:
+        """The batch: its records' pieces, in order (the writer writes them as one
+        `pwritev`; a join here copied every byte of the batch once more, and its
+        large short-lived buffer made the heap's top grow and shrink)."""
+        data, heads = self._pending, self._pending_heads
+        self._pending = []
         self._pending_bytes = 0
         self._pending_heads = []
         return data, heads
@@ -210,7 +217,7 @@ class GroupCommitter:
         """The batch being written found the disk full: try it again later, in its place."""
         if not self._space_waits:
             self.waiting_for_space_since = asyncio.get_running_loop().time()
-            log.error("wal.no_space", batch=self._writing[0], bytes=len(self._writing[1]), error=str(error),
+            log.error("wal.no_space", batch=self._writing[0], bytes=sum(map(len, self._writing[1])), error=str(error),
                       detail="the batch is written again once there is room; nothing waiting for it is confirmed")
         delay = min(NO_SPACE_RETRY_MAX_SECONDS, NO_SPACE_RETRY_FIRST_SECONDS * 2 ** min(self._space_waits, 16))
         self._space_waits += 1

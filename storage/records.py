@@ -87,10 +87,39 @@ def encode(log_id: int, term: int, index: int, payload: bytes) -> bytes:
     return b"".join((marker_length, crcs, head, payload))
 
 
-def head_of(record: bytes) -> tuple[int, int, int]:
-    """(log_id, index, length) of one encoded record (as `encode` made it)."""
-    log_id, _term, index = _entry_head_unpack(record, PREFIX_SIZE)
-    return log_id, index, len(record)
+def encode_split(log_id: int, term: int, index: int, payload_head: bytes, data: bytes) -> tuple[bytes, bytes]:
+    """`encode(log_id, term, index, payload_head + data)` as two pieces, everything
+    before `data` and `data` itself, byte for byte the same once written one after
+    the other, without copying `data` (a Raft entry's command, a snapshot): the
+    checksum runs over the pieces, and the WAL writes them as they are
+    (`AppendHandle.write_pieces`)."""
+    payload_size = len(payload_head) + len(data)
+    if payload_size > RECORD_PAYLOAD_MAX_BYTES:
+        raise ValueError(f"record payload of {payload_size} bytes exceeds {RECORD_PAYLOAD_MAX_BYTES}")
+    head = _entry_head_pack(log_id, term, index) + payload_head
+    marker_length = _marker_length_pack(RECORD_MARKER, ENTRY_HEAD_SIZE + payload_size)
+    crcs = _crcs_pack(crc32(marker_length), crc32(data, crc32(head)))
+    return marker_length + crcs + head, data
+
+
+# An encoded record: its bytes, or pieces whose concatenation they are (`encode_split`;
+# the first piece holds at least the prefix and the entry head).
+Encoded = bytes | tuple[bytes, ...]
+
+
+def record_size(record: Encoded) -> int:
+    return len(record) if type(record) is bytes else sum(map(len, record))
+
+
+def joined(record: Encoded) -> bytes:
+    return record if type(record) is bytes else b"".join(record)
+
+
+def head_of(record: Encoded) -> tuple[int, int, int]:
+    """(log_id, index, length) of one encoded record (as `encode` or `encode_split` made it)."""
+    first = record if type(record) is bytes else record[0]
+    log_id, _term, index = _entry_head_unpack(first, PREFIX_SIZE)
+    return log_id, index, record_size(record)
 
 
 def heads_of_batch(data: bytes) -> list[tuple[int, int, int]]:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import errno
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate, compress
 from operator import add, ne
@@ -242,14 +242,16 @@ class LogStore:
         self._heads[path] = WalHeads()
 
     # -- appends ----------------------------------------------------------
-    def write_batch(self, data: bytes) -> tuple[Path, int]:
-        """Append one batch of encoded records and make it durable (one fdatasync).
-        Returns the WAL file and the offset the batch starts at."""
+    def write_batch(self, data: bytes | Sequence[bytes]) -> tuple[Path, int]:
+        """Append one batch of encoded records (bytes, or the pieces they are made
+        of, in order) and make it durable (one fdatasync). Returns the WAL file and
+        the offset the batch starts at."""
+        pieces = (data,) if isinstance(data, bytes) else data
         if self._broken is not None:
             raise OSError(f"WAL unusable since an earlier failure: {self._broken}")
         size_before = self._wal.size
         try:
-            self._wal.write(data)
+            self._wal.write_pieces(pieces)
         except OSError as error:
             # A batch that found no space is written again at this offset, the same bytes: readers
             # on the loop keep their cache (forgetting it here, on the writer thread, would race them).
@@ -263,7 +265,7 @@ class LogStore:
             self._cut_off(size_before)
             raise
         self.fsyncs += 1
-        self.bytes_written += len(data)
+        self.bytes_written += self._wal.size - size_before
         return self._wal.path, size_before
 
     def _cut_off(self, size_before: int, keep_cache: bool = False) -> bool:

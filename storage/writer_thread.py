@@ -22,14 +22,16 @@ Report = Callable[[int, Any, int, float, Any, BaseException | None], None]
 
 
 class WriterThread:
-    def __init__(self, write: Callable[[bytes], Any], report: Report, name: str = "wal-writer") -> None:
+    def __init__(self, write: Callable[[list[bytes]], Any], report: Report, name: str = "wal-writer") -> None:
         self._write = write
         self._report = report
         self._name = name
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._thread: threading.Thread | None = None   # started by the first batch
 
-    def submit(self, loop: asyncio.AbstractEventLoop, batch: int, heads: Any, data: bytes, started: float) -> None:
+    def submit(self, loop: asyncio.AbstractEventLoop, batch: int, heads: Any, data: list[bytes],
+               started: float) -> None:
+        """`data`: the batch's pieces, written one after another."""
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
             self._thread.start()
@@ -47,7 +49,7 @@ class WriterThread:
             except Exception as raised:  # noqa: BLE001 -- reported on the loop: the batch failed
                 error = raised
             try:
-                loop.call_soon_threadsafe(self._report, batch, heads, len(data), started, result, error)
+                loop.call_soon_threadsafe(self._report, batch, heads, sum(map(len, data)), started, result, error)
             except RuntimeError:   # the loop is closed: nobody is waiting for the batch any more
                 pass
 

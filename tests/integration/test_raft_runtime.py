@@ -267,9 +267,9 @@ def entry(term: int, index: int, data: bytes = b"x") -> Entry:
     return Entry(term, index, EntryKind.NORMAL, data)
 
 
-def replay(encoded: list[bytes]) -> RecoveryScan:
+def replay(encoded: list[records.Encoded]) -> RecoveryScan:
     scan = RecoveryScan()
-    for record in records.scan(records.FILE_HEADER + b"".join(encoded)).records:
+    for record in records.scan(records.FILE_HEADER + b"".join(map(records.joined, encoded))).records:
         scan.visit(record)
     return scan
 

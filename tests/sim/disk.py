@@ -47,7 +47,8 @@ class SimCommitter:
         self.no_space_tries = 0   # writes that found the disk full (the batch waited)
         self.waiting_for_space_since: float | None = None   # as GroupCommitter's: the runtime's leaders step down
 
-    def append(self, encoded_record: bytes) -> int:
+    def append(self, encoded_record: records.Encoded) -> int:
+        encoded_record = records.joined(encoded_record)
         self._pending.append(encoded_record)
         self.last_offset_in_batch = self._pending_bytes
         self._pending_bytes += len(encoded_record)

@@ -15,8 +15,8 @@ from warren.raft.raft_storage import (
     RAFT_LOG_ID_BASE,
     GroupStorage,
     RecoveryScan,
+    entry_record,
     group_record,
-    snapshot_record,
     snapshot_record_pieces,
 )
 from warren.storage import records
@@ -34,12 +34,26 @@ def test_the_snapshot_record_is_the_record_format_and_round_trips(size):
         [18, snapshot.index, snapshot.term, list(MEMBERS), data], use_bin_type=True))
     head, body = snapshot_record_pieces(LOG_ID, snapshot)
     assert body is data, "the data is not copied before the pieces are joined"
-    assert head + body == snapshot_record(LOG_ID, snapshot) == expected
+    assert head + body == expected
     scan = RecoveryScan()
     for record in records.scan(records.FILE_HEADER + group_record(LOG_ID, "g", MEMBERS) + expected).records:
         scan.visit(record)
     (group,) = scan.groups()
     assert group.state.snapshot == snapshot and group.state.entries == []
+
+
+@pytest.mark.parametrize("kind", list(EntryKind))
+@pytest.mark.parametrize("size", [0, 1, 255, 256, 65535, 65536, 70000])
+def test_an_entry_record_is_its_head_and_its_data_uncopied_and_the_record_format(kind, size):
+    data = bytes(range(256)) * (size // 256) + bytes(size % 256)
+    entry_ = Entry(2**33 + 1, 2**35, kind, data)
+    expected = records.encode(LOG_ID, entry_.term, entry_.index, msgpack.packb([int(kind), data], use_bin_type=True))
+    head, body = entry_record(LOG_ID, entry_)
+    assert body is data, "the entry's data is written as it is, not copied into the record"
+    assert head + body == expected
+    assert records.head_of((head, body)) == (LOG_ID, entry_.index, len(expected))
+    (record,) = records.scan(records.FILE_HEADER + expected).records
+    assert (record.log_id, record.term, record.index) == (LOG_ID, entry_.term, entry_.index)
 
 
 def entry(index: int) -> Entry:
@@ -67,13 +81,13 @@ def write_log(tmp_path, last: int) -> tuple[LogStore, GroupStorage]:
     encoded = [group_record(LOG_ID, "g", MEMBERS)]
     encoded += storage.records_for(PersistItem("g", HardState(1, "a", last), None, None,
                                                tuple(entry(i) for i in range(1, last + 1))))
-    store.write_batch(b"".join(encoded))
+    store.write_batch(b"".join(map(records.joined, encoded)))
     return store, storage
 
 
 def compact(store: LogStore, storage: GroupStorage, index: int, data: bytes, torn: bool = False) -> None:
     """What RaftRuntime.compact does: the record, then the cursor."""
-    record = snapshot_record(LOG_ID, Snapshot(index, 1, MEMBERS, data))
+    record = b"".join(snapshot_record_pieces(LOG_ID, Snapshot(index, 1, MEMBERS, data)))
     store.write_batch(record[:-7] if torn else record)
     storage.snapshot = Snapshot(index, 1, MEMBERS, data)
 

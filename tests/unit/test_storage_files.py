@@ -185,3 +185,35 @@ def test_a_rollover_and_a_recovery_map_the_wal_instead_of_reading_it_whole(tmp_p
     again.close()
     assert set(range(26, 41)) <= set(recovered.logs[1])   # and whole segments below the last cursor
     assert all(record.payload == bytes([index % 251]) * 100 for index, record in recovered.logs[1].items())
+
+
+@pytest.mark.parametrize("short_writes", [False, True])
+def test_pieces_are_written_as_their_concatenation_past_iov_max_and_after_short_writes(
+        tmp_path: Path, monkeypatch, short_writes: bool):
+    """A WAL batch goes to the disk as its records' pieces (`write_pieces`, one pwritev
+    per IOV_MAX of them): the file holds exactly their concatenation, also when the
+    kernel writes less than asked (it may, for a regular file, on a signal)."""
+    pieces = [bytes([i % 251]) * (1 + i % 7) for i in range(files.IOV_MAX * 2 + 5)]
+    pieces[3] = b""
+    real_pwritev = os.pwritev
+    calls = []
+
+    def pwritev(fd, buffers, offset):
+        calls.append(len(buffers))
+        if short_writes and len(calls) % 2:   # every other call writes a few bytes less than asked
+            wanted = sum(map(len, buffers))
+            first = bytes(b"".join(bytes(b) for b in buffers)[: max(1, wanted - 5)])
+            return real_pwritev(fd, [first], offset)
+        return real_pwritev(fd, buffers, offset)
+
+    monkeypatch.setattr(files.os, "pwritev", pwritev)
+    path = tmp_path / "00000001.wal"
+    handle = AppendHandle(path, preallocate_bytes=ALLOCATE_UP_TO)
+    handle.write(records.FILE_HEADER)
+    handle.write_pieces(pieces)
+    expected = records.FILE_HEADER + b"".join(pieces)
+    assert handle.size == len(expected)
+    assert max(calls) <= files.IOV_MAX
+    handle.close()
+    assert path.read_bytes() == expected
+

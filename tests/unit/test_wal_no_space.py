@@ -35,17 +35,18 @@ class DiskFullStore(LogStore):
         if not self.full:
             return super().write_batch(data)
         handle = self._wal
-        real_write = handle.write
+        real_write = handle.write_pieces
 
-        def write_half_then_fail(chunk: bytes) -> None:
-            real_write(chunk[: len(chunk) // 2])
+        def write_half_then_fail(pieces) -> None:
+            chunk = b"".join(pieces)
+            real_write([chunk[: len(chunk) // 2]])
             raise OSError(errno.ENOSPC, "No space left on device")
 
-        handle.write = write_half_then_fail
+        handle.write_pieces = write_half_then_fail
         try:
             super().write_batch(data)
         finally:
-            del handle.write
+            del handle.write_pieces
             self.loop.call_soon_threadsafe(self.attempted_while_full.set)
 
 
@@ -131,11 +132,11 @@ def test_no_space_is_told_apart_from_other_write_failures(tmp_path):
     store.recover()
     handle = store._wal
     for code, expected in ((errno.ENOSPC, NoSpace), (errno.EDQUOT, NoSpace), (errno.EIO, OSError)):
-        def failing_write(chunk: bytes, code: int = code) -> None:
+        def failing_write(pieces, code: int = code) -> None:
             raise OSError(code, "injected")
 
         handle = store._wal
-        handle.write = failing_write
+        handle.write_pieces = failing_write
         with pytest.raises(OSError) as caught:
             store.write_batch(records.encode(1, 0, 1, b"x"))
         assert type(caught.value) is expected, (code, caught.value)
