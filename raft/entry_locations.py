@@ -19,11 +19,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-import msgpack
-
 from warren.raft.group import GroupId
 from warren.raft.messages import Entry
-from warren.raft.raft_storage import GroupStorage
+from warren.raft.raft_storage import GroupStorage, entry_payload_data
 from warren.storage.group_commit import BatchWritten
 from warren.storage.wal import Location, Relocation
 
@@ -83,18 +81,23 @@ class EntryLocations:
 
     def read_entry(self, location: Location) -> bytes:
         """An entry record's data, read back from disk."""
+        data = self._entry_view(location)
+        return data if data is None or type(data) is bytes else bytes(data)
+
+    def _entry_view(self, location: Location) -> bytes | memoryview | None:
+        """The same, as a view of the file block read (`RealFiles.read_at`), not a copy."""
         self.entries_read += 1
-        kind, data = msgpack.unpackb(self.store.read_payload(location), raw=False)
-        return data
+        return entry_payload_data(self.store.read_payload(location))
 
     def attach_loader(self, storage: GroupStorage, raft_log: RaftLog) -> None:
         """The group's RaftLog may drop applied entries' data; it reads them
         back through the locations noted here."""
         raft_log.loader = lambda index: self.read_entry(storage.locations[index])
 
-    def entry_data(self, storage: GroupStorage, raft_log: RaftLog, index: int) -> bytes | None:
+    def entry_data(self, storage: GroupStorage, raft_log: RaftLog, index: int) -> bytes | memoryview | None:
         """The data of the group's entry at `index`: from memory, or read
-        back from the WAL or a segment; None if it is not in the group's log
+        back from the WAL or a segment (a view of the file block read, which it
+        keeps alive: decode it and let it go); None if it is not in the group's log
         here (compacted away, not yet received)."""
         if not raft_log.snapshot_index < index <= raft_log.last_index():
             # Outside the log, a noted location may be of an entry a leader's snapshot replaced.
@@ -102,7 +105,7 @@ class EntryLocations:
         data = raft_log.entries[index - raft_log.snapshot_index - 1].data
         if data is not None:
             return data
-        return self.read_entry(storage.locations[index])   # evicted entries are stable: located
+        return self._entry_view(storage.locations[index])   # evicted entries are stable: located
 
     def apply_noting(self, group_id: GroupId, entry: Entry) -> None:
         self._applied_groups.add(group_id)

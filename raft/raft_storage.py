@@ -134,6 +134,23 @@ def _unpack(payload: bytes) -> list:
     return value
 
 
+_BIN_HEADERS = {0xC4: 1, 0xC5: 2, 0xC6: 4}   # msgpack bin 8/16/32: the bytes of its length
+
+
+def entry_payload_data(payload: bytes | memoryview) -> bytes | memoryview | None:
+    """The data of an entry record's payload, msgpack [kind, data] as `entry_record`
+    writes it: a slice of `payload`, not a copy (a backlog read back for delivery is
+    decoded from it once more); any other form through msgpack."""
+    view = memoryview(payload)
+    if len(view) > 3 and view[0] == 0x92 and view[1] < 0x80:   # two elements, kind a small int
+        length_bytes = _BIN_HEADERS.get(view[2])
+        if length_bytes is not None:
+            start = 3 + length_bytes
+            if start + int.from_bytes(view[3:start], "big") == len(view):
+                return view[start:]
+    return _unpack(payload)[1]
+
+
 # --- encoding ----------------------------------------------------------------------------------
 
 def entry_record(log_id: int, entry: Entry) -> records.Encoded:

@@ -119,9 +119,10 @@ class RealFiles:
         # grew past it. Closed ones are dropped when the next is opened: at most a few are listed.
         self._appending: dict[Path, AppendHandle] = {}
 
-    def read_at(self, path: Path, offset: int, length: int, cached: bool = True) -> bytes:
-        """``length`` bytes at ``offset``. Callers verify what they read (checksums)
-        and retry with ``cached=False`` if a cached block was stale."""
+    def read_at(self, path: Path, offset: int, length: int, cached: bool = True) -> bytes | memoryview:
+        """``length`` bytes at ``offset`` (from a cached block, a view of it: a record
+        read back for delivery is not copied out of the block). Callers verify what
+        they read (checksums) and retry with ``cached=False`` if a cached block was stale."""
         fd = self._readers.get(path)
         if fd is None:
             fd = self._readers[path] = os.open(path, os.O_RDONLY)
@@ -129,7 +130,7 @@ class RealFiles:
         if cached and start + length <= READ_BLOCK_BYTES:
             data = self._block(fd, path, block, start + length)
             if start + length <= len(data):
-                return data[start:start + length]
+                return memoryview(data)[start:start + length]
         data = os.pread(fd, length, offset)
         if len(data) != length:
             raise OSError(f"{path}: short read at offset {offset}")

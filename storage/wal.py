@@ -294,8 +294,9 @@ class LogStore:
             noted.covered = -1   # so its rollover reads the file's heads back instead
             log.exception("wal.heads_note_failed", path=str(path))
 
-    def read_payload(self, location: Location) -> bytes:
-        """The payload of the record at ``location`` (checked against its checksums)."""
+    def read_payload(self, location: Location) -> bytes | memoryview:
+        """The payload of the record at ``location`` (checked against its checksums; a
+        view of what `read_at` read)."""
         data = self.files.read_at(location.path, location.offset, location.length)
         record, _, problem = records.decode_at(data, 0)
         if record is None:  # a cached block may predate a cut-off batch: read the disk itself

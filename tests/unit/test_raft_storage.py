@@ -15,6 +15,7 @@ from warren.raft.raft_storage import (
     RAFT_LOG_ID_BASE,
     GroupStorage,
     RecoveryScan,
+    entry_payload_data,
     entry_record,
     group_record,
     snapshot_record_pieces,
@@ -54,6 +55,13 @@ def test_an_entry_record_is_its_head_and_its_data_uncopied_and_the_record_format
     assert records.head_of((head, body)) == (LOG_ID, entry_.index, len(expected))
     (record,) = records.scan(records.FILE_HEADER + expected).records
     assert (record.log_id, record.term, record.index) == (LOG_ID, entry_.term, entry_.index)
+    read_back = entry_payload_data(record.payload)
+    assert type(read_back) is memoryview and read_back == data, "read back as a view of the record, not a copy"
+
+
+@pytest.mark.parametrize("payload", [[0, None], [1, "text"], [2, b"x", "more"], [200, b"y"]])
+def test_an_entry_payload_in_another_form_is_read_through_msgpack(payload):
+    assert entry_payload_data(msgpack.packb(payload, use_bin_type=True)) == payload[1]
 
 
 def entry(index: int) -> Entry:
