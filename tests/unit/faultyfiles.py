@@ -104,6 +104,9 @@ class FakeAppendHandle:
         self._node.data += data
         self._files.bytes_written_total += len(data)
 
+    def write_pieces(self, pieces) -> None:
+        self.write(b"".join(pieces))
+
     def sync(self) -> None:
         self._check_usable()
         self._files.tick("sync", self.path)
