@@ -76,8 +76,9 @@ entries below the cursor out of the segments and deletes the old WAL files
 and the segment files wholly below the cursor. One record is all or
 nothing (its checksums): a crash at any point leaves the old snapshot with
 its entries, or the new snapshot, and replay takes the last one it meets.
-A SNAPSHOT record is encoded with its data copied once
-(`snapshot_record_pieces`); the snapshot itself is held once, the same
+A SNAPSHOT record is encoded without copying its data, as an entry's record
+is (`snapshot_record_pieces`, `entry_record`: pieces the WAL writes as they
+are; a rollover's first batch joins them); the snapshot itself is held once, the same
 bytes object shared by the core (to send to lagging followers) and
 `GroupStorage`.
 
@@ -111,8 +112,6 @@ REMOVED = 19
 CONTROL_KINDS = frozenset({GROUP, HARD_STATE, SNAPSHOT, REMOVED})
 ENTRY_KINDS = frozenset(int(kind) for kind in EntryKind)
 
-# storage.records' framing, for `snapshot_record_pieces` (a unit test pins the
-# two encoders to the same bytes)
 _ENTRY_ARRAY = b"\x92"   # msgpack's header of a two-element array: an entry's [kind, data]
 
 
