@@ -80,11 +80,13 @@ class QueueReplica:
         self._here_by_owner: dict[Any, bool] = {}   # _is_here's answers, per owner seen lately
 
     # -- applying ---------------------------------------------------------------------
-    def apply_entry(self, index: int, data: bytes, leading: bool) -> tuple[Any, Any]:
+    def apply_entry(self, index: int, data: bytes, leading: bool, proposed: Any = None) -> tuple[Any, Any]:
         """A committed entry; returns (the command, the reply a leader sends back), the
-        command None when it could not be applied (the same on every replica)."""
+        command None when it could not be applied (the same on every replica).
+        `proposed`: the command itself, when this leader encoded `data` from it
+        (queue_routes.ProposedCommands): what decoding `data` would give."""
         try:
-            command = queue_codec.decode(data)
+            command = proposed if proposed is not None else queue_codec.decode(data)
             reply, effects = self.machine.apply(command, index)
         except Exception:  # noqa: BLE001 -- the same on every replica: skip it, keep the group alive
             log.exception("quorum.bad_command", group=self.group, index=index)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from warren.broker.node import metadata_commands as mc
 from warren.broker.node.node_core import RESEND
 from warren.broker.queues import queue_codec
+from warren.broker.queues import queue_commands as qc
 from warren.broker.queues.queue_replica import LOCAL_NODE
 from warren.broker.weak_callbacks import WeakAttribute
 
@@ -52,6 +53,32 @@ class QueueRoute(Protocol):
     def send_to(self, peer: str, message: list) -> None: ...
 
 
+PROPOSED_KEPT = 64   # publish commands a leader keeps until it applies them (the rest are decoded)
+
+
+class ProposedCommands:
+    """The publish commands this node, as their queue's leader, encoded into its log,
+    by the identity of their bytes: the leader applies the very bytes object it
+    proposed (its Raft log holds it), so it takes the command back instead of
+    decoding it, which copied every published body once more (only to drop it
+    again when nobody consumes). Bytes a leader did not propose, or read back from
+    disk, or received from another, are decoded as before; a command whose entry
+    never comes (a leader deposed) is let go past PROPOSED_KEPT."""
+
+    def __init__(self) -> None:
+        self._by_id: dict[int, tuple[bytes, Any]] = {}   # holding the bytes keeps their id theirs
+
+    def note(self, data: bytes, command: Any) -> None:
+        by_id = self._by_id
+        if len(by_id) >= PROPOSED_KEPT:
+            del by_id[next(iter(by_id))]
+        by_id[id(data)] = (data, command)
+
+    def take(self, data: bytes) -> Any | None:
+        held = self._by_id.pop(id(data), None)
+        return held[1] if held is not None and held[0] is data else None
+
+
 class ReplicatedRoute:
     queue = WeakAttribute()   # the queue holds its route (broker/weak_callbacks.py)
 
@@ -60,6 +87,7 @@ class ReplicatedRoute:
         self.queue = queue
         self.group = queue.group
         self.node = cluster.node
+        self.proposed = ProposedCommands()
 
     def owner_key(self, owner: Any) -> str:
         return self.cluster.owner_key(owner)
@@ -83,7 +111,11 @@ class ReplicatedRoute:
         self.cluster.runtime.before_turn(callback)
 
     def send(self, command: Any) -> str | None:
-        return self.cluster.send_command(self.group, queue_codec.encode(command))
+        data = queue_codec.encode(command)
+        leader = self.cluster.send_command(self.group, data)
+        if leader == self.node and type(command) is qc.EnqueueBatch:
+            self.proposed.note(data, command)
+        return leader
 
     def submit(self, command: Any, on_done: Callable[[Any], None] | None) -> None:
         self.cluster.submit(self.group, queue_codec.encode(command), on_done)

@@ -54,7 +54,8 @@ class QuorumQueue(Queue):
         if self.replica is None:
             return None
         consumed = self.auto_delete and leading and self.replica.machine.consumer_count > 0
-        command, reply = self.replica.apply_entry(entry.index, entry.data, leading)
+        command, reply = self.replica.apply_entry(entry.index, entry.data, leading,
+                                                  self.route.proposed.take(entry.data))
         if type(command) in qc.USES:
             self.last_used_ms = now_ms()   # x-expires counts from the last use
         if consumed and self.replica.machine.consumer_count == 0 and not self.expiring:
