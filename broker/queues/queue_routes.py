@@ -63,7 +63,7 @@ class ProposedCommands:
     decoding it, which copied every published body once more (only to drop it
     again when nobody consumes). Bytes a leader did not propose, or read back from
     disk, or received from another, are decoded as before; a command whose entry
-    never comes (a leader deposed) is let go past PROPOSED_KEPT."""
+    never comes is let go when the node stops leading, or past PROPOSED_KEPT."""
 
     def __init__(self) -> None:
         self._by_id: dict[int, tuple[bytes, Any]] = {}   # holding the bytes keeps their id theirs
@@ -77,6 +77,9 @@ class ProposedCommands:
     def take(self, data: bytes) -> Any | None:
         held = self._by_id.pop(id(data), None)
         return held[1] if held is not None and held[0] is data else None
+
+    def clear(self) -> None:
+        self._by_id.clear()
 
 
 class ReplicatedRoute:

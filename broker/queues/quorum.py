@@ -77,6 +77,8 @@ class QuorumQueue(Queue):
             self.replica.resend_deliveries(owner, tag, after_seq)
 
     def on_leader_change(self, leader_id: str | None, leading: bool) -> None:
+        if not leading:
+            self.route.proposed.clear()   # what it proposed as leader and did not apply yet may never come
         if leader_id is not None and leader_id != self.leader_hint:
             self.leader_hint = leader_id
             if not leading:

@@ -45,3 +45,5 @@ def test_only_the_very_bytes_proposed_are_taken_and_past_the_bound_the_oldest_go
         proposed.note(item, i)
     assert proposed.take(kept[0]) is None and proposed.take(kept[1]) is None
     assert proposed.take(kept[-1]) == PROPOSED_KEPT + 1
+    proposed.clear()
+    assert proposed.take(kept[-2]) is None, "a leader that steps down lets go of what it proposed"
