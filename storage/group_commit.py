@@ -90,8 +90,8 @@ class GroupCommitter:
         self._rollover_wanted = False   # before the WAL is full (rollover_soon)
         self._shredding: asyncio.Task | None = None   # freeing what rollovers let go (LogStore.shred_trash)
         self.failed_batches = 0
-        # the batch with the writer: (batch, data, heads, started), to write again if it found no space
-        self._writing: tuple[int, list[bytes], list[tuple[int, int, int]], float] | None = None
+        # the batch with the writer: (batch, data, heads, size, started), to write again if it found no space
+        self._writing: tuple[int, list[bytes], list[tuple[int, int, int]], int, float] | None = None
         self._space_retry: asyncio.TimerHandle | None = None
         self._space_waits = 0       # tries of the current batch that found the disk full
         self.waiting_for_space_since: float | None = None   # loop time of the first of them
@@ -137,15 +137,16 @@ class GroupCommitter:
         if on_writing is not None:
             self._writing_listeners.append(on_writing)
 
-    def _take(self) -> tuple[list[bytes], list[tuple[int, int, int]]]:
+    def _take(self) -> tuple[list[bytes], list[tuple[int, int, int]], int]:
         """The batch: its records' pieces, in order (the writer writes them as one
         `pwritev`; a join here copied every byte of the batch once more, and its
-        large short-lived buffer made the heap's top grow and shrink)."""
-        data, heads = self._pending, self._pending_heads
+        large short-lived buffer made the heap's top grow and shrink), their heads
+        and their size."""
+        taken = self._pending, self._pending_heads, self._pending_bytes
         self._pending = []
         self._pending_bytes = 0
         self._pending_heads = []
-        return data, heads
+        return taken
 
     def when_durable(self, batch: int, callback: DurableCallback) -> None:
         self._callbacks.setdefault(batch, []).append(callback)
@@ -158,19 +159,19 @@ class GroupCommitter:
     def _write_next(self) -> None:
         """Hand the next batch (a sealed one, else the open one) to the writer thread."""
         if self._sealed:
-            batch, (data, heads) = self._sealed.pop(0)
+            batch, (data, heads, size) = self._sealed.pop(0)
         elif self._pending:
             batch = self.open_batch
             self.open_batch += 1
-            data, heads = self._take()
+            data, heads, size = self._take()
         else:
             self._notify_idle()
             return
         self._busy = True
         loop = asyncio.get_running_loop()
         started = time.perf_counter()
-        self._writing = (batch, data, heads, started)
-        self._writer.submit(loop, batch, heads, data, started)
+        self._writing = (batch, data, heads, size, started)
+        self._writer.submit(loop, batch, heads, data, size, started)
         for listener in self._writing_listeners:
             listener()
 
@@ -217,7 +218,7 @@ class GroupCommitter:
         """The batch being written found the disk full: try it again later, in its place."""
         if not self._space_waits:
             self.waiting_for_space_since = asyncio.get_running_loop().time()
-            log.error("wal.no_space", batch=self._writing[0], bytes=sum(map(len, self._writing[1])), error=str(error),
+            log.error("wal.no_space", batch=self._writing[0], bytes=self._writing[3], error=str(error),
                       detail="the batch is written again once there is room; nothing waiting for it is confirmed")
         delay = min(NO_SPACE_RETRY_MAX_SECONDS, NO_SPACE_RETRY_FIRST_SECONDS * 2 ** min(self._space_waits, 16))
         self._space_waits += 1
@@ -225,8 +226,8 @@ class GroupCommitter:
 
     def _write_again(self) -> None:
         self._space_retry = None
-        batch, data, heads, started = self._writing
-        self._writer.submit(asyncio.get_running_loop(), batch, heads, data, started)
+        batch, data, heads, size, started = self._writing
+        self._writer.submit(asyncio.get_running_loop(), batch, heads, data, size, started)
 
     def rollover_soon(self) -> None:
         """Roll over between the next two batches, or now if none is being written,

@@ -29,27 +29,27 @@ class WriterThread:
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._thread: threading.Thread | None = None   # started by the first batch
 
-    def submit(self, loop: asyncio.AbstractEventLoop, batch: int, heads: Any, data: list[bytes],
+    def submit(self, loop: asyncio.AbstractEventLoop, batch: int, heads: Any, data: list[bytes], size: int,
                started: float) -> None:
-        """`data`: the batch's pieces, written one after another."""
+        """`data`: the batch's pieces, written one after another; `size`: their bytes."""
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
             self._thread.start()
-        self._jobs.put((loop, batch, heads, data, started))
+        self._jobs.put((loop, batch, heads, data, size, started))
 
     def _run(self) -> None:
         while True:
             job = self._jobs.get()
             if job is None:
                 return
-            loop, batch, heads, data, started = job
+            loop, batch, heads, data, size, started = job
             result, error = None, None
             try:
                 result = self._write(data)
             except Exception as raised:  # noqa: BLE001 -- reported on the loop: the batch failed
                 error = raised
             try:
-                loop.call_soon_threadsafe(self._report, batch, heads, sum(map(len, data)), started, result, error)
+                loop.call_soon_threadsafe(self._report, batch, heads, size, started, result, error)
             except RuntimeError:   # the loop is closed: nobody is waiting for the batch any more
                 pass
 
