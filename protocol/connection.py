@@ -128,15 +128,44 @@ class ServerConnection:
     # -- input ------------------------------------------------------------
     def receive_data(self, data: bytes) -> list[tuple]:
         """Parse whole frames; return their events. Raises AMQPConnectionError."""
-        buf = self._buffer + data if self._buffer else data
         events: list[tuple] = []
         self.pending_events = events
+        split = self._completing_bytes(len(data)) if self._buffer else 0
+        if split:
+            # The frame the last read cut, completed with just the bytes it lacks; the rest of
+            # `data` is parsed where it lies. Joining all of it to the remainder copied every
+            # byte of a read that ended inside a frame, as reads of large messages nearly
+            # always do (a body was copied twice on its way to the disk).
+            first = self._buffer + data[:split]
+            pos = self._parse(first, 0, events)
+            if pos < len(first):   # parsing stopped inside it (a commitment): the rest waits as it came
+                self._buffer = first[pos:] + data[split:]
+                return events
+            pos = self._parse(data, split, events)
+            self._buffer = data[pos:] if pos < len(data) else b""
+            return events
+        buf = self._buffer + data if self._buffer else data
         if self.state == AWAIT_HEADER:
             after = self._after_protocol_header(buf)
             if after is None:
                 return events
             buf = after
-        pos = 0
+        pos = self._parse(buf, 0, events)
+        self._buffer = buf[pos:] if pos < len(buf) else b""
+        return events
+
+    def _completing_bytes(self, available: int) -> int:
+        """How many bytes of the next read complete the frame the unparsed input starts
+        with, if fewer than `available` (else 0: the input is joined whole, as when it
+        holds frames left unparsed at a commitment, or not even a frame's header)."""
+        buf = self._buffer
+        if self.state == AWAIT_HEADER or self.stopped_at is not None or len(buf) < 7:
+            return 0
+        need = 8 + _frame_header.unpack_from(buf, 0)[2] - len(buf)
+        return need if 0 < need < available else 0
+
+    def _parse(self, buf: bytes, pos: int, events: list) -> int:
+        """The whole frames of `buf` from `pos` on, as events; returns where parsing stopped."""
         end = len(buf)
         frame_max = self.frame_max
         unpack_header = _frame_header.unpack_from
@@ -188,8 +217,7 @@ class ServerConnection:
                 events.append((EV_HEARTBEAT, 0))
             else:
                 raise AMQPConnectionError(FRAME_ERROR, f"unknown frame type {frame_type}")
-        self._buffer = buf[pos:] if pos < end else b""
-        return events
+        return pos
 
     def _after_protocol_header(self, buf: bytes) -> bytes | None:
         """The input after the protocol header; None while it is not whole yet."""

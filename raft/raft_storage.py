@@ -125,6 +125,7 @@ def log_id_of(group_number: int) -> int:
 
 
 _pack = packing.packb   # the function itself: no wrapper's call frame per Raft record
+_bin_header = packing.bin_header
 
 
 def _unpack(payload: bytes) -> list:
@@ -159,10 +160,13 @@ def entry_record(log_id: int, entry: Entry) -> records.Encoded:
     payload into the record (each a copy of every body)."""
     assert entry.index >= 1
     data = entry.data
-    if type(data) is not bytes:
+    kind = type(data)
+    if kind is not bytes and kind is not packing.Pieces:
         return records.encode(log_id, entry.term, entry.index, _pack([int(entry.kind), data]))
     payload_head = _ENTRY_ARRAY + _pack(int(entry.kind)) + _bin_header(len(data))
-    return records.encode_split(log_id, entry.term, entry.index, payload_head, data)
+    # a command made around its large bodies (packing.Pieces): they too are written as they are
+    return records.encode_split(log_id, entry.term, entry.index, payload_head,
+                                data if kind is bytes else data.parts)
 
 
 def group_record(log_id: int, group_id: GroupId, members: tuple[str, ...], hosted_at: int = 0, me: str = "") -> bytes:
@@ -189,14 +193,6 @@ def snapshot_record_pieces(log_id: int, snapshot: Snapshot) -> tuple[bytes, byte
         packer.pack_array_header(5), packer.pack(SNAPSHOT), packer.pack(snapshot.index),
         packer.pack(snapshot.term), packer.pack(list(snapshot.voters)), _bin_header(len(data))))
     return records.encode_split(log_id, snapshot.term, CONTROL_INDEX, payload_head, data)
-
-
-def _bin_header(size: int) -> bytes:
-    if size < 1 << 8:
-        return b"\xc4" + size.to_bytes(1, "big")
-    if size < 1 << 16:
-        return b"\xc5" + size.to_bytes(2, "big")
-    return b"\xc6" + size.to_bytes(4, "big")
 
 
 def removed_record(log_id: int) -> bytes:

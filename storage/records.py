@@ -87,19 +87,23 @@ def encode(log_id: int, term: int, index: int, payload: bytes) -> bytes:
     return b"".join((marker_length, crcs, head, payload))
 
 
-def encode_split(log_id: int, term: int, index: int, payload_head: bytes, data: bytes) -> tuple[bytes, bytes]:
-    """`encode(log_id, term, index, payload_head + data)` as two pieces, everything
-    before `data` and `data` itself, byte for byte the same once written one after
-    the other, without copying `data` (a Raft entry's command, a snapshot): the
-    checksum runs over the pieces, and the WAL writes them as they are
-    (`AppendHandle.write_pieces`)."""
-    payload_size = len(payload_head) + len(data)
+def encode_split(log_id: int, term: int, index: int, payload_head: bytes,
+                 data: bytes | memoryview | tuple[bytes, ...]) -> tuple[bytes, ...]:
+    """`encode(log_id, term, index, payload_head + data)` as pieces, everything before
+    `data` and `data` itself (bytes, or the pieces it is made of), byte for byte the
+    same once written one after the other, without copying `data` (a Raft entry's
+    command, a snapshot): the checksum runs over the pieces, and the WAL writes them
+    as they are (`AppendHandle.write_pieces`)."""
+    parts = data if type(data) is tuple else (data,)
+    payload_size = len(payload_head) + (len(data) if parts[0] is data else sum(map(len, parts)))
     if payload_size > RECORD_PAYLOAD_MAX_BYTES:
         raise ValueError(f"record payload of {payload_size} bytes exceeds {RECORD_PAYLOAD_MAX_BYTES}")
     head = _entry_head_pack(log_id, term, index) + payload_head
     marker_length = _marker_length_pack(RECORD_MARKER, ENTRY_HEAD_SIZE + payload_size)
-    crcs = _crcs_pack(crc32(marker_length), crc32(data, crc32(head)))
-    return marker_length + crcs + head, data
+    crc = crc32(head)
+    for part in parts:   # chained: the checksum of the pieces' concatenation
+        crc = crc32(part, crc)
+    return (marker_length + _crcs_pack(crc32(marker_length), crc) + head, *parts)
 
 
 # An encoded record: its bytes, or pieces whose concatenation they are (`encode_split`;

@@ -11,7 +11,7 @@ check that needs no record (a forwarded command's opcode).
 from __future__ import annotations
 
 from collections.abc import Callable
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 from typing import Any
 
 import msgpack
@@ -84,6 +84,56 @@ def encode(record: Any) -> bytes:
     return packing.packb([record.TAG, *values])
 
 
+# A published body this large is not copied into its command: the command is built
+# around it (`encode_publishes`). Below it, copying costs less than the pieces do
+# (docs/performance.md, "Large bodies referenced, not copied").
+BODY_PIECE_MIN_BYTES = 16 * 1024
+_body = itemgetter(3)
+
+
+def encode_publishes(command: qc.EnqueueBatch) -> bytes | packing.Pieces:
+    """`encode(command)`; when one of its bodies has `BODY_PIECE_MIN_BYTES` or more, the
+    same bytes as `packing.Pieces` that hold each such body itself, not a copy (the
+    WAL writes them as they are): the msgpack around the bodies, the bodies between."""
+    messages = command.messages
+    if not messages or max(map(len, map(_body, messages))) < BODY_PIECE_MIN_BYTES:
+        return encode(command)
+    pack = packing.packb
+    around = pack([command.TAG, command.enqueuer, command.first_seq, command.now_ms, []])[:-1]
+    parts: list[bytes] = []
+    pending = [around, _array_header(len(messages))]   # msgpack not yet cut into a part
+    small: list = []                                   # a run of messages packed whole
+    for message in messages:
+        body = message[3]
+        if len(body) < BODY_PIECE_MIN_BYTES:
+            small.append(message)
+            continue
+        if small:
+            pending.append(_array_items(pack(small), len(small)))
+            small = []
+        exchange, routing_key, properties, _, ttl_ms, priority = message
+        head = _array_items(pack([exchange, routing_key, properties]), 3)
+        pending += (_ARRAY_OF_SIX, head, packing.bin_header(len(body)))
+        parts += (b"".join(pending), body)
+        pending = [pack(ttl_ms), pack(priority)]
+    if small:
+        pending.append(_array_items(pack(small), len(small)))
+    parts.append(b"".join(pending))
+    return packing.Pieces(tuple(parts))
+
+
+_ARRAY_OF_SIX = b"\x96"
+
+
+def _array_header(count: int) -> bytes:
+    return bytes((0x90 | count,)) if count < 16 else b"\xdc" + count.to_bytes(2, "big")
+
+
+def _array_items(packed: bytes, count: int) -> bytes:
+    """The items of a packed array, without its header."""
+    return packed[1 if count < 16 else 3:]
+
+
 def decode(data: bytes) -> Any:
     return from_positional(_record_value(data))
 
@@ -101,6 +151,8 @@ def decode_positional(data: bytes) -> list:
 
 
 def _record_value(data: bytes, use_list: bool = True) -> Any:
+    if type(data) is packing.Pieces:
+        data = bytes(data)   # a command this node built around its bodies: whole to be decoded
     try:
         value = msgpack.unpackb(data, raw=False, use_list=use_list)
     except Exception as exc:  # noqa: BLE001 -- msgpack raises several kinds for bad bytes

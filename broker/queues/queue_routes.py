@@ -114,9 +114,11 @@ class ReplicatedRoute:
         self.cluster.runtime.before_turn(callback)
 
     def send(self, command: Any) -> str | None:
-        data = queue_codec.encode(command)
+        publishes = type(command) is qc.EnqueueBatch
+        # large bodies are not copied into the command: its Raft entry holds them as they are
+        data = queue_codec.encode_publishes(command) if publishes else queue_codec.encode(command)
         leader = self.cluster.send_command(self.group, data)
-        if leader == self.node and type(command) is qc.EnqueueBatch:
+        if leader == self.node and publishes:
             self.proposed.note(data, command)
         return leader
 

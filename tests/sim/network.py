@@ -32,6 +32,7 @@ from typing import Any
 import msgpack
 
 from warren.broker.node.node_core import CMD
+from warren.raft import packing
 
 HEARTBEAT_SECONDS = 0.25
 DETECT_SECONDS = 0.75
@@ -66,7 +67,7 @@ class Network:
     def send(self, sender: str, to: str, frame: Any) -> bool:
         if (sender, to) not in self.up:
             return False   # the transport drops frames to a peer it does not count linked
-        raw = msgpack.packb(frame, use_bin_type=True)
+        raw = packing.packb(frame)   # as the transport encodes it (raft/handshake.py encode_object)
         self.frames += 1
         if self.into_a_pause(sender, to):
             self._put(self.world.paused_until[to], sender, to, raw)

@@ -39,3 +39,11 @@ def test_a_large_value_is_not_left_in_the_packers_buffer():
     still = packing._pack
     packing.packb(b"z" * 1000)
     assert packing._pack is still
+
+
+def test_pieces_are_packed_as_the_bytes_they_join_to():
+    data = packing.Pieces((b"ab", b"c" * 300, b"d"))
+    whole = bytes(data)
+    assert packing.packb([1, data, {"x": data}]) == msgpack.packb([1, whole, {"x": whole}], use_bin_type=True)
+    assert len(data) == 303 and data == bytes(data) and bytes(data) == data and data == packing.Pieces((bytes(data),))
+    assert packing.packb(b"z") == msgpack.packb(b"z", use_bin_type=True), "the packer stays usable"

@@ -197,3 +197,27 @@ def test_chunking_never_changes_the_outcome(data, cut_points):
     assert pieces == whole, (
         f"chunking at {sorted(set(cut_points))} changed the outcome: whole={whole[1]} with {len(whole[0])} events, "
         f"chunked={pieces[1]} with {len(pieces[0])} events")
+
+
+def test_a_read_that_completes_a_cut_frame_is_parsed_where_it_lies_not_copied_whole():
+    """A read that ends inside a frame (a large message's reads nearly always do) leaves that
+    frame's start; the next read completes it with just the bytes it lacks and is parsed in
+    place: joined whole to the remainder, every byte of it was copied once more."""
+    import tracemalloc
+    bodies = [bytes([n]) * 60_000 for n in range(20)]
+    stream = b"".join(publish(1, body, routing_key="q") for body in bodies)
+    conn = opened_connection(1)
+    cut = 70_000   # inside the second message's body frame
+    got = conn.receive_data(stream[:cut])
+    rest = stream[cut:]
+    tracemalloc.start()
+    try:
+        more = conn.receive_data(rest)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert [event[-1] for event in got + more] == bodies, "every body, whole and in order"
+    sliced = sum(len(event[-1]) for event in more)
+    assert peak < sliced + 2 * 65_536, (f"receiving {len(rest)} bytes took {peak} bytes of new objects for "
+                                        f"{sliced} bytes of bodies: the read was copied, not only the bodies "
+                                        "sliced out of it")

@@ -9,6 +9,7 @@ from warren.broker.node.cluster import forwardable_op
 from warren.broker.queues import queue_codec as qcodec
 from warren.broker.queues import queue_commands as qc
 from warren.broker.queues.quorum_machine import QuorumMachine, entry_messages
+from warren.raft import packing
 
 P1 = "n1/i1/1/1"
 MESSAGE = ["ex", "rk", b"\x00\x00props", b"body", None, 0]
@@ -142,3 +143,37 @@ def test_forwardable_commands_are_well_formed_commands_but_no_liveness_statement
     for data in (b"", b"garbage", msgpack.packb([99, 1]), None, 42):
         assert qcodec.forwardable_tag(data) is None
 
+
+
+def publishes(seed: int) -> qc.EnqueueBatch:
+    """A batch of publishes of every body size class around the piece threshold and
+    msgpack's bin and array header sizes, from a seed."""
+    import random
+    rng = random.Random(seed)
+    sizes = [0, 5, 255, 256, qcodec.BODY_PIECE_MIN_BYTES - 1, qcodec.BODY_PIECE_MIN_BYTES, 65535, 65536, 200_000]
+    messages = [[rng.choice(["", "amq.direct", "ex-é"]), "q" * rng.randint(0, 40), bytes(rng.randint(0, 300)),
+                 bytes([n % 256]) * rng.choice(sizes), rng.choice([None, 0, 5, 100_000]), rng.choice([0, 1, 9])]
+                for n in range(rng.choice([1, 2, 15, 16, 17, 300]))]
+    return qc.EnqueueBatch(f"n1/i1/{seed}", rng.randint(1, 2**40), rng.randint(0, 2**45), messages)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_publishes_with_large_bodies_are_their_bytes_built_around_the_bodies_uncopied(seed):
+    command = publishes(seed)
+    encoded = qcodec.encode_publishes(command)
+    assert bytes(encoded) == qcodec.encode(command), "the same bytes as the command packed whole"
+    large = [m[3] for m in command.messages if len(m[3]) >= qcodec.BODY_PIECE_MIN_BYTES]
+    if not large:
+        assert type(encoded) is bytes
+        return
+    assert type(encoded) is packing.Pieces and len(encoded) == len(qcodec.encode(command))
+    held = {id(part) for part in encoded.parts}
+    assert all(id(body) in held for body in large), "a large body is a piece of the command, not copied into it"
+    assert qcodec.decode(encoded) == qcodec.decode(qcodec.encode(command))
+    assert qcodec.decode_read_back(encoded) == qcodec.decode_read_back(qcodec.encode(command))
+
+
+def test_publishes_with_only_small_bodies_are_packed_whole():
+    command = qc.EnqueueBatch("o", 1, 0, [["", "q", b"", bytes(qcodec.BODY_PIECE_MIN_BYTES - 1), None, 0]] * 3)
+    assert qcodec.encode_publishes(command) == qcodec.encode(command)
+    assert type(qcodec.encode_publishes(command)) is bytes

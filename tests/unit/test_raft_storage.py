@@ -9,8 +9,10 @@ from __future__ import annotations
 import msgpack
 import pytest
 
+from warren.raft import packing
 from warren.raft.group import PersistItem
 from warren.raft.messages import Entry, EntryKind, HardState, Snapshot
+from warren.raft.packing import Pieces
 from warren.raft.raft_storage import (
     RAFT_LOG_ID_BASE,
     GroupStorage,
@@ -57,6 +59,23 @@ def test_an_entry_record_is_its_head_and_its_data_uncopied_and_the_record_format
     assert (record.log_id, record.term, record.index) == (LOG_ID, entry_.term, entry_.index)
     read_back = entry_payload_data(record.payload)
     assert type(read_back) is memoryview and read_back == data, "read back as a view of the record, not a copy"
+
+
+def test_an_entry_whose_data_is_pieces_is_written_as_its_pieces_and_read_back_as_their_bytes(tmp_path):
+    body = bytes(range(256)) * 80
+    head = b"\x95\x0f\xa1o\x01\x00\x91\x96\xa0\xa1q\xc4\x00" + packing.bin_header(len(body))
+    data = Pieces((head, body, b"\xc0\x00"))
+    entry_ = Entry(3, 7, EntryKind.NORMAL, data)
+    record = entry_record(LOG_ID, entry_)
+    assert record[1:] == data.parts and record[2] is body, "the pieces follow the record's head, uncopied"
+    whole = entry_record(LOG_ID, Entry(3, 7, EntryKind.NORMAL, bytes(data)))
+    assert records.joined(record) == records.joined(whole), "byte for byte the record of the joined bytes"
+    store = LogStore(tmp_path / "log", wal_max_size_bytes=1 << 30, segment_max_entries=16)
+    store.recover(lambda record, location: None)
+    path, start = store.write_batch(list(record))
+    (read,) = records.scan(records.FILE_HEADER + records.joined(record)).records
+    assert entry_payload_data(read.payload) == bytes(data)
+    assert path.read_bytes()[start:start + records.record_size(record)] == records.joined(whole)
 
 
 @pytest.mark.parametrize("payload", [[0, None], [1, "text"], [2, b"x", "more"], [200, b"y"]])
