@@ -160,13 +160,13 @@ def entry_record(log_id: int, entry: Entry) -> records.Encoded:
     payload into the record (each a copy of every body)."""
     assert entry.index >= 1
     data = entry.data
-    kind = type(data)
-    if kind is not bytes and kind is not packing.Pieces:
+    data_type = type(data)
+    if data_type is not bytes and data_type is not packing.Pieces:
         return records.encode(log_id, entry.term, entry.index, _pack([int(entry.kind), data]))
     payload_head = _ENTRY_ARRAY + _pack(int(entry.kind)) + _bin_header(len(data))
     # a command made around its large bodies (packing.Pieces): they too are written as they are
     return records.encode_split(log_id, entry.term, entry.index, payload_head,
-                                data if kind is bytes else data.parts)
+                                data if data_type is bytes else data.parts)
 
 
 def group_record(log_id: int, group_id: GroupId, members: tuple[str, ...], hosted_at: int = 0, me: str = "") -> bytes:
