@@ -61,6 +61,7 @@ class RaftPersistence:
         self.awaited_batches: set[int] = set()
         # compact() calls made inside `apply`, carried out at the end of the turn: group -> (index, data)
         self.compactions: dict[GroupId, tuple[int, bytes]] = {}
+        self.rolled_cursors: dict[int, int] = {}   # log id -> release cursor, at the last rollover
 
     def persist(self, items: list[PersistItem]) -> int:
         batch = 0
@@ -174,4 +175,16 @@ class RaftPersistence:
                 storage.locations.pop(index, None)
             cursors[storage.log_id] = storage.cursor()
             encoded.extend(storage.rollover_records())
+        self.rolled_cursors = cursors
         return cursors, b"".join(encoded)
+
+    def release_space(self) -> bool:
+        """The disk is short (its alarm is on): roll the WAL over now if a group's release
+        cursor moved, or a group went, since the last rollover. What a log no longer needs
+        leaves the WAL files and segments only at a rollover, and the publishers the alarm
+        blocks no longer fill the WAL: without one the space never came back and the alarm
+        never cleared. True if a rollover was asked for."""
+        if {storage.log_id: storage.cursor() for storage in self.groups.values()} == self.rolled_cursors:
+            return False
+        self.committer.rollover_soon()
+        return True

@@ -213,6 +213,9 @@ class Broker:
             limit = self.settings.disk_free_limit_bytes
             disk = free < limit
             self.next_disk_check = now + next_disk_check_in(free, limit, self.settings.alarm_check_interval_seconds)
+            if disk and not self.cluster.runtime.stopped:
+                # what the queues' logs let go leaves the disk now, not at the next WAL rollover
+                self.cluster.runtime.persistence.release_space()
         if (memory, disk) == (self.memory_alarm, self.disk_alarm):
             return
         for resource, was, now_on in (("memory", self.memory_alarm, memory), ("disk", self.disk_alarm, disk)):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import json
 import os
 import re
 import subprocess
@@ -32,18 +33,24 @@ BIG_BODY = b"b" * (6 * 1024 * 1024)
 WAIT_SECONDS = 20.0
 
 
-@pytest.fixture
-def small_disk(tmp_path: Path):
+@contextlib.contextmanager
+def tmpfs(tmp_path: Path, size: int):
     if os.geteuid() != 0:
         pytest.skip(f"mounting a small filesystem needs root; running as uid {os.geteuid()} (CI runs as root)")
     mount = tmp_path / "disk"
     mount.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={DISK_BYTES}", "tmpfs", str(mount)], check=True,
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount)], check=True,
                    capture_output=True, timeout=30)
     try:
         yield mount
     finally:
         subprocess.run(["umount", "-l", str(mount)], capture_output=True, timeout=30)
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path):
+    with tmpfs(tmp_path, DISK_BYTES) as mount:
+        yield mount
 
 
 def fill(mount: Path) -> Path:
@@ -157,3 +164,60 @@ async def test_a_node_stopped_while_its_disk_is_full_stops_cleanly(small_disk):
         await connection.close()
     finally:
         server.stop()
+
+
+# The disk alarm's own case: the queue's data itself takes the free space below the limit.
+ALARM_DISK_BYTES = 96 * 1024 * 1024
+ALARM_LIMIT_BYTES = 40 * 1024 * 1024
+ALARM_BODY = b"m" * 20_000
+
+
+def disk_alarm(server) -> bool:
+    request = urllib.request.Request(f"http://127.0.0.1:{server.metrics_port}/api/overview")
+    request.add_header("Authorization", "Basic Z3Vlc3Q6Z3Vlc3Q=")   # guest:guest
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return "disk" in json.loads(response.read())["alarms"]
+
+
+async def wait_until(predicate, what: str, seconds: float = WAIT_SECONDS) -> None:
+    deadline = time.monotonic() + seconds
+    while not await asyncio.get_running_loop().run_in_executor(None, predicate):
+        assert time.monotonic() < deadline, f"{what}: not within {seconds} s"
+        await asyncio.sleep(0.1)   # polling the node's state, not synchronising with it
+
+
+async def test_a_disk_alarm_raised_by_queued_messages_clears_once_they_are_consumed(tmp_path):
+    """Publishers fill the disk with a quorum queue's messages until the disk alarm blocks them
+    (RabbitMQ's rule); a consumer then takes every message. What the queue's log no longer
+    needs must leave the disk although nothing is written any more (the publishers are
+    blocked): else the alarm never clears and the publishers stay blocked for good."""
+    with tmpfs(tmp_path, ALARM_DISK_BYTES) as disk:
+        server = make_server(disk, WARREN_DISK_FREE_LIMIT_BYTES=str(ALARM_LIMIT_BYTES),
+                             WARREN_WAL_MAX_SIZE_BYTES=str(4 * 1024 * 1024), WARREN_ALARM_CHECK_INTERVAL_SECONDS="0.05")
+        server.log_path = disk.parent / "server.log"
+        server.start()
+        publisher = await aio_pika.connect(server.url)
+        consumer = await aio_pika.connect(server.url)
+        try:
+            channel = await publisher.channel(publisher_confirms=True)
+            await channel.declare_queue("fills", durable=True, arguments={"x-queue-type": "quorum"})
+
+            async def publish_on() -> None:
+                while True:
+                    await channel.default_exchange.publish(aio_pika.Message(ALARM_BODY, delivery_mode=2),
+                                                           routing_key="fills")
+            publishing = asyncio.ensure_future(publish_on())
+            await wait_until(lambda: disk_alarm(server), "the disk alarm, the queue's messages filling the disk",
+                             seconds=60)
+            assert not publishing.done(), publishing
+
+            queue = await (await consumer.channel()).declare_queue("fills", passive=True)
+            while (message := await queue.get(fail=False)) is not None:
+                await message.ack()
+            await wait_until(lambda: not disk_alarm(server),
+                             "the disk alarm to clear once every queued message was consumed")
+            publishing.cancel()
+        finally:
+            await publisher.close()
+            await consumer.close()
+            server.stop()

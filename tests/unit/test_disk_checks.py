@@ -35,9 +35,11 @@ class CountingLog:
 
 def broker_with(free: int, limit: int) -> SimpleNamespace:
     told: list[list[str]] = []   # what the cluster shell was told of this node's alarms
+    released: list[None] = []    # the storage asked to give back what its logs let go
+    runtime = SimpleNamespace(stopped=False, persistence=SimpleNamespace(release_space=lambda: released.append(None)))
     return SimpleNamespace(
-        queued_message_bytes=0, node_log=CountingLog(free), told=told,
-        cluster=SimpleNamespace(set_local_alarms=told.append),
+        queued_message_bytes=0, node_log=CountingLog(free), told=told, released=released,
+        cluster=SimpleNamespace(set_local_alarms=told.append, runtime=runtime),
         settings=SimpleNamespace(memory_high_watermark_bytes=10**9, disk_free_limit_bytes=limit, data_dir=".",
                                  alarm_check_interval_seconds=0.5, node_name="n1"),
         memory_alarm=False, disk_alarm=False, next_disk_check=0.0)
@@ -57,8 +59,10 @@ def test_near_the_limit_the_alarm_is_raised_and_cleared_at_the_next_check_due():
     assert not broker.disk_alarm
     broker.node_log.free = 40 * MB
     broker.next_disk_check = 0.0           # the check is due (0.5 s later)
+    assert not broker.released
     Broker.check_alarms(broker)
     assert broker.disk_alarm and broker.told == [["disk"]]
+    assert len(broker.released) == 1, "a check that finds the disk short asks the storage to give space back"
     Broker.check_alarms(broker)            # not due yet: the alarm stands, nothing looked at
     assert broker.disk_alarm and broker.node_log.looks == 2 and broker.told == [["disk"]]
     broker.node_log.free = 80 * MB
