@@ -75,8 +75,8 @@ class GroupCommitter:
         self._pending_bytes = 0
         # (log_id, index, length) of each pending record: the store notes where they went (storage/wal_heads.py)
         self._pending_heads: list[tuple[int, int, int]] = []
-        # batches cut at BATCH_MAX_BYTES, waiting for the writer: (number, (bytes, heads))
-        self._sealed: list[tuple[int, tuple[bytes, list[tuple[int, int, int]]]]] = []
+        # batches cut at BATCH_MAX_BYTES, waiting for the writer: (number, (pieces, heads, size))
+        self._sealed: list[tuple[int, tuple[list[bytes], list[tuple[int, int, int]], int]]] = []
         self.open_batch = 1  # the batch new appends go into
         self._callbacks: dict[int, list[DurableCallback]] = {}
         # one thread writes: batches reach the file in order
