@@ -87,6 +87,11 @@ _ack_args = struct.Struct(">QB")
 _u16 = struct.Struct(">H")
 
 _CHANNEL_OPEN = "open"
+# A part of a body of several frames (or of a frame the reads cut) is referenced where it
+# was read, not copied, when it is at least this long and a quarter of its read: the body
+# is then copied once, when its parts are joined, and what a body's parts keep alive is at
+# most four times its size.
+_BODY_VIEW_MIN_BYTES = 2048
 # What a connection commits itself to a queue with (ServerConnection.stop_at_commitment).
 _COMMITMENTS = frozenset({BASIC_PUBLISH, BASIC_CONSUME})
 _CHANNEL_CLOSING = "closing"
@@ -104,7 +109,7 @@ class _Content:
         self.immediate = immediate
         self.properties: bytes | None = None
         self.body_size = 0
-        self.parts: list[bytes] = []
+        self.parts: list[bytes | memoryview] = []
         self.received = 0
 
 
@@ -117,6 +122,9 @@ class ServerConnection:
         self.channels: dict[int, str] = {}
         self._contents: dict[int, _Content] = {}
         self._buffer = b""
+        # A body frame the last read cut, taken as it comes: (its channel, its content, the
+        # bytes still to come including the frame end).
+        self._cut_body: tuple[int, _Content, int] | None = None
         self.pending_events: list[tuple] = []
         # Set by the shell while it may still hand the connection to another process:
         # parsing stops before the first basic.publish or basic.consume on an open
@@ -130,6 +138,9 @@ class ServerConnection:
         """Parse whole frames; return their events. Raises AMQPConnectionError."""
         events: list[tuple] = []
         self.pending_events = events
+        if self._cut_body is not None:
+            start = self._continue_body(self._cut_body, data, events)
+            return events if self._cut_body is not None else self._parse_rest(data, start, events)
         split = self._completing_bytes(len(data)) if self._buffer else 0
         if split:
             # The frame the last read cut, completed with just the bytes it lacks; the rest of
@@ -150,9 +161,46 @@ class ServerConnection:
             if after is None:
                 return events
             buf = after
-        pos = self._parse(buf, 0, events)
+        return self._parse_rest(buf, 0, events)
+
+    def _parse_rest(self, buf: bytes, start: int, events: list) -> list[tuple]:
+        """The whole frames of `buf` from `start` on; what they leave waits for the next read."""
+        pos = self._parse(buf, start, events)
         self._buffer = buf[pos:] if pos < len(buf) else b""
         return events
+
+    def _continue_body(self, cut: tuple[int, _Content, int], data: bytes, events: list) -> int:
+        """The next bytes of the body frame the last read cut; where the rest of `data`
+        begins (`_cut_body` stays set while the frame goes on into the next read)."""
+        channel, content, rest = cut
+        taken = min(len(data), rest - 1)
+        if taken:
+            content.parts.append(_part(data, 0, taken))
+        if len(data) < rest:
+            self._cut_body = (channel, content, rest - len(data))
+            return 0
+        self._cut_body = None
+        if data[rest - 1] != FRAME_END:
+            raise AMQPConnectionError(FRAME_ERROR, f"frame end marker missing (type {FRAME_BODY}, channel {channel})")
+        if content.received == content.body_size and self._contents.get(channel) is content:
+            self._complete(channel, content, b"".join(content.parts), events)
+        return rest
+
+    def _take_cut_body(self, channel: int, buf: bytes, start: int, frame_end: int) -> bool:
+        """A body frame whose end the read has not brought yet, taken as far as it goes
+        (its bytes referenced where they lie when worth it, `_part`), the rest from the next
+        reads (`_continue_body`). Only one of a content arriving as it should: anything else
+        waits whole and is judged by `_on_body`, so an error is the same however it was read."""
+        content = self._contents.get(channel)
+        size = frame_end - start
+        if (content is None or content.properties is None or content.received + size > content.body_size
+                or self.stop_at_commitment):
+            return False
+        content.received += size
+        if len(buf) > start:
+            content.parts.append(_part(buf, start, len(buf)))
+        self._cut_body = (channel, content, frame_end + 1 - len(buf))
+        return True
 
     def _completing_bytes(self, available: int) -> int:
         """How many bytes of the next read complete the frame the unparsed input starts
@@ -175,6 +223,8 @@ class ServerConnection:
                 raise _frame_too_large(frame_type, size, frame_max)
             frame_end = pos + 7 + size
             if frame_end >= end:
+                if frame_type == FRAME_BODY and self._take_cut_body(channel, buf, pos + 7, frame_end):
+                    pos = end
                 break
             if buf[frame_end] != FRAME_END:
                 raise AMQPConnectionError(
@@ -208,7 +258,7 @@ class ServerConnection:
                         continue
                 self._on_method_frame(channel, method_id, buf[payload_start + 4:frame_end], events)
             elif frame_type == FRAME_BODY:
-                self._on_body(channel, buf[payload_start:frame_end], events)
+                self._on_body(channel, buf, payload_start, frame_end, events)
             elif frame_type == FRAME_HEADER:
                 self._on_header(channel, buf[payload_start:frame_end], events)
             elif frame_type == FRAME_HEARTBEAT:
@@ -393,21 +443,21 @@ class ServerConnection:
         if body_size == 0:
             self._complete(channel, content, b"", events)
 
-    def _on_body(self, channel: int, payload: bytes, events: list) -> None:
+    def _on_body(self, channel: int, buf: bytes, start: int, stop: int, events: list) -> None:
         content = self._content_for(channel, "content body")
         if content is None:
             return
         if content.properties is None:
             raise AMQPConnectionError(
                 UNEXPECTED_FRAME, "expected content header for class 60, got non content header frame instead")
-        content.received += len(payload)
+        content.received += stop - start
         if content.received > content.body_size:
             raise AMQPConnectionError(
                 FRAME_ERROR, f"content body exceeds announced size {content.body_size}")
         if content.received == content.body_size and not content.parts:
-            self._complete(channel, content, payload, events)
+            self._complete(channel, content, buf[start:stop], events)
             return
-        content.parts.append(payload)
+        content.parts.append(_part(buf, start, stop))
         if content.received == content.body_size:
             self._complete(channel, content, b"".join(content.parts), events)
 
@@ -452,6 +502,15 @@ class ServerConnection:
         self.state = CLOSING
         self._contents.clear()
         self.channels.clear()  # nothing on any channel matters any more
+
+
+def _part(buf: bytes, start: int, stop: int) -> bytes | memoryview:
+    """`buf[start:stop]`, a part of a body to be joined: a view where copying it now would
+    copy it twice (see _BODY_VIEW_MIN_BYTES), else the bytes."""
+    size = stop - start
+    if size >= _BODY_VIEW_MIN_BYTES and 4 * size >= len(buf):
+        return memoryview(buf)[start:stop]
+    return buf[start:stop]
 
 
 def _frame_too_large(frame_type: int, size: int, frame_max: int) -> AMQPConnectionError:

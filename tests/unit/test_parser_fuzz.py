@@ -221,3 +221,46 @@ def test_a_read_that_completes_a_cut_frame_is_parsed_where_it_lies_not_copied_wh
     assert peak < sliced + 2 * 65_536, (f"receiving {len(rest)} bytes took {peak} bytes of new objects for "
                                         f"{sliced} bytes of bodies: the read was copied, not only the bodies "
                                         "sliced out of it")
+
+
+def _reads(data: bytes, size: int) -> list[bytes]:
+    return [data[at:at + size] for at in range(0, len(data), size)]
+
+
+def test_a_body_of_many_frames_is_copied_once_from_the_reads():
+    """A body larger than a frame comes in frames that the socket's reads cut anywhere
+    (uvloop reads 256 KiB): each frame's bytes are referenced where they were read and
+    copied once, into the whole body. Sliced frame by frame, then joined (and a cut
+    frame's start joined to its rest first), every byte was copied twice or three times."""
+    import tracemalloc
+    frame_max = 131_072
+    bodies = [bytes([n]) * (1_000_000 + 7_777 * n) for n in range(4)]
+    stream = b"".join(publish(1, body, routing_key="q", chunk=frame_max - 8) for body in bodies)
+    conn = opened_connection(1, frame_max=frame_max, max_message_size=4 << 20)
+    reads = _reads(stream, 262_144)
+    tracemalloc.start()
+    try:
+        events = [event for data in reads for event in conn.receive_data(data)]
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert [event[-1] for event in events] == bodies, "every body, whole and in order"
+    assert all(type(event[-1]) is bytes for event in events), "a body is bytes"
+    whole = sum(map(len, bodies))
+    assert peak < whole + 262_144, (f"receiving {len(bodies)} bodies of {whole} bytes in all took {peak} bytes "
+                                    "of new objects at the peak: a body's bytes were copied more than once")
+
+
+@settings(max_examples=200, deadline=None)
+@given(sizes=st.lists(st.integers(0, 40_000), min_size=1, max_size=5),
+       read_size=st.integers(1_000, 70_000), cut_points=cuts)
+def test_bodies_of_many_frames_come_out_whole_whatever_the_reads(sizes, read_size, cut_points):
+    """Bodies of several frames, interleaved with other frames, read in pieces of any size
+    (and cut anywhere besides): the same events as the stream read whole."""
+    stream = b"".join(publish(1 + n % 2, bytes([n]) * size, routing_key="q", chunk=4_088)
+                      + method(1, spec.Basic.Ack(delivery_tag=n + 1, multiple=False))
+                      for n, size in enumerate(sizes))
+    whole = run(opened_connection(1, 2), [stream])
+    reads = [piece for read in _reads(stream, read_size) for piece in chunked(read, cut_points)]
+    assert run(opened_connection(1, 2), reads) == whole, f"reads of {read_size} bytes changed the events"
+    assert whole[1] == "ok"
