@@ -133,6 +133,9 @@ class LogStore:
         self._discarded: list[Path] = []    # moved to the trash by the rollover under way
         self._shreddable: list[Path] = []   # in the trash durably: may be cut (shred_trash, another thread)
         self.wal_max_size_bytes = wal_max_size_bytes
+        # the room a rollover has on the disk, when it is less (set by the node's looks at its
+        # free space, broker/node/disk_watch.py): a rollover copies what the WAL still holds
+        self.wal_room_bytes = wal_max_size_bytes
         self.segment_max_entries = segment_max_entries
         self.files = files or RealFiles()
         self.segments: dict[int, list[SegmentFile]] = {}
@@ -316,7 +319,7 @@ class LogStore:
         return self._wal.size if self._wal is not None else 0
 
     def needs_rollover(self) -> bool:
-        return self.wal_size_bytes + self._inherited_wal_bytes >= self.wal_max_size_bytes
+        return self.wal_size_bytes + self._inherited_wal_bytes >= min(self.wal_max_size_bytes, self.wal_room_bytes)
 
     # -- rollover ---------------------------------------------------------
     def rollover(self, cursors: dict[int, int], first_batch: bytes = b"") -> list[Relocation]:
@@ -352,9 +355,28 @@ class LogStore:
         are not needed any more. A log missing from ``cursors`` was deleted.
         """
         moved: list[Relocation] = []
-        for path in list(self._old_wals):
-            self._move_to_segments(path, cursors, moved)
+        before: dict[int, tuple[int, SegmentFile | None, int, int, int]] = {}   # what it appends to, as it was
+        try:
+            for path in list(self._old_wals):
+                self._move_to_segments(path, cursors, moved, before)
+        except OSError:
+            # taken back: the next rollover copies the same files again, and what this one
+            # copied would stay twice (on a disk short of space, each failed try took more)
+            self._take_back_segments(before)
+            raise
         return moved
+
+    def _take_back_segments(self, before: dict[int, tuple[int, SegmentFile | None, int, int, int]]) -> None:
+        for log_id, (count, last, entries, last_index, size) in before.items():
+            files = self.segments.get(log_id, [])
+            for added in files[count:]:
+                self.files.remove(added.path)
+            del files[count:]
+            if not files:
+                self.segments.pop(log_id, None)
+            if last is not None:
+                self.files.truncate(last.path, size)
+                last.entries, last.last_index = entries, last_index
 
     def finish_rollover(self, cursors: dict[int, int]) -> None:
         """Let the old WAL files go, and the segment files wholly below their cursor:
@@ -391,7 +413,8 @@ class LogStore:
         while self._shreddable:
             self.files.shred(self._shreddable.pop(0))
 
-    def _move_to_segments(self, wal_path: Path, cursors: dict[int, int], moved: list[Relocation]) -> None:
+    def _move_to_segments(self, wal_path: Path, cursors: dict[int, int], moved: list[Relocation],
+                          before: dict[int, tuple[int, SegmentFile | None, int, int, int]]) -> None:
         # mapped, not read: the file (up to wal_max_size_bytes) is never copied into the heap
         with self.files.mapped(wal_path) as data, memoryview(data) as view:
             noted = self._heads.get(wal_path)
@@ -400,6 +423,11 @@ class LogStore:
             else:   # a file recovered at start, or written past the notes: its heads are read back
                 by_log = _pick_by_scan(data, wal_path, cursors)
             for log_id, picked in by_log.items():
+                if log_id not in before:
+                    files = self.segments.get(log_id, [])
+                    last = files[-1] if files else None
+                    before[log_id] = (len(files), last, last.entries if last else 0, last.last_index if last else 0,
+                                      self.files.size(last.path) if last else 0)
                 self._append_segment(log_id, view, picked, moved)
 
     def _append_segment(self, log_id: int, data: memoryview, picked: Picked, moved: list[Relocation]) -> None:

@@ -1077,3 +1077,49 @@ def test_wal_files_left_by_restarts_count_toward_the_next_rollover():
             f"{wal_bytes} bytes of WAL in {len(wal_paths(fake))} files after {restart + 1} restarts "
             f"and {rollovers} rollovers")
     store.close()
+
+
+def _segment_bytes(store: LogStore) -> dict[str, int]:
+    return {str(path.relative_to(store.segments_dir)): path.stat().st_size
+            for path in store.segments_dir.rglob("*.seg")}
+
+
+def test_a_move_into_segments_that_finds_no_room_takes_back_what_it_copied(tmp_path):
+    """A rollover's copy into segments that runs out of space half way (one log's records
+    copied, the next log's not) leaves the segments as they were: the next rollover copies
+    the same old WAL files again, and what the failed one had copied stayed a second time.
+    On a disk short of space every failed try took more of it, until nothing was left."""
+    def filled(root: Path) -> LogStore:
+        store = LogStore(root, 1 << 20, 8)
+        store.recover()
+        for index in range(1, 21):
+            store.write_batch(records.encode(1, 0, index, b"a" * 300) + records.encode(2, 0, index, b"b" * 300))
+        store.switch_wal()
+        return store
+
+    reference = filled(tmp_path / "reference")
+    reference.move_to_segments({1: 1, 2: 1})
+    store = filled(tmp_path / "log")
+    open_append = store.files.open_append
+
+    def no_room_for_log_2(path: Path, preallocate_bytes: int = 0):
+        handle = open_append(path, preallocate_bytes)
+        if path.parent.name == "2":
+            def write(data: bytes) -> None:
+                raise OSError(errno.ENOSPC, "injected: no space left")
+            handle.write = write
+        return handle
+    store.files.open_append = no_room_for_log_2
+    with pytest.raises(OSError, match="injected"):
+        store.move_to_segments({1: 1, 2: 1})
+    assert _segment_bytes(store) == {}, "the copy that failed took back what it had written"
+    store.files.open_append = open_append
+    store.move_to_segments({1: 1, 2: 1})
+    assert _segment_bytes(store) == _segment_bytes(reference), "each record in the segments once"
+    store.finish_rollover({1: 1, 2: 1})
+    store.close()
+    again = LogStore(tmp_path / "log", 1 << 20, 8)
+    logs = again.recover().logs
+    assert sorted(logs[1]) == sorted(logs[2]) == list(range(1, 21))
+    again.close()
+    reference.close()
