@@ -134,7 +134,8 @@ class Settings(BaseSettings):
     # confirm p99 halved, docs/performance.md); a rollover maps the file rather
     # than read it (storage/files.py), notes 12 bytes a record (storage/wal_heads.py),
     # and a recovery hands records over as it reads them. Split among a node's
-    # processes (broker/node/shards.py): a node's WAL disk use stays this size.
+    # processes (broker/node/shards.py): a node's WAL disk use stays this size. It rolls
+    # over sooner once it holds half the disk's free space (broker/node/disk_watch.py).
     wal_max_size_bytes: int = Field(512 * 1024 * 1024, ge=WAL_MAX_SIZE_BYTES_MIN)
     # Entries per segment file (rabbitmq/ra's default): the unit of truncation.
     segment_max_entries: int = Field(4096, ge=16)

@@ -33,6 +33,15 @@ class NodeLog:
     def free_bytes(self, path: Path) -> int:
         return self.store.files.free_bytes(path)
 
+    def roll_over_within(self, size: int) -> None:
+        """The WAL rolls over at `size` bytes if that comes before its configured size
+        (the room its rollover has on the disk: broker/node/disk_watch.py)."""
+        self.store.wal_room_bytes = size
+
+    def on_bytes_written(self, listener: Callable[[int], None]) -> None:
+        """`listener(size)` after each WAL batch written (the disk alarm counts them)."""
+        self.committer.subscribe(lambda written: listener(written.size))
+
     async def close(self) -> None:
         await self.committer.drain()
         self.store.close()

@@ -1,6 +1,7 @@
 """The node's broker state: vhosts, live connections, counters, reply-to routes."""
 from __future__ import annotations
 
+import asyncio
 import secrets
 import time
 from collections.abc import Callable
@@ -14,6 +15,7 @@ from warren.broker.admin.definitions import Definitions
 from warren.broker.admin.wal_stats import WalStats
 from warren.broker.node import metadata_commands as mc
 from warren.broker.node.cluster import Cluster
+from warren.broker.node.disk_watch import DiskWatch
 from warren.broker.node.local_topology import LocalTopology
 from warren.broker.node.metadata import Metadata
 from warren.broker.node.shard_link import REPLY, ShardLink
@@ -31,12 +33,6 @@ if TYPE_CHECKING:
     from warren.broker.node.connection_handoff import ConnectionHandoff
 
 VERSION = "0.1.0"
-# Free space (a statvfs of data_dir) is looked at sooner the nearer it is to the limit, as
-# RabbitMQ's disk monitor does: a statvfs waits for the filesystem, and under an fsync
-# load took 0.6-1.5 ms of the loop at every alarm check (every 0.5 s), a tail at 5k msg/s.
-# The interval assumes the disk cannot fill faster than this:
-DISK_FILL_BYTES_PER_SECOND = 250 * 1024 * 1024
-DISK_CHECK_MAX_SECONDS = 10.0
 log = structlog.get_logger("warren.broker")
 
 
@@ -65,6 +61,11 @@ class Broker:
                                 settings.segment_max_entries)
         self.wal_stats = WalStats()
         self.node_log.committer.subscribe(self.wal_stats.on_batch_written)
+        # when free space is looked at (sooner near the limit, and after what this node wrote)
+        base = split_shard(settings.node_name)[0]
+        self.disk_watch = DiskWatch(settings.disk_free_limit_bytes, settings.alarm_check_interval_seconds,
+                                    sum(split_shard(node.name)[0] == base for node in settings.cluster_nodes))
+        self.node_log.on_bytes_written(self._on_bytes_written)
         # The config's vhosts, users and permissions, provisionally: on an empty metadata
         # log they are the first entry proposed, and once the node's metadata state is
         # seeded (that entry, or the group's snapshot) the log's replace them
@@ -98,7 +99,6 @@ class Broker:
         self.memory_alarm = False   # this node's own
         self.disk_alarm = False
         self.cluster_alarms: frozenset[str] = frozenset()   # this node's and its running peers' (cluster_alarms.py)
-        self.next_disk_check = 0.0   # time.monotonic() of the next free-space check
         # cluster peers whose authenticated link is up (node-pair failure detection)
         self.peers_up: set[str] = set()
 
@@ -198,21 +198,25 @@ class Broker:
                 if queue.state.expiries or queue.expires_ms is not None:
                     queue.tick()
 
+    def _on_bytes_written(self, size: int) -> None:
+        if self.disk_watch.wrote(size) and not self.cluster.runtime.stopped:
+            asyncio.get_running_loop().call_soon(self.check_alarms)
+
     def check_alarms(self) -> None:
         """Raise or clear the memory and disk alarms; called periodically (the cluster
-        shell, on the node core's clock). Free space is looked at when
-        `next_disk_check_in` says, not on every call."""
+        shell, on the node core's clock), and once this node wrote what `disk_watch`
+        allows between two looks. Free space is looked at when `disk_watch` says, not on
+        every call."""
         memory = self.queued_message_bytes > self.settings.memory_high_watermark_bytes
         disk = self.disk_alarm
         now = time.monotonic()
-        if now >= self.next_disk_check:
+        if self.disk_watch.due(now):
             try:
                 free = self.node_log.free_bytes(self.settings.data_dir)
             except OSError:
                 free = 0
-            limit = self.settings.disk_free_limit_bytes
-            disk = free < limit
-            self.next_disk_check = now + next_disk_check_in(free, limit, self.settings.alarm_check_interval_seconds)
+            disk = free < self.settings.disk_free_limit_bytes
+            self.node_log.roll_over_within(self.disk_watch.looked(free, now))
             if disk and not self.cluster.runtime.stopped:
                 # what the queues' logs let go leaves the disk now, not at the next WAL rollover
                 self.cluster.runtime.persistence.release_space()
@@ -259,13 +263,3 @@ class Broker:
     def shutdown_connections(self) -> None:
         for connection in list(self.connections):
             connection.shutdown()
-
-
-def next_disk_check_in(free: int, limit: int, min_seconds: float) -> float:
-    """Seconds until free space is looked at again: the time the disk would take to fill
-    down to the limit at DISK_FILL_BYTES_PER_SECOND, between the alarm check interval and
-    DISK_CHECK_MAX_SECONDS; the interval itself while below the limit (the alarm clears as
-    soon as space is back)."""
-    if free < limit:
-        return min_seconds
-    return min(DISK_CHECK_MAX_SECONDS, max(min_seconds, (free - limit) / DISK_FILL_BYTES_PER_SECOND))

@@ -17,6 +17,7 @@ import errno
 import json
 import os
 import re
+import shutil
 import subprocess
 import time
 import urllib.request
@@ -186,39 +187,127 @@ async def wait_until(predicate, what: str, seconds: float = WAIT_SECONDS) -> Non
         await asyncio.sleep(0.1)   # polling the node's state, not synchronising with it
 
 
+@contextlib.asynccontextmanager
+async def node_on_a_small_disk(tmp_path: Path, disk_bytes: int, limit_bytes: int, **env: str):
+    """A node on a tmpfs of `disk_bytes`, its disk alarm at `limit_bytes`, and a publisher's
+    and a consumer's connection to it: (server, disk, publisher, consumer)."""
+    with tmpfs(tmp_path, disk_bytes) as disk:
+        server = make_server(disk, WARREN_DISK_FREE_LIMIT_BYTES=str(limit_bytes), **env)
+        server.log_path = disk.parent / "server.log"
+        server.start()
+        connections = []
+        try:
+            connections += [await aio_pika.connect(server.url), await aio_pika.connect(server.url)]
+            yield server, disk, *connections
+        finally:
+            server.stop()   # first: a client's close waits for the node, which reads no blocked connection
+            for connection in connections:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(connection.close(), WAIT_SECONDS)
+
+
 async def test_a_disk_alarm_raised_by_queued_messages_clears_once_they_are_consumed(tmp_path):
     """Publishers fill the disk with a quorum queue's messages until the disk alarm blocks them
     (RabbitMQ's rule); a consumer then takes every message. What the queue's log no longer
     needs must leave the disk although nothing is written any more (the publishers are
     blocked): else the alarm never clears and the publishers stay blocked for good."""
-    with tmpfs(tmp_path, ALARM_DISK_BYTES) as disk:
-        server = make_server(disk, WARREN_DISK_FREE_LIMIT_BYTES=str(ALARM_LIMIT_BYTES),
-                             WARREN_WAL_MAX_SIZE_BYTES=str(4 * 1024 * 1024), WARREN_ALARM_CHECK_INTERVAL_SECONDS="0.05")
-        server.log_path = disk.parent / "server.log"
-        server.start()
-        publisher = await aio_pika.connect(server.url)
-        consumer = await aio_pika.connect(server.url)
-        try:
-            channel = await publisher.channel(publisher_confirms=True)
-            await channel.declare_queue("fills", durable=True, arguments={"x-queue-type": "quorum"})
+    async with node_on_a_small_disk(tmp_path, ALARM_DISK_BYTES, ALARM_LIMIT_BYTES,
+                                    WARREN_WAL_MAX_SIZE_BYTES=str(4 * 1024 * 1024),
+                                    WARREN_ALARM_CHECK_INTERVAL_SECONDS="0.05") as (server, _, publisher, consumer):
+        channel = await publisher.channel(publisher_confirms=True)
+        await channel.declare_queue("fills", durable=True, arguments={"x-queue-type": "quorum"})
 
-            async def publish_on() -> None:
-                while True:
-                    await channel.default_exchange.publish(aio_pika.Message(ALARM_BODY, delivery_mode=2),
-                                                           routing_key="fills")
-            publishing = asyncio.ensure_future(publish_on())
-            await wait_until(lambda: disk_alarm(server), "the disk alarm, the queue's messages filling the disk",
-                             seconds=60)
-            assert not publishing.done(), publishing
+        async def publish_on() -> None:
+            while True:
+                await channel.default_exchange.publish(aio_pika.Message(ALARM_BODY, delivery_mode=2),
+                                                       routing_key="fills")
+        publishing = asyncio.ensure_future(publish_on())
+        await wait_until(lambda: disk_alarm(server), "the disk alarm, the queue's messages filling the disk",
+                         seconds=60)
+        assert not publishing.done(), publishing
 
-            queue = await (await consumer.channel()).declare_queue("fills", passive=True)
-            while (message := await queue.get(fail=False)) is not None:
-                await message.ack()
-            await wait_until(lambda: not disk_alarm(server),
-                             "the disk alarm to clear once every queued message was consumed")
-            publishing.cancel()
-        finally:
-            server.stop()   # first: a client's close waits for the node, which reads no blocked connection
-            for connection in (publisher, consumer):
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(connection.close(), WAIT_SECONDS)
+        queue = await (await consumer.channel()).declare_queue("fills", passive=True)
+        while (message := await queue.get(fail=False)) is not None:
+            await message.ack()
+        await wait_until(lambda: not disk_alarm(server),
+                         "the disk alarm to clear once every queued message was consumed")
+        publishing.cancel()
+
+
+# A flood: more than the disk holds, sent at once, with the node's WAL as large as RabbitMQ's
+# (512 MiB, larger than this disk) and its free space looked at only every 2 s.
+FLOOD_DISK_BYTES = 128 * 1024 * 1024
+FLOOD_LIMIT_BYTES = 40 * 1024 * 1024
+FLOOD_BODY = b"f" * 100_000
+FLOOD_COUNT = 1_500
+
+
+async def test_a_flood_larger_than_the_disk_is_stopped_before_the_disk_is_full_and_all_of_it_consumed(tmp_path):
+    """Publishers send more than the disk can hold, faster than the time between two looks at
+    its free space. The node must block them before its disk is full, counting what it writes
+    itself: else the disk filled up, the consumer's gets and acks (log entries too) waited
+    behind publishes that found no room, and nothing ever moved again. Every message is
+    confirmed and consumed in the end, the alarm set and cleared on the way."""
+    async with node_on_a_small_disk(tmp_path, FLOOD_DISK_BYTES, FLOOD_LIMIT_BYTES,
+                                    WARREN_ALARM_CHECK_INTERVAL_SECONDS="2") as (server, disk, publisher, consumer):
+        channel = await publisher.channel(publisher_confirms=True)
+        await channel.declare_queue("flood", durable=True, arguments={"x-queue-type": "quorum"})
+        confirms = asyncio.gather(*(
+            channel.default_exchange.publish(aio_pika.Message(FLOOD_BODY, delivery_mode=2, message_id=str(n)),
+                                             routing_key="flood", timeout=120)
+            for n in range(FLOOD_COUNT)))
+        await wait_until(lambda: disk_alarm(server), "the disk alarm, the flood filling the disk", seconds=60)
+
+        queue = await (await consumer.channel()).declare_queue("flood", passive=True)
+        received, last_seen = 0, time.monotonic()
+        while received < FLOOD_COUNT:
+            message = await queue.get(fail=False, timeout=30)
+            if message is None:   # empty while the publisher is blocked: the rest comes once the alarm clears
+                assert time.monotonic() - last_seen < 30, (
+                    f"{received} of {FLOOD_COUNT} messages consumed, then none for 30 s "
+                    f"(the disk's free space: {shutil.disk_usage(disk).free} bytes)")
+                await asyncio.sleep(0.05)   # polling the queue, as a consumer of basic.get does
+                continue
+            last_seen = time.monotonic()
+            assert message.message_id == str(received), f"message {message.message_id} where {received} was next"
+            await message.ack()
+            received += 1
+        await asyncio.wait_for(confirms, 60)
+        await wait_until(lambda: not disk_alarm(server), "the disk alarm to clear once the flood was consumed")
+
+
+# The WAL as large as RabbitMQ's (512 MiB), on a disk smaller than that.
+ROOM_DISK_BYTES = 128 * 1024 * 1024
+ROOM_LIMIT_BYTES = 24 * 1000 * 1000
+ROOM_BODY = b"r" * 100_000
+
+
+async def publish_confirmed(channel, queue: str, count: int) -> None:
+    for first in range(0, count, 50):
+        await asyncio.wait_for(asyncio.gather(*(
+            channel.default_exchange.publish(aio_pika.Message(ROOM_BODY, delivery_mode=2), routing_key=queue)
+            for _ in range(first, min(count, first + 50)))), 30)
+
+
+async def test_consumed_messages_do_not_keep_the_disk_for_a_wal_larger_than_the_disk(tmp_path):
+    """60 MB published to a queue and consumed, then 50 MB to another queue, on a 128 MiB
+    disk whose node's WAL rolls over at 512 MiB: the consumed 60 MB lie in the WAL until a
+    rollover, and a rollover copies what the WAL still holds (the 50 MB) into segments. It
+    must come while that still fits, at the latest once the WAL holds half the free space:
+    the rollover the disk alarm asked for found no room for the copy, the dead 60 MB stayed,
+    and the alarm blocked the publisher for good while the second queue's messages waited
+    for their consumer. Here the space comes back and the publisher goes on."""
+    async with node_on_a_small_disk(tmp_path, ROOM_DISK_BYTES, ROOM_LIMIT_BYTES,
+                                    WARREN_ALARM_CHECK_INTERVAL_SECONDS="0.05") as (server, disk, publisher, consumer):
+        channel = await publisher.channel(publisher_confirms=True)
+        for name in ("consumed", "kept"):
+            await channel.declare_queue(name, durable=True, arguments={"x-queue-type": "quorum"})
+        await publish_confirmed(channel, "consumed", 600)
+        queue = await (await consumer.channel()).declare_queue("consumed", passive=True)
+        for _ in range(600):
+            message = await queue.get(timeout=10)
+            await message.ack()
+        await publish_confirmed(channel, "kept", 500)
+        await wait_until(lambda: not disk_alarm(server) and shutil.disk_usage(disk).free > 2 * ROOM_LIMIT_BYTES,
+                         "the consumed messages' space back (the disk alarm off, room above the limit)")
+        await publish_confirmed(channel, "kept", 100)

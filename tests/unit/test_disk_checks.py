@@ -1,17 +1,21 @@
 """The disk alarm looks at free space sooner the nearer it is to the limit (as RabbitMQ's
 disk monitor): a statvfs waits for the filesystem and cost the loop 0.6-1.5 ms at every
-alarm check under an fsync load (broker/node/broker.py, `next_disk_check_in`)."""
+alarm check under an fsync load; and again as soon as the node wrote half the room left
+above the limit (broker/node/disk_watch.py)."""
 from __future__ import annotations
 
 import time
 from types import SimpleNamespace
 
-from warren.broker.node.broker import (
+from warren.broker.node.broker import Broker
+from warren.broker.node.disk_watch import (
     DISK_CHECK_MAX_SECONDS,
     DISK_FILL_BYTES_PER_SECOND,
-    Broker,
+    WRITTEN_BETWEEN_LOOKS_MIN_BYTES,
+    DiskWatch,
     next_disk_check_in,
 )
+from warren.config import WAL_MAX_SIZE_BYTES_MIN
 
 MB = 1000 * 1000
 
@@ -32,6 +36,9 @@ class CountingLog:
         self.looks += 1
         return self.free
 
+    def roll_over_within(self, size: int) -> None:
+        self.wal_room = size
+
 
 def broker_with(free: int, limit: int) -> SimpleNamespace:
     told: list[list[str]] = []   # what the cluster shell was told of this node's alarms
@@ -42,7 +49,7 @@ def broker_with(free: int, limit: int) -> SimpleNamespace:
         cluster=SimpleNamespace(set_local_alarms=told.append, runtime=runtime),
         settings=SimpleNamespace(memory_high_watermark_bytes=10**9, disk_free_limit_bytes=limit, data_dir=".",
                                  alarm_check_interval_seconds=0.5, node_name="n1"),
-        memory_alarm=False, disk_alarm=False, next_disk_check=0.0)
+        memory_alarm=False, disk_alarm=False, disk_watch=DiskWatch(limit, 0.5))
 
 
 def test_far_from_the_limit_free_space_is_not_looked_at_every_check():
@@ -50,7 +57,7 @@ def test_far_from_the_limit_free_space_is_not_looked_at_every_check():
     for _ in range(20):
         Broker.check_alarms(broker)
     assert broker.node_log.looks == 1
-    assert broker.next_disk_check >= time.monotonic() + DISK_CHECK_MAX_SECONDS - 1
+    assert broker.disk_watch.next_check >= time.monotonic() + DISK_CHECK_MAX_SECONDS - 1
 
 
 def test_near_the_limit_the_alarm_is_raised_and_cleared_at_the_next_check_due():
@@ -58,7 +65,7 @@ def test_near_the_limit_the_alarm_is_raised_and_cleared_at_the_next_check_due():
     Broker.check_alarms(broker)
     assert not broker.disk_alarm
     broker.node_log.free = 40 * MB
-    broker.next_disk_check = 0.0           # the check is due (0.5 s later)
+    broker.disk_watch.next_check = 0.0     # the check is due (0.5 s later)
     assert not broker.released
     Broker.check_alarms(broker)
     assert broker.disk_alarm and broker.told == [["disk"]]
@@ -66,7 +73,7 @@ def test_near_the_limit_the_alarm_is_raised_and_cleared_at_the_next_check_due():
     Broker.check_alarms(broker)            # not due yet: the alarm stands, nothing looked at
     assert broker.disk_alarm and broker.node_log.looks == 2 and broker.told == [["disk"]]
     broker.node_log.free = 80 * MB
-    broker.next_disk_check = 0.0
+    broker.disk_watch.next_check = 0.0
     Broker.check_alarms(broker)
     assert not broker.disk_alarm and broker.told == [["disk"], []]
 
@@ -76,3 +83,34 @@ def test_a_failing_statvfs_counts_as_no_space():
     broker.node_log.free_bytes = lambda path: (_ for _ in ()).throw(OSError("EIO"))
     Broker.check_alarms(broker)
     assert broker.disk_alarm
+
+
+def test_what_the_node_writes_brings_the_next_look_forward():
+    """Half the room above the limit written since the last look: look now, once, however
+    far off the next look by time is (a burst outruns the fill rate the interval assumes)."""
+    watch = DiskWatch(limit=50 * MB, min_seconds=0.5)
+    assert watch.wrote(WRITTEN_BETWEEN_LOOKS_MIN_BYTES), "before any look: after the first megabytes written"
+    watch.looked(free=250 * MB, now=100.0)
+    assert not watch.due(100.1)
+    assert not watch.wrote(99 * MB), "under half of the 200 MB above the limit"
+    assert watch.wrote(1 * MB) and watch.due(100.1), "half of it: look now"
+    assert not watch.wrote(50 * MB), "one look asked for until it is done"
+    watch.looked(free=150 * MB, now=100.2)
+    assert not watch.wrote(49 * MB) and watch.wrote(1 * MB), "half of the 100 MB left: the looks come closer"
+    watch.looked(free=51 * MB, now=100.3)
+    assert not watch.wrote(WRITTEN_BETWEEN_LOOKS_MIN_BYTES - 1), "not closer than a batch or so"
+    assert watch.wrote(1)
+
+
+def test_a_node_over_several_processes_counts_its_share_of_the_room():
+    watch = DiskWatch(limit=50 * MB, min_seconds=0.5, processes=4)
+    watch.looked(free=450 * MB, now=0.0)
+    assert not watch.wrote(49 * MB) and watch.wrote(1 * MB), "a quarter of half the 400 MB above the limit"
+
+
+def test_the_wal_rolls_over_while_its_rollover_has_room():
+    """A rollover copies what the WAL still holds: the WAL rolls over at half the free space
+    (its share of it), or its configured size if that comes first, or the least WAL size."""
+    assert DiskWatch(limit=50 * MB, min_seconds=0.5).looked(free=300 * MB, now=0.0) == 150 * MB
+    assert DiskWatch(limit=50 * MB, min_seconds=0.5, processes=2).looked(free=300 * MB, now=0.0) == 75 * MB
+    assert DiskWatch(limit=50 * MB, min_seconds=0.5).looked(free=0, now=0.0) == WAL_MAX_SIZE_BYTES_MIN

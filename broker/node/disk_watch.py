@@ -1,0 +1,70 @@
+"""When a node looks at its disk's free space, and how large its WAL may grow there.
+
+* Free space (a statvfs of data_dir) is looked at sooner the nearer it is to the limit,
+  as RabbitMQ's disk monitor does: a statvfs waits for the filesystem, and under an fsync
+  load took 0.6-1.5 ms of the loop at every alarm check (every 0.5 s), a tail at 5k msg/s.
+  The interval assumes the disk fills no faster than DISK_FILL_BYTES_PER_SECOND.
+* What the node writes itself is counted as well: once it has written half the room left
+  above the limit (its share of it, on a node over several processes) since the last
+  look, it looks again at once. A burst outruns any rate assumed: publishers let go when an
+  alarm cleared sent a hundred megabytes at once, the disk went from the limit to full
+  between two looks, and on a full disk nothing moved again (a consumer's gets and acks are
+  log entries too, behind the publishes that found no room).
+* The WAL rolls over once it holds half the free space (its share of it), if that comes
+  before its configured size: a rollover copies what the WAL still holds into segments
+  before the old file goes, so it needs that much room. With a WAL larger than the disk
+  had left (RabbitMQ's 512 MiB on a small volume), the rollover the disk alarm asked for
+  found no room for its copy, and the space of consumed messages never came back.
+"""
+from __future__ import annotations
+
+from warren.config import WAL_MAX_SIZE_BYTES_MIN
+
+DISK_FILL_BYTES_PER_SECOND = 250 * 1024 * 1024
+DISK_CHECK_MAX_SECONDS = 10.0
+# Looked at again after at most this much written, however near the limit (a look costs up
+# to a millisecond or so of the loop; a WAL batch is up to 16 MiB).
+WRITTEN_BETWEEN_LOOKS_MIN_BYTES = 8 * 1024 * 1024
+_NOT_COUNTING = 1 << 62
+
+
+def next_disk_check_in(free: int, limit: int, min_seconds: float) -> float:
+    """Seconds until free space is looked at again: the time the disk would take to fill
+    down to the limit at DISK_FILL_BYTES_PER_SECOND, between the alarm check interval and
+    DISK_CHECK_MAX_SECONDS; the interval itself while below the limit (the alarm clears as
+    soon as space is back)."""
+    if free < limit:
+        return min_seconds
+    return min(DISK_CHECK_MAX_SECONDS, max(min_seconds, (free - limit) / DISK_FILL_BYTES_PER_SECOND))
+
+
+class DiskWatch:
+    """The schedule of a node's looks at its free space (a pure machine: the broker looks,
+    and tells it what it saw and what the node wrote)."""
+
+    def __init__(self, limit: int, min_seconds: float, processes: int = 1) -> None:
+        self.limit = limit
+        self.min_seconds = min_seconds
+        self.processes = max(1, processes)   # the node's processes sharing the disk
+        self.next_check = 0.0                # monotonic time of the next look
+        # bytes the node may write before it looks again (the first look may come after them)
+        self.write_budget = WRITTEN_BETWEEN_LOOKS_MIN_BYTES
+
+    def due(self, now: float) -> bool:
+        return now >= self.next_check
+
+    def looked(self, free: int, now: float) -> int:
+        """Free space was looked at: when to look next, and after how much written;
+        returns the size the WAL should roll over at, at the latest."""
+        self.next_check = now + next_disk_check_in(free, self.limit, self.min_seconds)
+        self.write_budget = max(WRITTEN_BETWEEN_LOOKS_MIN_BYTES, (free - self.limit) // (2 * self.processes))
+        return max(WAL_MAX_SIZE_BYTES_MIN, free // (2 * self.processes))
+
+    def wrote(self, size: int) -> bool:
+        """The node wrote `size` bytes; True once, when it should look at the disk now."""
+        self.write_budget -= size
+        if self.write_budget > 0:
+            return False
+        self.write_budget = _NOT_COUNTING   # until the look
+        self.next_check = 0.0
+        return True
