@@ -137,7 +137,8 @@ class Settings(BaseSettings):
     # processes (broker/node/shards.py): a node's WAL disk use stays this size. It rolls
     # over sooner once it holds half the disk's free space (broker/node/disk_watch.py).
     wal_max_size_bytes: int = Field(512 * 1024 * 1024, ge=WAL_MAX_SIZE_BYTES_MIN)
-    # Entries per segment file (rabbitmq/ra's default): the unit of truncation.
+    # Entries per segment file (rabbitmq/ra's default): the unit of truncation. A file also
+    # ends at 64 MB (storage/wal.py SEGMENT_MAX_BYTES, ra's segment_max_size_bytes).
     segment_max_entries: int = Field(4096, ge=16)
 
     # Cluster (the quorum-queue issue). Every node lists all members, itself included;

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import errno
 from array import array
+from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate, compress
@@ -44,6 +45,10 @@ TRASH_DIR = "trash"
 NO_SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 # A rollover's copy into segments is synced in pieces of this size (`_write_segment`).
 SEGMENT_SYNC_BYTES = 4 * 1024 * 1024
+# A segment file ends at this size as well as at segment_max_entries (ra's
+# segment_max_size_bytes): it is let go only once every entry in it is below its log's
+# cursor, and 4096 entries of large bodies made files of a gigabyte or more.
+SEGMENT_MAX_BYTES = 64 * 1000 * 1000
 
 
 class NoSpace(OSError):
@@ -59,6 +64,7 @@ class SegmentFile:
     first_index: int
     last_index: int
     entries: int
+    size: int = 0   # bytes, the header included
 
 
 @dataclass(slots=True)
@@ -219,7 +225,7 @@ class LogStore:
             self.files.truncate(path, result.valid_end)
         if visitor.count:
             self.segments.setdefault(log_id, []).append(SegmentFile(
-                path, visitor.first_index, visitor.last_index, visitor.count))
+                path, visitor.first_index, visitor.last_index, visitor.count, result.valid_end))
         else:
             self.files.remove(path)
 
@@ -376,7 +382,7 @@ class LogStore:
                 self.segments.pop(log_id, None)
             if last is not None:
                 self.files.truncate(last.path, size)
-                last.entries, last.last_index = entries, last_index
+                last.entries, last.last_index, last.size = entries, last_index, size
 
     def finish_rollover(self, cursors: dict[int, int]) -> None:
         """Let the old WAL files go, and the segment files wholly below their cursor:
@@ -447,11 +453,15 @@ class LogStore:
         start = 0
         while start < len(indexes):
             current = files[-1] if files else None
-            new_file = current is None or current.entries >= self.segment_max_entries
+            new_file = (current is None or current.entries >= self.segment_max_entries
+                        or current.size + lengths[start] > SEGMENT_MAX_BYTES)
             if new_file:
                 number = int(current.path.stem) + 1 if current is not None else 1
                 current = SegmentFile(log_dir / f"{number:08d}.seg", indexes[start], indexes[start], 0)
             stop = min(len(indexes), start + self.segment_max_entries - current.entries)
+            # as many as fit under SEGMENT_MAX_BYTES, at least one (summed and searched in C)
+            room = SEGMENT_MAX_BYTES - max(current.size, len(records.FILE_HEADER))
+            stop = start + max(1, bisect_right(list(accumulate(lengths[start:stop])), room))
             offset = self._write_segment(current, new_file, _record_runs(data, offsets, lengths, start, stop))
             # back to back from `offset`, summed in C (a rollover may move millions of records)
             new_offsets = array("q", accumulate(lengths[start:stop - 1], initial=offset))
@@ -460,6 +470,7 @@ class LogStore:
                 files.append(current)
             current.entries += stop - start
             current.last_index = indexes[stop - 1]
+            current.size = new_offsets[-1] + lengths[stop - 1]
             start = stop
         self.files.sync_directory(log_dir)
 

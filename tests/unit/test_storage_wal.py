@@ -1123,3 +1123,32 @@ def test_a_move_into_segments_that_finds_no_room_takes_back_what_it_copied(tmp_p
     assert sorted(logs[1]) == sorted(logs[2]) == list(range(1, 21))
     again.close()
     reference.close()
+
+
+def test_a_segment_file_holds_at_most_segment_max_bytes_so_large_entries_are_let_go_in_pieces(tmp_path, monkeypatch):
+    """A segment file is let go only once every entry in it is below the log's cursor: with
+    4096 entries a file and 300 KB bodies a file held over a gigabyte, and one queue's
+    consumed messages kept 112 MB of a 256 MB disk (chaos seed 4602). A file also ends at
+    SEGMENT_MAX_BYTES (64 MB, as ra's segment_max_size_bytes), at least one record each."""
+    monkeypatch.setattr(wal, "SEGMENT_MAX_BYTES", 10_000)
+    store = LogStore(tmp_path / "log", 1 << 20, 4096)
+    store.recover()
+    for index in range(1, 51):
+        store.write_batch(records.encode(1, 0, index, b"m" * 1000))
+    store.write_batch(records.encode(2, 0, 1, b"h" * 30_000))   # one record over the cap: a file of its own
+    store.rollover({1: 1, 2: 1})
+    sizes = {path.name: path.stat().st_size for path in (store.segments_dir / "1").iterdir()}
+    assert len(sizes) >= 5 and all(size <= 10_000 for size in sizes.values()), sizes
+    assert len(list((store.segments_dir / "2").iterdir())) == 1
+    store.rollover({1: 30, 2: 1})
+    kept = sorted(path.name for path in (store.segments_dir / "1").iterdir())
+    assert len(kept) < len(sizes), f"the files wholly below the cursor went: {sorted(sizes)} -> {kept}"
+    store.close()
+    again = LogStore(tmp_path / "log", 1 << 20, 4096)
+    logs = again.recover().logs
+    assert sorted(logs[1])[-21:] == list(range(30, 51)) and sorted(logs[2]) == [1]
+    for index in range(51, 61):   # appends after a restart respect the files' sizes read back
+        again.write_batch(records.encode(1, 0, index, b"m" * 1000))
+    again.rollover({1: 30, 2: 1})
+    assert all(path.stat().st_size <= 10_000 for path in (again.segments_dir / "1").iterdir())
+    again.close()
