@@ -433,7 +433,7 @@ class LogStore:
                     files = self.segments.get(log_id, [])
                     last = files[-1] if files else None
                     before[log_id] = (len(files), last, last.entries if last else 0, last.last_index if last else 0,
-                                      self.files.size(last.path) if last else 0)
+                                      last.size if last else 0)
                 self._append_segment(log_id, view, picked, moved)
 
     def _append_segment(self, log_id: int, data: memoryview, picked: Picked, moved: list[Relocation]) -> None:
