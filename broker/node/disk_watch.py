@@ -23,7 +23,7 @@ from warren.config import WAL_MAX_SIZE_BYTES_MIN
 DISK_FILL_BYTES_PER_SECOND = 250 * 1024 * 1024
 DISK_CHECK_MAX_SECONDS = 10.0
 # Looked at again after at most this much written, however near the limit (a look costs up
-# to a millisecond or so of the loop; a WAL batch is up to 16 MiB).
+# to a millisecond or so of the loop; a WAL batch is cut at 16 MiB, more when one record is).
 WRITTEN_BETWEEN_LOOKS_MIN_BYTES = 8 * 1024 * 1024
 _NOT_COUNTING = 1 << 62
 
