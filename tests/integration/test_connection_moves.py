@@ -13,8 +13,10 @@ import pytest
 from tests.integration.pika_support import publish_confirmed
 from tests.integration.quorum_cluster import wait_for
 from tests.integration.test_node_processes import (
+    LANDING_SECONDS,
     ShardedServer,
     assert_no_shards_left,
+    connections_per_shard,
     node_metrics,
     shard_api,
     shard_of,
@@ -24,10 +26,6 @@ from tests.integration.test_node_processes import (
 pytestmark = pytest.mark.timeout(120)
 
 QUORUM = {"x-queue-type": "quorum"}
-# Which shard's loop accepts a connection is up to the kernel: the shard that just closed
-# the last try may win the next many times over while the other is busy for a moment
-# (40 tries in 0.16 s all landed on one shard once), so tries go on for this long.
-LANDING_SECONDS = 15.0
 
 
 @pytest.fixture
@@ -48,10 +46,6 @@ def connection_on(server: ShardedServer, shard: int) -> pika.BlockingConnection:
             return connection
         connection.close()
     raise AssertionError(f"no connection of {tries} in {LANDING_SECONDS} s landed on shard {shard}")
-
-
-def connections_per_shard(server: ShardedServer) -> list[int]:
-    return [row["connections"] for row in shard_api(server.metrics_port, "/api/overview")["shards"]]
 
 
 def wait_connections(server: ShardedServer, expected: list[int], what: str) -> None:
