@@ -97,13 +97,16 @@ class QueueReplica:
             self.perform(effects)
         if len(self.decoded.entries) > 1 and not self.machine.state.ready:
             self.decoded.forget_read_back()   # the backlog is delivered: an idle queue holds no entries read back
+        # Before a snapshot may compact the log: a basic.get without ack settles its message
+        # as it is applied, and its answer read from a log compacted past it lost the message.
+        answer = self.wire_reply(reply) if leading else None
         self.applied_since_snapshot += 1
         self.bytes_since_snapshot += len(data)
         if (self.applied_since_snapshot >= queue_snapshots.SNAPSHOT_ENTRIES_MIN
                 or self.bytes_since_snapshot >= queue_snapshots.SNAPSHOT_BYTES_MIN
                 or self.truncation.candidates):   # below all three, never `due`
             self._maybe_snapshot(index)
-        return command, self.wire_reply(reply) if leading else None
+        return command, answer
 
     def apply_now(self, command: Any) -> Any:
         """A replica without a log: apply at once, perform, and return the reply."""

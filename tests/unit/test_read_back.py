@@ -222,3 +222,31 @@ def test_a_leader_delivering_from_entries_read_back_asks_to_read_ahead_and_lets_
     assert client.delivered == [b"2.%dxxxxxxxxxx" % n for n in range(3)] + [b"3.%dxxxxxxxxxx" % n for n in range(3)]
     assert log.reads == [2] and log.read_ahead_asked == [replica.read_ahead], "read back: the next are read ahead"
     assert set(replica.decoded.entries) == {3}, "nothing ready any more: the entry read back is let go"
+
+
+class CompactingLog(ReplicaLog):
+    """A log that lets go of its entries up to the index a replica compacts to."""
+
+    def compact(self, index: int, snapshot: bytes) -> None:
+        self.data = {i: data for i, data in self.data.items() if i > index}
+
+
+def test_a_basic_get_without_ack_answers_with_its_message_though_the_same_apply_compacts_the_log():
+    """A dequeue with no_ack settles its message as it is applied: the log may be compacted
+    past the message's entry in that apply (300 KB bodies made a snapshot due every two
+    entries), and the answer was read from the log after that: the message was taken from
+    the queue and answered as gone, a confirmed message lost."""
+    owner, body = "n1/i1/ch", b"b" * 300_000
+    entries = {index: qc.EnqueueBatch(owner, index, 0, [["", "q", PERSISTENT, body + b"%d" % index, None, 0]])
+               for index in range(1, 11)}
+    log = CompactingLog(entries)
+    replica = QueueReplica(QuorumMachine(), "n1", "g", log, Client((owner, "t")), lambda node, message: None,
+                           lambda reason, payloads: None)
+    for index, command in entries.items():
+        replica.apply_entry(index, queue_codec.encode(command), leading=True)
+    got = []
+    for request in range(1, 11):
+        _, reply = replica.apply_entry(10 + request, queue_codec.encode(qc.Dequeue(owner, request, 0, True)),
+                                       leading=True)
+        got.append(reply and reply[1][3][len(body):])
+    assert got == [b"%d" % index for index in range(1, 11)], "every basic.get answered with its message"
