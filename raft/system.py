@@ -85,8 +85,10 @@ from warren.raft.group import (
     persist_item, quiesce_heartbeats,
 )
 from warren.raft.messages import (
-    ConfigChangeOp, Entry, Heartbeat, HeartbeatResponse, Message, Role, Snapshot, from_wire, to_wire,
+    ENTRY_OVERHEAD_BYTES, AppendEntries, ConfigChangeOp, Entry, Heartbeat, HeartbeatResponse, Message, Role,
+    Snapshot, from_wire, to_wire,
 )
+from warren.raft.messages import InstallSnapshot as InstallSnapshotMessage
 from warren.raft.member_ids import node_of
 from warren.raft.reelection import campaigner
 from warren.raft.system_counters import SystemCounters
@@ -101,6 +103,8 @@ Apply = Callable[[GroupId, Entry], None]
 InstallSnapshot = Callable[[GroupId, Snapshot], None]
 RoleChange = Callable[[GroupId, Role, "str | None", int], None]
 GroupFailed = Callable[[GroupId, BaseException], None]
+# (group, bytes, whether a snapshot): whether the node has room for what a leader replicates
+AdmitsReplicated = Callable[[GroupId, int, bool], bool]
 
 
 class PersistFailed(RuntimeError):
@@ -112,6 +116,7 @@ class RaftSystem(SystemViews):
                  install_snapshot: InstallSnapshot | None = None, on_role_change: RoleChange | None = None,
                  request_turn: Callable[[], None] | None = None, on_group_failed: GroupFailed | None = None,
                  eager_commit_groups: frozenset[GroupId] | None = None,
+                 admits_replicated: AdmitsReplicated | None = None,
                  quiesce_after_ticks: int = 2, frame_max_messages: int = 65536, **raft_options) -> None:
         assert quiesce_after_ticks >= 1
         assert frame_max_messages >= 1
@@ -127,6 +132,7 @@ class RaftSystem(SystemViews):
         self.on_group_failed = on_group_failed
         # the groups whose followers hear of a new commit index at once (None: all); see replication.flush
         self.eager_commit_groups = eager_commit_groups
+        self.admits_replicated = admits_replicated
         self.quiesce_after_ticks = quiesce_after_ticks
         self.frame_max_messages = frame_max_messages
         self.raft_options = raft_options
@@ -274,7 +280,21 @@ class RaftSystem(SystemViews):
             if message.to != group.raft.node_id or node_of(message.sender) != from_node:
                 self.counters.messages_dropped += 1
                 continue
+            if self.admits_replicated is not None and not self.admitted(group.group_id, message):
+                self.counters.messages_refused += 1
+                continue
             self.on_message(group, message, quiesce=len(item) > 2 and item[2] == QUIESCE)
+
+    def admitted(self, group_id: GroupId, message: Message) -> bool:
+        """Whether the disk has room for the entries or snapshot `message` brings. Refused, they
+        are as lost on the way (Raft lets a follower drop what it has not acknowledged): the
+        leader sends them again, or a snapshot once its log let go of them."""
+        if isinstance(message, AppendEntries) and message.entries:
+            size = sum(len(entry.data) for entry in message.entries) + ENTRY_OVERHEAD_BYTES * len(message.entries)
+            return self.admits_replicated(group_id, size, False)
+        if isinstance(message, InstallSnapshotMessage):
+            return self.admits_replicated(group_id, len(message.snapshot.data), True)
+        return True
 
     def on_message(self, group: Group, message: Message, quiesce: bool) -> None:
         raft = group.raft

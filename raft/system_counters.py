@@ -15,6 +15,7 @@ class SystemCounters:
     messages_sent: int = 0
     messages_received: int = 0
     messages_dropped: int = 0       # unknown group, misaddressed, or to a down peer
+    messages_refused: int = 0       # replicated entries or a snapshot the disk had no room for
     readies: int = 0
     quiesced: int = 0               # a group fell quiet
     woken: int = 0                  # a quiet group woke

@@ -93,6 +93,11 @@ class BrokerCollector(Collector):
                 families["leader"].add_metric(values, 1 if group.role == "leader" else 0)
                 families["member_count"].add_metric(values, group.member_count)
         yield from families.values()
+        refused = CounterMetricFamily("warren_raft_replication_refused",
+                                      "Replicated entries or snapshots this node refused: its disk had no room "
+                                      "for them (the leaders send them again)")
+        refused.add_metric([], cluster.replication_refused)
+        yield refused
 
     def _storage_metrics(self) -> Iterator:
         broker = self.broker

@@ -69,6 +69,7 @@ if TYPE_CHECKING:
     from warren.broker.queues.quorum import QuorumQueue
 
 log = structlog.get_logger("warren.cluster")
+REFUSALS_LOGGED_EVERY_SECONDS = 10.0
 
 STARTUP_APPLY_SECONDS = 10.0
 STARTUP_LINKS_SECONDS = 2.0
@@ -137,7 +138,10 @@ class Cluster:
         limits = TransportLimits.from_settings(settings)
         self.runtime = NodeRuntime(self, settings, broker.node_log.committer, self.apply, rng,
                                    install_snapshot=self.install_snapshot, on_role_change=self.on_role_change,
-                                   transport_limits=limits, vital_groups=frozenset({META}))
+                                   transport_limits=limits, vital_groups=frozenset({META}),
+                                   admits_replicated=self.admits_replicated)
+        self.replication_refused = 0   # replicated messages the disk had no room for
+        self.refusal_logged_at = -REFUSALS_LOGGED_EVERY_SECONDS
         # queues reading a backlog back from the log read ahead while the WAL writer works
         self.read_ahead = ReadAhead(lambda callback: self.runtime.turns.loop.call_soon(callback))
         broker.node_log.committer.subscribe(self.read_ahead.on_written, on_writing=self.read_ahead.on_writing)
@@ -382,6 +386,21 @@ class Cluster:
         result = self.metadata.apply(entry)
         self.core.on_meta_applied(entry.index)
         return result
+
+    def admits_replicated(self, group: Any, size: int, snapshot: bool) -> bool:
+        """Whether what a leader replicates here is taken in: while the disk has room for it
+        (broker/node/disk_watch.py); the metadata group's always (small, and the cluster's own).
+        Refusals are logged once every REFUSALS_LOGGED_EVERY_SECONDS, with their count."""
+        if group == META or self.broker.disk_watch.admits_replicated(size, snapshot):
+            return True
+        self.replication_refused += 1
+        now = time.monotonic()
+        if now - self.refusal_logged_at >= REFUSALS_LOGGED_EVERY_SECONDS:
+            log.warning("raft.replication_refused", node=self.node, refused=self.replication_refused,
+                        bytes=size, snapshot=snapshot, free=self.broker.disk_watch.free_at_look,
+                        detail="no room on the disk for what the leaders replicate: they send it again later")
+            self.refusal_logged_at = now
+        return False
 
     def install_snapshot(self, group: Any, snapshot: Snapshot) -> None:
         if group == META:

@@ -15,6 +15,14 @@
   before the old file goes, so it needs that much room. With a WAL larger than the disk
   had left (RabbitMQ's 512 MiB on a small volume), the rollover the disk alarm asked for
   found no room for its copy, and the space of consumed messages never came back.
+* What leaders replicate to this node is taken in only while the disk has room for it twice
+  (its copy into segments at a rollover) above half the limit, a snapshot while it has room
+  for it twice at all: a follower that took in its leaders' catch-up (AppendEntries batches
+  of 20-30 MB) beyond its disk's room waited for good with a WAL batch that found the disk
+  full, its alarm blocking the cluster's publishers to the end, though the consumed messages'
+  space would come back only by applying the entries behind that batch. Refused, the entries
+  are to the leader as lost on the way: it sends them again, or its snapshot once its log let
+  go of them (Raft lets a follower drop what it has not acknowledged).
 """
 from __future__ import annotations
 
@@ -49,6 +57,9 @@ class DiskWatch:
         self.next_check = 0.0                # monotonic time of the next look
         # bytes the node may write before it looks again (the first look may come after them)
         self.write_budget = WRITTEN_BETWEEN_LOOKS_MIN_BYTES
+        self.free_at_look: int | None = None   # None until the first look: everything is taken in
+        self.written_since_look = 0
+        self.admitted_unwritten = 0              # replicated bytes taken in, not written yet
 
     def due(self, now: float) -> bool:
         return now >= self.next_check
@@ -57,14 +68,30 @@ class DiskWatch:
         """Free space was looked at: when to look next, and after how much written;
         returns the size the WAL should roll over at, at the latest."""
         self.next_check = now + next_disk_check_in(free, self.limit, self.min_seconds)
+        self.free_at_look, self.written_since_look = free, 0
         self.write_budget = max(WRITTEN_BETWEEN_LOOKS_MIN_BYTES, (free - self.limit) // (2 * self.processes))
         return max(WAL_MAX_SIZE_BYTES_MIN, free // (2 * self.processes))
 
     def wrote(self, size: int) -> bool:
         """The node wrote `size` bytes; True once, when it should look at the disk now."""
+        self.written_since_look += size
+        self.admitted_unwritten = max(0, self.admitted_unwritten - size)
         self.write_budget -= size
         if self.write_budget > 0:
             return False
         self.write_budget = _NOT_COUNTING   # until the look
         self.next_check = 0.0
+        return True
+
+    def admits_replicated(self, size: int, snapshot: bool) -> bool:
+        """Whether this process takes in `size` bytes a leader replicates to it (entries, or a
+        `snapshot`): its share of the room twice over, above half the limit for entries."""
+        if self.free_at_look is None:
+            return True
+        floor = 0 if snapshot else self.limit // 2
+        room = (self.free_at_look - floor) // (2 * self.processes) - self.written_since_look - self.admitted_unwritten
+        if size > room:
+            self.next_check = 0.0   # at the next check: space may have been let go meanwhile
+            return False
+        self.admitted_unwritten += size
         return True

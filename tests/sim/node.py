@@ -26,6 +26,7 @@ from tests.sim.loop import SimLoop
 from tests.unit.faultyfiles import FaultyFiles
 from warren.broker.admin.auth import AccessControl
 from warren.broker.node.cluster import Cluster
+from warren.broker.node.disk_watch import DiskWatch
 from warren.broker.node.local_topology import LocalTopology
 from warren.broker.node.metadata import Metadata
 from warren.broker.routing.vhost import VirtualHost
@@ -65,6 +66,8 @@ class SimBroker:
         self.peers_up: set[str] = set()
         self.shard_link = None   # a node on one process
         self.connections: set = set()   # clients call the queues directly: no AMQP connection (the metadata fence)
+        # never told of a look at free space: takes in whatever leaders replicate (no resource limits here)
+        self.disk_watch = DiskWatch(settings.disk_free_limit_bytes, settings.alarm_check_interval_seconds)
 
     def peer_up(self, name: str) -> None:
         self.peers_up.add(name)

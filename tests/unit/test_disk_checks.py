@@ -114,3 +114,26 @@ def test_the_wal_rolls_over_while_its_rollover_has_room():
     assert DiskWatch(limit=50 * MB, min_seconds=0.5).looked(free=300 * MB, now=0.0) == 150 * MB
     assert DiskWatch(limit=50 * MB, min_seconds=0.5, processes=2).looked(free=300 * MB, now=0.0) == 75 * MB
     assert DiskWatch(limit=50 * MB, min_seconds=0.5).looked(free=0, now=0.0) == WAL_MAX_SIZE_BYTES_MIN
+
+
+def test_replicated_bytes_are_taken_in_while_the_disk_has_room_for_them_twice():
+    watch = DiskWatch(limit=40 * MB, min_seconds=0.5)
+    assert watch.admits_replicated(10**12, snapshot=False), "before the first look: everything"
+    watch.looked(100 * MB, now=1.0)
+    room = (100 * MB - 20 * MB) // 2               # twice over (a rollover's copy), above half the limit
+    assert watch.admits_replicated(room - 1 * MB, snapshot=False)
+    assert not watch.admits_replicated(2 * MB, snapshot=False), "taken in but not written yet counts"
+    assert watch.due(1.0), "a refusal looks again at the next check: space may have been let go"
+    watch.wrote(room - 1 * MB)                     # those bytes written: counted once, not twice
+    assert watch.admits_replicated(1 * MB - 1, snapshot=False)
+    watch.looked(22 * MB, now=2.0)                 # below the limit, 2 MB above its half
+    assert not watch.admits_replicated(1 * MB + 1, snapshot=False)
+    assert watch.admits_replicated(5 * MB, snapshot=True), "a snapshot (what lets the log go) while it fits twice"
+    assert not watch.admits_replicated(7 * MB, snapshot=True)
+
+
+def test_a_process_of_several_takes_in_its_share():
+    watch = DiskWatch(limit=40 * MB, min_seconds=0.5, processes=2)
+    watch.looked(100 * MB, now=1.0)
+    assert not watch.admits_replicated((100 * MB - 20 * MB) // 2 // 2 + 1, snapshot=False)
+    assert watch.admits_replicated((100 * MB - 20 * MB) // 2 // 2, snapshot=False)
