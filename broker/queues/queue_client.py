@@ -40,6 +40,10 @@ if TYPE_CHECKING:
 HELD_DELIVERIES_MAX = 10_000
 DOWNED_OWNERS_SECONDS = 60.0   # far longer than a forwarded CHECKOUT can be on its way
 ENQUEUE_BATCH_MAX = 1024
+# An EnqueueBatch ends once its bodies reach this (one Raft entry; Raft's own AppendEntries
+# bound): 300 KB publishes read in one turn made 30 MB entries, each a WAL write and a
+# follower's AppendEntries that a disk near its limit had to take whole or not at all.
+ENQUEUE_BATCH_MAX_BYTES = 1024 * 1024
 
 
 def now_ms() -> int:
@@ -69,6 +73,7 @@ class EnqueuerSession:
     progress_at: float = 0.0
     sent_to: str | None = None    # the leader the newest enqueue went to
     unsent_from: int | None = None  # seqs from here on wait for the end of the turn
+    unsent_bytes: int = 0           # their bodies' bytes
 
 
 class QueueClient:
@@ -102,6 +107,7 @@ class QueueClient:
             session.progress_at = time.monotonic()
         exchange, routing_key, properties, body = payload
         session.pending[seq] = ([exchange, routing_key, properties, body, ttl_ms, priority], on_applied)
+        session.unsent_bytes += len(body)
         if session.unsent_from is None:
             session.unsent_from = seq
             self.unsent.append(session)
@@ -116,6 +122,7 @@ class QueueClient:
         sessions, self.unsent = self.unsent, []
         for session in sessions:
             first, session.unsent_from = session.unsent_from, None
+            small, session.unsent_bytes = session.unsent_bytes <= ENQUEUE_BATCH_MAX_BYTES, 0
             if first is None:
                 continue
             if session.sent_to is None:
@@ -123,14 +130,26 @@ class QueueClient:
                 # the queue holds the new ones until a resend fills the gap; in runs, as some
                 # between them may have been applied
                 for start, end in _runs(list(session.pending)):
-                    self._send_run(session, start, end)
+                    self._send_run(session, start, end, small=False)
             else:
-                self._send_run(session, first, session.next_seq)
+                self._send_run(session, first, session.next_seq, small)
 
-    def _send_run(self, session: EnqueuerSession, first: int, end: int) -> None:
-        for start in range(first, end, ENQUEUE_BATCH_MAX):
-            messages = [session.pending[seq][0] for seq in range(start, min(end, start + ENQUEUE_BATCH_MAX))]
+    def _send_run(self, session: EnqueuerSession, first: int, end: int, small: bool) -> None:
+        """Seqs first..end-1 in EnqueueBatches of ENQUEUE_BATCH_MAX messages and, unless the
+        caller knows them `small` together, ENQUEUE_BATCH_MAX_BYTES of bodies."""
+        pending = session.pending
+        start = first
+        while start < end:
+            stop = min(end, start + ENQUEUE_BATCH_MAX)
+            if not small:
+                size, last = 0, start
+                while last < stop and (last == start or size < ENQUEUE_BATCH_MAX_BYTES):
+                    size += len(pending[last][0][3])
+                    last += 1
+                stop = last
+            messages = [pending[seq][0] for seq in range(start, stop)]
             session.sent_to = self.route.send(qc.EnqueueBatch(session.key, start, now_ms(), messages))
+            start = stop
 
     def on_applied(self, enqueuer: str, first_seq: int, last_seq: int, refused: list[int]) -> None:
         """The leader applied (or refused, or had applied before) seqs first..last."""
@@ -158,7 +177,7 @@ class QueueClient:
             session.progress_at = now
             seqs = [seq for seq in session.pending if session.unsent_from is None or seq < session.unsent_from]
             for first, end in _runs(seqs):
-                self._send_run(session, first, end)
+                self._send_run(session, first, end, small=False)
 
     def confirm_all(self) -> None:
         """The queue was deleted: its unconfirmed publishes are confirmed, as RabbitMQ's

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from warren.broker.queues import queue_commands as qc
 from warren.broker.queues.queue import ConsumerSink
-from warren.broker.queues.queue_client import DOWNED_OWNERS_SECONDS, RESEND_SECONDS, QueueClient
+from warren.broker.queues.queue_client import (
+    DOWNED_OWNERS_SECONDS,
+    ENQUEUE_BATCH_MAX_BYTES,
+    RESEND_SECONDS,
+    QueueClient,
+)
 
 OWNER = (7, 1)
 KEY = "n1/i1/7/1"
@@ -89,6 +94,22 @@ def test_a_turns_publishes_go_as_one_batch_at_its_end():
     route.run_turn()
     assert batches(route) == [("a", 1, [b"1", b"2", b"3"])]
     assert route.sent[0][1].enqueuer == KEY
+
+
+def test_a_turns_large_publishes_go_in_batches_of_a_bounded_size():
+    """300 KB publishes read in one turn made one 30 MB Raft entry: a WAL write and a
+    follower's AppendEntries that a disk near its limit took whole or not at all."""
+    client, route, _ = make_client()
+    size = 300_000
+    publish(client, *(b"%d" % n + b"x" * (size - len(b"%d" % n)) for n in range(10)))
+    route.run_turn()
+    per_batch = ENQUEUE_BATCH_MAX_BYTES // size + 1   # the one that reaches the bound is the last
+    assert [(first, len(bodies)) for _, first, bodies in batches(route)] == [
+        (1, per_batch), (1 + per_batch, per_batch), (1 + 2 * per_batch, 10 - 2 * per_batch)]
+    assert [b[:1] for _, _, bodies in batches(route) for b in bodies] == [b"%d" % n for n in range(10)]
+    publish(client, b"small", b"x" * (ENQUEUE_BATCH_MAX_BYTES + 1), b"small")
+    route.run_turn()
+    assert [len(bodies) for _, _, bodies in batches(route)][3:] == [2, 1], "a body past the bound goes alone"
 
 
 def test_applied_confirms_and_refused_rejects_each_seq_once():
