@@ -138,7 +138,7 @@ def connections_on_each_shard(server: ShardedServer, count: int) -> dict[int, li
             by_shard[shard].append(connection)
     expected = [len(by_shard[k]) for k in range(SHARDS)]
     wait_for(lambda: connections_per_shard(server) == expected,
-             f"the node to count connections per shard {expected} (it counts {connections_per_shard(server)})", 10)
+             f"the node to count {expected} connections per shard (the spare tries closed)", 10)
     return by_shard
 
 
