@@ -84,8 +84,8 @@ def test_a_follower_with_too_small_a_disk_neither_fills_it_nor_stops_the_cluster
             free = shutil.disk_usage(disk).free
             assert free > 0, "the small node's disk filled up to its last byte"
             wait_for(lambda: not disk_alarm(servers[small]) and not disk_alarm(servers[leader]),
-                     f"the small node's disk alarm to clear once every message was consumed (the disk has "
-                     f"{shutil.disk_usage(disk).free} bytes free)", seconds=90)
+                     f"the small node's disk alarm to clear once every message was consumed (its disk had "
+                     f"{free} bytes free when the wait began)", seconds=90)
             with connect(servers[leader]) as connection:
                 channel = connection.channel()
                 channel.confirm_delivery()
