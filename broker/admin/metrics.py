@@ -96,7 +96,7 @@ class BrokerCollector(Collector):
         refused = CounterMetricFamily("warren_raft_replication_refused",
                                       "Replicated entries or snapshots this node refused: its disk had no room "
                                       "for them (the leaders send them again)")
-        refused.add_metric([], cluster.replication_refused)
+        refused.add_metric([], runtime.system.counters.messages_refused if runtime.system is not None else 0)
         yield refused
 
     def _storage_metrics(self) -> Iterator:

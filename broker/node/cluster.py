@@ -140,7 +140,6 @@ class Cluster:
                                    install_snapshot=self.install_snapshot, on_role_change=self.on_role_change,
                                    transport_limits=limits, vital_groups=frozenset({META}),
                                    admits_replicated=self.admits_replicated)
-        self.replication_refused = 0   # replicated messages the disk had no room for
         self.refusal_logged_at = -REFUSALS_LOGGED_EVERY_SECONDS
         # queues reading a backlog back from the log read ahead while the WAL writer works
         self.read_ahead = ReadAhead(lambda callback: self.runtime.turns.loop.call_soon(callback))
@@ -393,10 +392,11 @@ class Cluster:
         Refusals are logged once every REFUSALS_LOGGED_EVERY_SECONDS, with their count."""
         if group == META or self.broker.disk_watch.admits_replicated(size, snapshot):
             return True
-        self.replication_refused += 1
         now = time.monotonic()
         if now - self.refusal_logged_at >= REFUSALS_LOGGED_EVERY_SECONDS:
-            log.warning("raft.replication_refused", node=self.node, refused=self.replication_refused,
+            # the system counts each refusal once this returns: this one is not counted yet
+            refused = self.runtime.system.counters.messages_refused + 1
+            log.warning("raft.replication_refused", node=self.node, refused=refused,
                         bytes=size, snapshot=snapshot, free=self.broker.disk_watch.free_at_look,
                         detail="no room on the disk for what the leaders replicate: they send it again later")
             self.refusal_logged_at = now

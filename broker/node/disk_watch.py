@@ -33,7 +33,6 @@ DISK_CHECK_MAX_SECONDS = 10.0
 # Looked at again after at most this much written, however near the limit (a look costs up
 # to a millisecond or so of the loop; a WAL batch is cut at 16 MiB, more when one record is).
 WRITTEN_BETWEEN_LOOKS_MIN_BYTES = 8 * 1024 * 1024
-_NOT_COUNTING = 1 << 62
 
 
 def next_disk_check_in(free: int, limit: int, min_seconds: float) -> float:
@@ -55,7 +54,7 @@ class DiskWatch:
         self.min_seconds = min_seconds
         self.processes = max(1, processes)   # the node's processes sharing the disk
         self.next_check = 0.0                # monotonic time of the next look
-        # bytes the node may write before it looks again (the first look may come after them)
+        # bytes the node may write after a look before it looks again (the first look may come after them)
         self.write_budget = WRITTEN_BETWEEN_LOOKS_MIN_BYTES
         self.free_at_look: int | None = None   # None until the first look: everything is taken in
         self.written_since_look = 0
@@ -74,12 +73,10 @@ class DiskWatch:
 
     def wrote(self, size: int) -> bool:
         """The node wrote `size` bytes; True once, when it should look at the disk now."""
-        self.written_since_look += size
+        before, self.written_since_look = self.written_since_look, self.written_since_look + size
         self.admitted_unwritten = max(0, self.admitted_unwritten - size)
-        self.write_budget -= size
-        if self.write_budget > 0:
-            return False
-        self.write_budget = _NOT_COUNTING   # until the look
+        if not before < self.write_budget <= self.written_since_look:
+            return False   # within the budget, or past it with the look asked for already
         self.next_check = 0.0
         return True
 

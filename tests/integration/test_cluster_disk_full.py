@@ -30,7 +30,7 @@ from tests.integration.quorum_cluster import (
     stop_all,
     wait_for,
 )
-from tests.integration.test_disk_full import tmpfs
+from tests.integration.test_disk_full import disk_alarm, tmpfs
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -39,10 +39,6 @@ DISK_BYTES = 96 * 1024 * 1024
 LIMIT_BYTES = 24 * 1000 * 1000
 BODY = b"m" * 300_000
 COUNT = 400   # 120 MB: more than the small disk holds
-
-
-def disk_alarm(server) -> bool:
-    return "disk" in api(server, "/api/overview")["alarms"]
 
 
 def publish_confirmed(channel, count: int, tag: str) -> None:
