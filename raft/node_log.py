@@ -38,6 +38,10 @@ class NodeLog:
         (the room its rollover has on the disk: broker/node/disk_watch.py)."""
         self.store.wal_room_bytes = size
 
+    def hold_reserve(self, size: int) -> None:
+        """Hold `size` bytes of the disk back for when it is full (storage/reserve.py)."""
+        self.committer.hold_reserve(size)
+
     def on_bytes_written(self, listener: Callable[[int], None]) -> None:
         """`listener(size)` after each WAL batch written (the disk alarm counts them)."""
         self.committer.subscribe(lambda written: listener(written.size))

@@ -180,11 +180,12 @@ class RaftPersistence:
 
     def release_space(self) -> bool:
         """The disk is short (its alarm is on): roll the WAL over now if a group's release
-        cursor moved, or a group went, since the last rollover. What a log no longer needs
-        leaves the WAL files and segments only at a rollover, and the publishers the alarm
-        blocks no longer fill the WAL: without one the space never came back and the alarm
-        never cleared. True if a rollover was asked for."""
-        if {storage.log_id: storage.cursor() for storage in self.groups.values()} == self.rolled_cursors:
+        cursor moved, or a group went, since the last rollover, or if that one failed. What a
+        log no longer needs leaves the WAL files and segments only at a rollover, and the
+        publishers the alarm blocks no longer fill the WAL: without one the space never came
+        back and the alarm never cleared. True if a rollover was asked for."""
+        cursors = {storage.log_id: storage.cursor() for storage in self.groups.values()}
+        if cursors == self.rolled_cursors and not self.committer.rollover_failed:
             return False
         self.committer.rollover_soon()
         return True

@@ -205,6 +205,21 @@ class RealFiles:
     def remove(self, path: Path) -> None:
         path.unlink(missing_ok=True)
 
+    def allocate(self, path: Path, size: int) -> bool:
+        """A file of `size` bytes of allocated space, durably (the WAL's reserve,
+        storage/reserve.py); False, and no file, when the disk has no room for it."""
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o640)
+        try:
+            os.posix_fallocate(fd, 0, size)
+            os.fsync(fd)
+        except OSError:
+            os.close(fd)
+            path.unlink(missing_ok=True)
+            return False
+        os.close(fd)
+        self.sync_directory(path.parent)
+        return True
+
     def rename(self, source: Path, target: Path) -> None:
         """Atomic; durable once both directories are synced."""
         os.rename(source, target)

@@ -11,7 +11,8 @@ A batch whose write finds the disk full (`NoSpace`: cut off again, nothing of
 it written) is not failed: it is written again, in its place, until there is
 room (the batches appended meanwhile wait behind it; the disk alarm has
 stopped the publishers), as a slow disk would be waited for. Only a shutdown
-gives up on it.
+gives up on it. The first write that finds the disk full, a batch's or a rollover's,
+gives up the store's reserve (storage/reserve.py) and is tried again at once.
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from typing import NamedTuple
 import structlog
 
 from warren.storage import records
-from warren.storage.wal import LogStore, NoSpace, Relocation
+from warren.storage.wal import NO_SPACE_ERRNOS, LogStore, NoSpace, Relocation
 from warren.storage.writer_thread import WriterThread
 
 log = structlog.get_logger("warren.storage")
@@ -35,6 +36,9 @@ BATCH_MAX_BYTES = 16 * 1024 * 1024
 # A batch that found the disk full is tried again after these, doubling.
 NO_SPACE_RETRY_FIRST_SECONDS = 0.05
 NO_SPACE_RETRY_MAX_SECONDS = 1.0
+# A failed rollover is tried again at a WAL past its size no sooner than this (else at
+# every batch; one asked for, `rollover_soon`, goes at once).
+ROLLOVER_RETRY_SECONDS = 1.0
 
 
 class BatchWritten(NamedTuple):
@@ -88,6 +92,8 @@ class GroupCommitter:
         # the slow half of a rollover (copying into segments) runs beside new batches
         self._rollover_task: asyncio.Task | None = None
         self._rollover_wanted = False   # before the WAL is full (rollover_soon)
+        self.rollover_failed = False    # the last rollover failed: its cursors are not the log's yet
+        self._rollover_retry_at = 0.0   # loop time a failed rollover is tried again for a full WAL
         self._shredding: asyncio.Task | None = None   # freeing what rollovers let go (LogStore.shred_trash)
         self.failed_batches = 0
         # the batch with the writer: (batch, data, heads, size, started), to write again if it found no space
@@ -221,6 +227,8 @@ class GroupCommitter:
             log.error("wal.no_space", batch=self._writing[0], bytes=self._writing[3], error=str(error),
                       detail="the batch is written again once there is room; nothing waiting for it is confirmed")
         delay = min(NO_SPACE_RETRY_MAX_SECONDS, NO_SPACE_RETRY_FIRST_SECONDS * 2 ** min(self._space_waits, 16))
+        if self._release_reserve("a WAL batch"):
+            delay = 0.0
         self._space_waits += 1
         self._space_retry = asyncio.get_running_loop().call_later(delay, self._write_again)
 
@@ -228,6 +236,26 @@ class GroupCommitter:
         self._space_retry = None
         batch, data, heads, size, started = self._writing
         self._writer.submit(asyncio.get_running_loop(), batch, heads, data, size, started)
+
+    def hold_reserve(self, size: int) -> None:
+        """Hold `size` bytes of the disk back for the moment it is full (storage/reserve.py),
+        unless a reserve is held or a batch waits for room."""
+        if not self.waiting_for_space and self.store.reserve.hold(size):
+            log.info("wal.reserve_made", bytes=size)
+
+    def _release_reserve(self, writer: str) -> bool:
+        released = self.store.reserve.release()
+        if released:
+            log.warning("wal.reserve_released", bytes=released, writer=writer,
+                        detail="the disk is full: the space held back for this is given up")
+        return released > 0
+
+    def _rollover_failed(self, loop: asyncio.AbstractEventLoop, error: OSError) -> None:
+        log.error("wal.rollover_failed", error=str(error))
+        self.rollover_failed = True
+        self._rollover_retry_at = loop.time() + ROLLOVER_RETRY_SECONDS
+        if error.errno in NO_SPACE_ERRNOS and self._release_reserve("a WAL rollover"):
+            self._rollover_wanted = True   # again at once, into the space given up
 
     def rollover_soon(self) -> None:
         """Roll over between the next two batches, or now if none is being written,
@@ -239,9 +267,11 @@ class GroupCommitter:
             self._write_on(True)
 
     def _write_on(self, ok: bool) -> None:
-        if ok and self._rollover_task is None and (self._rollover_wanted or self.store.needs_rollover()):
+        loop = asyncio.get_running_loop()
+        full = self.store.needs_rollover() and loop.time() >= self._rollover_retry_at
+        if ok and self._rollover_task is None and (self._rollover_wanted or full):
             self._rollover_wanted = False
-            asyncio.get_running_loop().create_task(self._switch_then_write())
+            loop.create_task(self._switch_then_write())
             return
         self._busy = False
         self._write_next()
@@ -252,7 +282,10 @@ class GroupCommitter:
             await self._start_rollover(asyncio.get_running_loop())
         finally:
             self._busy = False
-            self._write_next()
+            if self._rollover_wanted and self._rollover_task is None:
+                self.rollover_soon()   # it found no room and gave up the reserve: again, into that
+            else:
+                self._write_next()
 
     def _notify_idle(self) -> None:
         if self._rollover_task is None:
@@ -268,7 +301,7 @@ class GroupCommitter:
         try:
             await loop.run_in_executor(None, self.store.switch_wal, first_batch)
         except OSError as error:
-            log.error("wal.rollover_failed", error=str(error))
+            self._rollover_failed(loop, error)
             return
         # the new file's size before any write: its first batch alone may pass the WAL's size
         switched_at = self.store.wal_size_bytes
@@ -288,9 +321,10 @@ class GroupCommitter:
                     await asyncio.sleep(0)
             await loop.run_in_executor(None, self.store.finish_rollover, cursors)
             finished = True
+            self.rollover_failed = False
         except OSError as error:
             # The old WAL files stay listed; the next rollover moves them again.
-            log.error("wal.rollover_failed", error=str(error))
+            self._rollover_failed(loop, error)
             return
         finally:
             self._rollover_task = None

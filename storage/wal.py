@@ -31,6 +31,7 @@ import structlog
 
 from warren.storage import records
 from warren.storage.files import RealFiles
+from warren.storage.reserve import SpaceReserve
 from warren.storage.wal_heads import Picked, WalHeads
 
 log = structlog.get_logger("warren.storage")
@@ -144,6 +145,7 @@ class LogStore:
         self.wal_room_bytes = wal_max_size_bytes
         self.segment_max_entries = segment_max_entries
         self.files = files or RealFiles()
+        self.reserve = SpaceReserve(self.files, directory)   # given up when the disk is full
         self.segments: dict[int, list[SegmentFile]] = {}
         self._wal_number = 0
         self._wal = None
@@ -434,11 +436,14 @@ class LogStore:
                     last = files[-1] if files else None
                     before[log_id] = (len(files), last, last.entries if last else 0, last.last_index if last else 0,
                                       last.size if last else 0)
-                self._append_segment(log_id, view, picked, moved)
+                self._append_segment(log_id, view, picked, moved, cursors[log_id])
 
-    def _append_segment(self, log_id: int, data: memoryview, picked: Picked, moved: list[Relocation]) -> None:
+    def _append_segment(self, log_id: int, data: memoryview, picked: Picked, moved: list[Relocation],
+                        cursor: int) -> None:
         """Copy the picked records (in index order) from ``data`` to the log's segments,
-        their bytes unchanged (segments use the WAL's record format).
+        their bytes unchanged (segments use the WAL's record format). A segment wholly
+        below the log's `cursor` is not appended to: it goes at the end of this rollover,
+        and one live entry at its end kept the whole file (a drained queue's 37 MB).
 
         A segment is recorded in ``self.segments`` only once its bytes are synced;
         a failed write is cut off again (or the new file removed) before the error
@@ -454,7 +459,7 @@ class LogStore:
         while start < len(indexes):
             current = files[-1] if files else None
             new_file = (current is None or current.entries >= self.segment_max_entries
-                        or current.size + lengths[start] > SEGMENT_MAX_BYTES)
+                        or current.size + lengths[start] > SEGMENT_MAX_BYTES or current.last_index < cursor)
             if new_file:
                 number = int(current.path.stem) + 1 if current is not None else 1
                 current = SegmentFile(log_dir / f"{number:08d}.seg", indexes[start], indexes[start], 0)

@@ -217,6 +217,8 @@ class Broker:
                 free = 0
             disk = free < self.settings.disk_free_limit_bytes
             self.node_log.roll_over_within(self.disk_watch.looked(free, now))
+            if self.disk_watch.may_reserve(free):
+                self.node_log.hold_reserve(self.disk_watch.reserve_bytes)
             if disk and not self.cluster.runtime.stopped:
                 # what the queues' logs let go leaves the disk now, not at the next WAL rollover
                 self.cluster.runtime.persistence.release_space()

@@ -15,6 +15,10 @@
   before the old file goes, so it needs that much room. With a WAL larger than the disk
   had left (RabbitMQ's 512 MiB on a small volume), the rollover the disk alarm asked for
   found no room for its copy, and the space of consumed messages never came back.
+* The node holds a reserve of disk space back (half the limit, at most RESERVE_MAX_BYTES),
+  made while there is room for it twice above the limit and given up when a write finds
+  the disk full: then a consumer's gets and acks, and the rollover that lets the consumed
+  messages go, still have room (storage/reserve.py).
 * What leaders replicate to this node is taken in only while the disk has room for it twice
   (its copy into segments at a rollover) above half the limit, a snapshot while it has room
   for it twice at all: a follower that took in its leaders' catch-up (AppendEntries batches
@@ -30,6 +34,9 @@ from warren.config import WAL_MAX_SIZE_BYTES_MIN
 
 DISK_FILL_BYTES_PER_SECOND = 250 * 1024 * 1024
 DISK_CHECK_MAX_SECONDS = 10.0
+# The node's reserve of disk space for the moment the disk is full (storage/reserve.py): half
+# the limit, at most this much, shared by its processes. It holds the largest WAL batch (16 MiB).
+RESERVE_MAX_BYTES = 32 * 1024 * 1024
 # Looked at again after at most this much written, however near the limit (a look costs up
 # to a millisecond or so of the loop; a WAL batch is cut at 16 MiB, more when one record is).
 WRITTEN_BETWEEN_LOOKS_MIN_BYTES = 8 * 1024 * 1024
@@ -59,6 +66,16 @@ class DiskWatch:
         self.free_at_look: int | None = None   # None until the first look: everything is taken in
         self.written_since_look = 0
         self.admitted_unwritten = 0              # replicated bytes taken in, not written yet
+
+    @property
+    def reserve_bytes(self) -> int:
+        """This process's reserve."""
+        return min(RESERVE_MAX_BYTES, self.limit // 2) // self.processes
+
+    def may_reserve(self, free: int) -> bool:
+        """Whether the reserve may be made with `free` bytes on the disk: the alarm stays off
+        with every process's reserve made twice over."""
+        return self.reserve_bytes > 0 and free >= self.limit + 2 * self.reserve_bytes * self.processes
 
     def due(self, now: float) -> bool:
         return now >= self.next_check

@@ -274,6 +274,18 @@ class FaultyFiles:
             raise IsADirectoryError(errno.EISDIR, "Is a directory", str(path))
         self.nodes.pop(path, None)
 
+    def allocate(self, path: Path, size: int) -> bool:
+        """Like ``RealFiles.allocate``: a file of `size` zeros, durable, if the capacity holds it."""
+        self.tick("allocate", path)
+        if self.free_bytes(path) < size:
+            return False
+        self._require_directory(path.parent)
+        node = FakeFile()
+        node.data += bytes(size)
+        node.durable = bytes(node.data)
+        self.nodes[path] = self.durable_nodes[path] = node
+        return True
+
     def rename(self, source: Path, target: Path) -> None:
         """The node moves now; each name's change is durable once its directory is synced."""
         self.tick("rename", source)

@@ -11,6 +11,7 @@ from warren.broker.node.broker import Broker
 from warren.broker.node.disk_watch import (
     DISK_CHECK_MAX_SECONDS,
     DISK_FILL_BYTES_PER_SECOND,
+    RESERVE_MAX_BYTES,
     WRITTEN_BETWEEN_LOOKS_MIN_BYTES,
     DiskWatch,
     next_disk_check_in,
@@ -31,6 +32,7 @@ def test_the_interval_is_the_time_to_fill_down_to_the_limit_within_bounds():
 class CountingLog:
     def __init__(self, free: int) -> None:
         self.free, self.looks = free, 0
+        self.reserves: list[int] = []   # the reserves it was asked to hold (storage/reserve.py)
 
     def free_bytes(self, path) -> int:
         self.looks += 1
@@ -38,6 +40,9 @@ class CountingLog:
 
     def roll_over_within(self, size: int) -> None:
         self.wal_room = size
+
+    def hold_reserve(self, size: int) -> None:
+        self.reserves.append(size)
 
 
 def broker_with(free: int, limit: int) -> SimpleNamespace:
@@ -137,3 +142,22 @@ def test_a_process_of_several_takes_in_its_share():
     watch.looked(100 * MB, now=1.0)
     assert not watch.admits_replicated((100 * MB - 20 * MB) // 2 // 2 + 1, snapshot=False)
     assert watch.admits_replicated((100 * MB - 20 * MB) // 2 // 2, snapshot=False)
+
+
+def test_the_reserve_is_half_the_limit_at_most_32_mib_shared_by_the_processes():
+    assert DiskWatch(limit=50 * MB, min_seconds=0.5).reserve_bytes == 25 * MB
+    assert DiskWatch(limit=50 * MB, min_seconds=0.5, processes=2).reserve_bytes == 25 * MB // 2
+    assert DiskWatch(limit=1000 * MB, min_seconds=0.5).reserve_bytes == RESERVE_MAX_BYTES
+    assert DiskWatch(limit=0, min_seconds=0.5).reserve_bytes == 0, "no limit, no reserve: a full disk waits"
+
+
+def test_the_reserve_is_held_while_the_disk_has_room_for_it_twice_above_the_limit():
+    broker = broker_with(free=99 * MB, limit=50 * MB)
+    Broker.check_alarms(broker)
+    assert broker.node_log.reserves == [], "with it made the alarm would be near: not made"
+    broker.node_log.free = 100 * MB
+    broker.disk_watch.next_check = 0.0
+    Broker.check_alarms(broker)
+    assert broker.node_log.reserves == [25 * MB] and not broker.disk_alarm
+    watch = DiskWatch(limit=50 * MB, min_seconds=0.5, processes=2)
+    assert not watch.may_reserve(99 * MB) and watch.may_reserve(100 * MB), "every process's reserve, twice"

@@ -1,7 +1,7 @@
 """With the disk alarm on, the node rolls its WAL over as soon as a group's log has let
 entries go (raft/persistence.py `RaftPersistence.release_space`): they leave the disk only
 at a rollover, and the publishers the alarm blocks no longer fill the WAL. One rollover per
-change, not one per alarm check."""
+change (and again after one that failed), not one per alarm check."""
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -17,7 +17,8 @@ def group(log_id: int, cursor: int) -> SimpleNamespace:
 def test_the_wal_rolls_over_once_a_cursor_moved_or_a_group_went_and_only_then():
     rollovers: list[None] = []
     groups = {"a": group(1, 5), "b": group(2, 1)}
-    persistence = RaftPersistence(SimpleNamespace(rollover_soon=lambda: rollovers.append(None)), groups,
+    committer = SimpleNamespace(rollover_soon=lambda: rollovers.append(None), rollover_failed=False)
+    persistence = RaftPersistence(committer, groups,
                                   locations=None, report_durable=lambda token, ok: None, request_turn=lambda: None)
     assert persistence.release_space() and len(rollovers) == 1, "no rollover yet: whatever was let go is on disk"
     persistence.prepare_rollover()   # the committer's rollover starts
@@ -28,3 +29,6 @@ def test_the_wal_rolls_over_once_a_cursor_moved_or_a_group_went_and_only_then():
     assert not persistence.release_space()
     del groups["b"]                  # a deleted queue's log: its segments go at a rollover too
     assert persistence.release_space() and len(rollovers) == 3
+    persistence.prepare_rollover()
+    committer.rollover_failed = True  # that rollover found no room: what it would let go is still there
+    assert persistence.release_space() and len(rollovers) == 4, "a failed rollover is asked for again"

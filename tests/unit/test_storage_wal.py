@@ -1152,3 +1152,24 @@ def test_a_segment_file_holds_at_most_segment_max_bytes_so_large_entries_are_let
     again.rollover({1: 30, 2: 1})
     assert all(path.stat().st_size <= 10_000 for path in (again.segments_dir / "1").iterdir())
     again.close()
+
+
+def test_live_entries_go_into_a_new_segment_file_not_one_wholly_below_the_cursor(tmp_path):
+    """A queue drained empty: its segment file holds every consumed message, and the next
+    rollover copies the entries after the last snapshot. Appended to that file, they kept
+    it whole (37 MB of a drained queue on a 96 MiB disk, the disk alarm never cleared);
+    in a file of their own, the old one goes."""
+    store = LogStore(tmp_path / "log", 1 << 20, 4096)
+    store.recover()
+    for index in range(1, 41):
+        store.write_batch(records.encode(1, 0, index, b"m" * 1000))
+    store.rollover({1: 1})
+    first = sorted((store.segments_dir / "1").iterdir())
+    assert len(first) == 1 and first[0].stat().st_size > 40_000
+    for index in range(41, 44):   # gets and acks after the messages; a snapshot at 42
+        store.write_batch(records.encode(1, 0, index, b"a"))
+    store.rollover({1: 43})
+    kept = sorted((store.segments_dir / "1").iterdir())
+    assert first[0] not in kept and len(kept) == 1 and kept[0].stat().st_size < 1000, kept
+    store.close()
+    assert sorted(LogStore(tmp_path / "log", 1 << 20, 4096).recover().logs[1]) == [43]

@@ -17,6 +17,7 @@ import pytest
 from tests.unit.faultyfiles import FaultyFiles
 from warren.storage import group_commit, records
 from warren.storage.group_commit import GroupCommitter
+from warren.storage.reserve import SpaceReserve
 from warren.storage.wal import LogStore, NoSpace
 
 
@@ -165,3 +166,87 @@ def test_a_rollover_that_finds_the_disk_full_leaves_batches_going_into_the_curre
     recovered = LogStore(Path("/data/log"), 1 << 20, 8, files=fake).recover()
     assert sorted(recovered.logs[1]) == [1, 2]
     assert recovered.torn == []
+
+
+def release_ends_the_fullness(store: LogStore, end) -> None:
+    """The store's reserve, given up, is the room the full disk lacked (`end` makes room)."""
+    release = store.reserve.release
+
+    def release_and_make_room() -> int:
+        released = release()
+        if released:
+            end()
+        return released
+    store.reserve.release = release_and_make_room
+
+
+async def test_the_first_batch_that_finds_the_disk_full_gives_up_the_reserve_and_is_written_at_once(
+        tmp_path, monkeypatch):
+    monkeypatch.setattr(group_commit, "NO_SPACE_RETRY_FIRST_SECONDS", 60.0)   # the reserve's retry is not these
+    store = disk_full_store(tmp_path)
+    committer = GroupCommitter(store, no_rollover)
+    committer.hold_reserve(1 << 20)
+    reserve = tmp_path / "log" / "reserve"
+    assert reserve.stat().st_size == 1 << 20 and store.reserve.held == 1 << 20
+    committer.hold_reserve(2 << 20)
+    assert reserve.stat().st_size == 1 << 20, "one reserve at a time"
+    release_ends_the_fullness(store, lambda: setattr(store, "full", False))
+    store.full = True
+    written = asyncio.get_running_loop().create_future()
+    committer.when_durable(committer.append(records.encode(1, 0, 1, b"m")), written.set_result)
+    committer.flush()
+    assert await asyncio.wait_for(written, 5) is True
+    assert store.attempts == 2 and not reserve.exists() and store.reserve.held == 0
+    assert not committer.waiting_for_space
+    await committer.drain()
+    store.close()
+    assert indexes_in_file_order(tmp_path) == [1]
+
+
+async def test_no_reserve_is_made_while_a_batch_waits_for_room(tmp_path):
+    store = disk_full_store(tmp_path)
+    committer = GroupCommitter(store, no_rollover)
+    store.full = True
+    written = asyncio.get_running_loop().create_future()
+    committer.when_durable(committer.append(records.encode(1, 0, 1, b"m")), written.set_result)
+    committer.flush()
+    await asyncio.wait_for(store.attempted_while_full.wait(), 5)
+    committer.hold_reserve(1 << 20)
+    assert store.reserve.held == 0 and not (tmp_path / "log" / "reserve").exists()
+    store.full = False
+    assert await asyncio.wait_for(written, 5) is True
+    await committer.drain()
+    store.close()
+
+
+async def test_a_rollover_that_finds_the_disk_full_gives_up_the_reserve_and_goes_again_at_once():
+    """The rollover is what lets consumed messages go; with no room for its new WAL file
+    the space never came back (the disk alarm asks for it, and a failed one is asked for
+    again, not taken for done)."""
+    fake = FaultyFiles(5, mkdir_durable=True, capacity_bytes=4 << 20)
+    fake.makedirs_durable(Path("/data"))
+    store = LogStore(Path("/data/log"), 1 << 20, 8, files=fake)
+    store.recover()
+    committer = GroupCommitter(store, lambda: ({1: 1}, b""))
+    committer.hold_reserve(1 << 20)
+    assert fake.files()[Path("/data/log/reserve")] == bytes(1 << 20)
+    committer.append(records.encode(1, 0, 1, b"first"))
+    await committer.drain()
+    fake.enospc_after_bytes = fake.bytes_written_total
+    release_ends_the_fullness(store, lambda: setattr(fake, "enospc_after_bytes", None))
+    committer.rollover_soon()
+    await asyncio.wait_for(committer.drain(), 5)
+    assert store.rollovers == 1 and not committer.rollover_failed
+    assert Path("/data/log/reserve") not in fake.files()
+    store.close()
+
+
+def test_a_reserve_is_made_only_where_the_disk_has_room_and_is_kept_over_a_restart():
+    fake = FaultyFiles(5, mkdir_durable=True, capacity_bytes=3 << 20)
+    fake.makedirs_durable(Path("/data/log"))
+    reserve = SpaceReserve(fake, Path("/data/log"))
+    assert not reserve.hold(4 << 20) and Path("/data/log/reserve") not in fake.files(), "no room: no file"
+    assert reserve.hold(2 << 20) and reserve.held == 2 << 20
+    assert SpaceReserve(fake, Path("/data/log")).held == 2 << 20, "the next run finds it held"
+    assert reserve.release() == 2 << 20 and reserve.release() == 0
+    assert Path("/data/log/reserve") not in fake.files()
