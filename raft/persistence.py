@@ -180,12 +180,13 @@ class RaftPersistence:
 
     def release_space(self) -> bool:
         """The disk is short (its alarm is on): roll the WAL over now if a group's release
-        cursor moved, or a group went, since the last rollover, or if that one failed. What a
-        log no longer needs leaves the WAL files and segments only at a rollover, and the
-        publishers the alarm blocks no longer fill the WAL: without one the space never came
-        back and the alarm never cleared. True if a rollover was asked for."""
+        cursor moved, or a group went, since the last rollover, or if it failed (once its
+        retry is due: storage/group_commit.py). What a log no longer needs leaves the WAL
+        files and segments only at a rollover, and the publishers the alarm blocks no longer
+        fill the WAL: without one the space never came back and the alarm never cleared.
+        True if a rollover was asked for."""
         cursors = {storage.log_id: storage.cursor() for storage in self.groups.values()}
-        if cursors == self.rolled_cursors and not self.committer.rollover_failed:
+        if cursors == self.rolled_cursors and not self.committer.rollover_retry_due:
             return False
         self.committer.rollover_soon()
         return True

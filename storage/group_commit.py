@@ -36,9 +36,11 @@ BATCH_MAX_BYTES = 16 * 1024 * 1024
 # A batch that found the disk full is tried again after these, doubling.
 NO_SPACE_RETRY_FIRST_SECONDS = 0.05
 NO_SPACE_RETRY_MAX_SECONDS = 1.0
-# A failed rollover is tried again at a WAL past its size no sooner than this (else at
-# every batch; one asked for, `rollover_soon`, goes at once).
-ROLLOVER_RETRY_SECONDS = 1.0
+# A failed rollover is tried again no sooner than this, doubling with each failure in a
+# row (else at every batch past the WAL's size, or at every disk check under the alarm,
+# each copying what it could and taking it back); one asked for, `rollover_soon`, goes at once.
+ROLLOVER_RETRY_FIRST_SECONDS = 1.0
+ROLLOVER_RETRY_MAX_SECONDS = 16.0
 
 
 class BatchWritten(NamedTuple):
@@ -93,7 +95,8 @@ class GroupCommitter:
         self._rollover_task: asyncio.Task | None = None
         self._rollover_wanted = False   # before the WAL is full (rollover_soon)
         self.rollover_failed = False    # the last rollover failed: its cursors are not the log's yet
-        self._rollover_retry_at = 0.0   # loop time a failed rollover is tried again for a full WAL
+        self._rollover_failures = 0     # in a row
+        self._rollover_retry_at = 0.0   # loop time a failed rollover may be tried again
         self._shredding: asyncio.Task | None = None   # freeing what rollovers let go (LogStore.shred_trash)
         self.failed_batches = 0
         # the batch with the writer: (batch, data, heads, size, started), to write again if it found no space
@@ -251,11 +254,18 @@ class GroupCommitter:
         return released > 0
 
     def _rollover_failed(self, loop: asyncio.AbstractEventLoop, error: OSError) -> None:
-        log.error("wal.rollover_failed", error=str(error))
+        log.error("wal.rollover_failed", error=str(error), in_a_row=self._rollover_failures + 1)
         self.rollover_failed = True
-        self._rollover_retry_at = loop.time() + ROLLOVER_RETRY_SECONDS
+        self._rollover_retry_at = loop.time() + min(ROLLOVER_RETRY_MAX_SECONDS,
+                                                    ROLLOVER_RETRY_FIRST_SECONDS * 2 ** min(self._rollover_failures, 8))
+        self._rollover_failures += 1
         if error.errno in NO_SPACE_ERRNOS and self._release_reserve("a WAL rollover"):
             self._rollover_wanted = True   # again at once, into the space given up
+
+    @property
+    def rollover_retry_due(self) -> bool:
+        """The last rollover failed and may be tried again now."""
+        return self.rollover_failed and asyncio.get_running_loop().time() >= self._rollover_retry_at
 
     def rollover_soon(self) -> None:
         """Roll over between the next two batches, or now if none is being written,
@@ -321,7 +331,7 @@ class GroupCommitter:
                     await asyncio.sleep(0)
             await loop.run_in_executor(None, self.store.finish_rollover, cursors)
             finished = True
-            self.rollover_failed = False
+            self.rollover_failed, self._rollover_failures = False, 0
         except OSError as error:
             # The old WAL files stay listed; the next rollover moves them again.
             self._rollover_failed(loop, error)

@@ -15,10 +15,12 @@
   before the old file goes, so it needs that much room. With a WAL larger than the disk
   had left (RabbitMQ's 512 MiB on a small volume), the rollover the disk alarm asked for
   found no room for its copy, and the space of consumed messages never came back.
-* The node holds a reserve of disk space back (half the limit, at most RESERVE_MAX_BYTES),
-  made while there is room for it twice above the limit and given up when a write finds
-  the disk full: then a consumer's gets and acks, and the rollover that lets the consumed
-  messages go, still have room (storage/reserve.py).
+* The node holds a reserve of disk space back (a quarter of the limit, at most
+  RESERVE_MAX_BYTES), made while there is room for it twice above the limit and given up
+  when a write finds the disk full: then a consumer's gets and acks, and the rollover that
+  lets the consumed messages go, still have room (storage/reserve.py). It is not counted
+  as free: the alarm comes that much sooner. (Counted as free, the alarm came later than
+  a rollover's copy could still be made, and a WAL as large as the disk was never let go.)
 * What leaders replicate to this node is taken in only while the disk has room for it twice
   (its copy into segments at a rollover) above half the limit, a snapshot while it has room
   for it twice at all: a follower that took in its leaders' catch-up (AppendEntries batches
@@ -34,9 +36,9 @@ from warren.config import WAL_MAX_SIZE_BYTES_MIN
 
 DISK_FILL_BYTES_PER_SECOND = 250 * 1024 * 1024
 DISK_CHECK_MAX_SECONDS = 10.0
-# The node's reserve of disk space for the moment the disk is full (storage/reserve.py): half
-# the limit, at most this much, shared by its processes. It holds the largest WAL batch (16 MiB).
-RESERVE_MAX_BYTES = 32 * 1024 * 1024
+# The node's reserve of disk space for the moment the disk is full (storage/reserve.py): a
+# quarter of the limit, at most this much (a WAL batch is cut at 16 MiB), shared by its processes.
+RESERVE_MAX_BYTES = 16 * 1024 * 1024
 # Looked at again after at most this much written, however near the limit (a look costs up
 # to a millisecond or so of the loop; a WAL batch is cut at 16 MiB, more when one record is).
 WRITTEN_BETWEEN_LOOKS_MIN_BYTES = 8 * 1024 * 1024
@@ -70,7 +72,7 @@ class DiskWatch:
     @property
     def reserve_bytes(self) -> int:
         """This process's reserve."""
-        return min(RESERVE_MAX_BYTES, self.limit // 2) // self.processes
+        return min(RESERVE_MAX_BYTES, self.limit // 4) // self.processes
 
     def may_reserve(self, free: int) -> bool:
         """Whether the reserve may be made with `free` bytes on the disk: the alarm stays off

@@ -144,20 +144,20 @@ def test_a_process_of_several_takes_in_its_share():
     assert watch.admits_replicated((100 * MB - 20 * MB) // 2 // 2, snapshot=False)
 
 
-def test_the_reserve_is_half_the_limit_at_most_32_mib_shared_by_the_processes():
-    assert DiskWatch(limit=50 * MB, min_seconds=0.5).reserve_bytes == 25 * MB
-    assert DiskWatch(limit=50 * MB, min_seconds=0.5, processes=2).reserve_bytes == 25 * MB // 2
+def test_the_reserve_is_a_quarter_of_the_limit_at_most_16_mib_shared_by_the_processes():
+    assert DiskWatch(limit=50 * MB, min_seconds=0.5).reserve_bytes == 12_500_000
+    assert DiskWatch(limit=50 * MB, min_seconds=0.5, processes=2).reserve_bytes == 6_250_000
     assert DiskWatch(limit=1000 * MB, min_seconds=0.5).reserve_bytes == RESERVE_MAX_BYTES
     assert DiskWatch(limit=0, min_seconds=0.5).reserve_bytes == 0, "no limit, no reserve: a full disk waits"
 
 
 def test_the_reserve_is_held_while_the_disk_has_room_for_it_twice_above_the_limit():
-    broker = broker_with(free=99 * MB, limit=50 * MB)
+    broker = broker_with(free=74 * MB, limit=50 * MB)
     Broker.check_alarms(broker)
     assert broker.node_log.reserves == [], "with it made the alarm would be near: not made"
-    broker.node_log.free = 100 * MB
+    broker.node_log.free = 75 * MB
     broker.disk_watch.next_check = 0.0
     Broker.check_alarms(broker)
-    assert broker.node_log.reserves == [25 * MB] and not broker.disk_alarm
+    assert broker.node_log.reserves == [12_500_000] and not broker.disk_alarm
     watch = DiskWatch(limit=50 * MB, min_seconds=0.5, processes=2)
-    assert not watch.may_reserve(99 * MB) and watch.may_reserve(100 * MB), "every process's reserve, twice"
+    assert not watch.may_reserve(74 * MB) and watch.may_reserve(75 * MB), "every process's reserve, twice"

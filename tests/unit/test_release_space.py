@@ -17,7 +17,7 @@ def group(log_id: int, cursor: int) -> SimpleNamespace:
 def test_the_wal_rolls_over_once_a_cursor_moved_or_a_group_went_and_only_then():
     rollovers: list[None] = []
     groups = {"a": group(1, 5), "b": group(2, 1)}
-    committer = SimpleNamespace(rollover_soon=lambda: rollovers.append(None), rollover_failed=False)
+    committer = SimpleNamespace(rollover_soon=lambda: rollovers.append(None), rollover_retry_due=False)
     persistence = RaftPersistence(committer, groups,
                                   locations=None, report_durable=lambda token, ok: None, request_turn=lambda: None)
     assert persistence.release_space() and len(rollovers) == 1, "no rollover yet: whatever was let go is on disk"
@@ -30,5 +30,5 @@ def test_the_wal_rolls_over_once_a_cursor_moved_or_a_group_went_and_only_then():
     del groups["b"]                  # a deleted queue's log: its segments go at a rollover too
     assert persistence.release_space() and len(rollovers) == 3
     persistence.prepare_rollover()
-    committer.rollover_failed = True  # that rollover found no room: what it would let go is still there
+    committer.rollover_retry_due = True  # it found no room, and may be tried again now
     assert persistence.release_space() and len(rollovers) == 4, "a failed rollover is asked for again"

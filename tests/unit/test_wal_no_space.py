@@ -250,3 +250,33 @@ def test_a_reserve_is_made_only_where_the_disk_has_room_and_is_kept_over_a_resta
     assert SpaceReserve(fake, Path("/data/log")).held == 2 << 20, "the next run finds it held"
     assert reserve.release() == 2 << 20 and reserve.release() == 0
     assert Path("/data/log/reserve") not in fake.files()
+
+
+async def test_a_rollover_that_keeps_finding_no_room_is_tried_again_less_and_less_often(monkeypatch):
+    """Each try copies what fits and takes it back: tried at every disk check under the alarm
+    (every 50 ms in a test), it copied tens of megabytes twenty times a second for nothing."""
+    monkeypatch.setattr(group_commit, "ROLLOVER_RETRY_FIRST_SECONDS", 0.05)
+    fake = FaultyFiles(5, mkdir_durable=True)
+    fake.makedirs_durable(Path("/data"))
+    store = LogStore(Path("/data/log"), 1 << 20, 8, files=fake)
+    store.recover()
+    committer = GroupCommitter(store, lambda: ({1: 1}, b""))
+    committer.append(records.encode(1, 0, 1, b"first"))
+    await committer.drain()
+    fake.enospc_after_bytes = fake.bytes_written_total
+    loop = asyncio.get_running_loop()
+    waits = []
+    for _ in range(3):
+        committer.rollover_soon()
+        await asyncio.wait_for(committer.drain(), 5)
+        assert committer.rollover_failed and not committer.rollover_retry_due
+        failed_at = loop.time()
+        while not committer.rollover_retry_due:
+            await asyncio.sleep(0.01)
+        waits.append(loop.time() - failed_at)
+    assert waits[0] >= 0.05 and waits[1] >= 0.1 and waits[2] >= 0.2, waits
+    fake.enospc_after_bytes = None
+    committer.rollover_soon()
+    await asyncio.wait_for(committer.drain(), 5)
+    assert store.rollovers == 1 and not committer.rollover_failed and not committer.rollover_retry_due
+    store.close()
