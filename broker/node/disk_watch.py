@@ -67,7 +67,7 @@ class DiskWatch:
         self.write_budget = WRITTEN_BETWEEN_LOOKS_MIN_BYTES
         self.free_at_look: int | None = None   # None until the first look: everything is taken in
         self.written_since_look = 0
-        self.admitted_unwritten = 0              # replicated bytes taken in, not written yet
+        self.admitted_unwritten = 0              # replicated bytes taken in since the look, not written yet
 
     @property
     def reserve_bytes(self) -> int:
@@ -86,7 +86,9 @@ class DiskWatch:
         """Free space was looked at: when to look next, and after how much written;
         returns the size the WAL should roll over at, at the latest."""
         self.next_check = now + next_disk_check_in(free, self.limit, self.min_seconds)
-        self.free_at_look, self.written_since_look = free, 0
+        # what was taken in and written is in `free`; what is still to be written is counted by
+        # `wrote` when it is; what never will be (a resend the log has already) is forgotten here
+        self.free_at_look, self.written_since_look, self.admitted_unwritten = free, 0, 0
         self.write_budget = max(WRITTEN_BETWEEN_LOOKS_MIN_BYTES, (free - self.limit) // (2 * self.processes))
         return max(WAL_MAX_SIZE_BYTES_MIN, free // (2 * self.processes))
 
