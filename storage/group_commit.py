@@ -94,8 +94,7 @@ class GroupCommitter:
         # the slow half of a rollover (copying into segments) runs beside new batches
         self._rollover_task: asyncio.Task | None = None
         self._rollover_wanted = False   # before the WAL is full (rollover_soon)
-        self.rollover_failed = False    # the last rollover failed: its cursors are not the log's yet
-        self._rollover_failures = 0     # in a row
+        self._rollover_failures = 0     # in a row (`rollover_failed`)
         self._rollover_retry_at = 0.0   # loop time a failed rollover may be tried again
         self._shredding: asyncio.Task | None = None   # freeing what rollovers let go (LogStore.shred_trash)
         self.failed_batches = 0
@@ -255,7 +254,6 @@ class GroupCommitter:
 
     def _rollover_failed(self, loop: asyncio.AbstractEventLoop, error: OSError) -> None:
         log.error("wal.rollover_failed", error=str(error), in_a_row=self._rollover_failures + 1)
-        self.rollover_failed = True
         self._rollover_retry_at = loop.time() + min(ROLLOVER_RETRY_MAX_SECONDS,
                                                     ROLLOVER_RETRY_FIRST_SECONDS * 2 ** min(self._rollover_failures, 8))
         self._rollover_failures += 1
@@ -263,9 +261,18 @@ class GroupCommitter:
             self._rollover_wanted = True   # again at once, into the space given up
 
     @property
+    def rollover_failed(self) -> bool:
+        """The last rollover failed: its cursors are not the log's yet."""
+        return self._rollover_failures > 0
+
+    @property
     def rollover_retry_due(self) -> bool:
         """The last rollover failed and may be tried again now."""
-        return self.rollover_failed and asyncio.get_running_loop().time() >= self._rollover_retry_at
+        return self.rollover_failed and not self._waiting_to_retry()
+
+    def _waiting_to_retry(self) -> bool:
+        """A failed rollover waits out its retry delay."""
+        return self._rollover_failures > 0 and asyncio.get_running_loop().time() < self._rollover_retry_at
 
     def rollover_soon(self) -> None:
         """Roll over between the next two batches, or now if none is being written,
@@ -277,11 +284,10 @@ class GroupCommitter:
             self._write_on(True)
 
     def _write_on(self, ok: bool) -> None:
-        loop = asyncio.get_running_loop()
-        full = self.store.needs_rollover() and loop.time() >= self._rollover_retry_at
-        if ok and self._rollover_task is None and (self._rollover_wanted or full):
+        if ok and self._rollover_task is None and (
+                self._rollover_wanted or (self.store.needs_rollover() and not self._waiting_to_retry())):
             self._rollover_wanted = False
-            loop.create_task(self._switch_then_write())
+            asyncio.get_running_loop().create_task(self._switch_then_write())
             return
         self._busy = False
         self._write_next()
@@ -331,7 +337,7 @@ class GroupCommitter:
                     await asyncio.sleep(0)
             await loop.run_in_executor(None, self.store.finish_rollover, cursors)
             finished = True
-            self.rollover_failed, self._rollover_failures = False, 0
+            self._rollover_failures = 0
         except OSError as error:
             # The old WAL files stay listed; the next rollover moves them again.
             self._rollover_failed(loop, error)

@@ -12,19 +12,14 @@ the disk full; it is made again once the disk has room for it well above the lim
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Protocol
+
+from warren.storage.files import RealFiles
 
 RESERVE_FILE = "reserve"
 
 
-class ReserveFiles(Protocol):
-    def allocate(self, path: Path, size: int) -> bool: ...
-    def remove(self, path: Path) -> None: ...
-    def size(self, path: Path) -> int: ...
-
-
 class SpaceReserve:
-    def __init__(self, files: ReserveFiles, directory: Path) -> None:
+    def __init__(self, files: RealFiles, directory: Path) -> None:
         self.files = files
         self.path = directory / RESERVE_FILE
         self.held = files.size(self.path)   # a reserve left by an earlier run is kept
