@@ -88,8 +88,8 @@ class Settings(BaseSettings):
     log_format: Literal["json", "console"] = "json"
     # Processes the node runs on (docs/multi-process.md): more than one makes warren-server a
     # supervisor of that many queue shards over one listening port. None: the cores the node
-    # may use (broker/node/usable_cores.py) for a new data directory (1 for a node of a
-    # cluster), else the count it was created with.
+    # may use (broker/node/usable_cores.py) for a new data directory, else the count it was
+    # created with. Every node of a cluster must run as many.
     node_processes: int | None = Field(None, ge=1, le=256)
     # Set by the supervisor for its shard k (broker/node/shards.py), never by hand.
     node_shard: int | None = Field(None, ge=0)

@@ -9,8 +9,8 @@
 #
 # WARREN_SERVER (default: warren-server on PATH, else .venv/bin/warren-server),
 # WARREN_CLUSTER_SECRET (default: a fixed local-only secret) and WARREN_NODE_PROCESSES
-# (default 1: three nodes already share this machine's cores) may be set. With P
-# processes a node's shards use P cluster ports, so node i's starts at 25672 + (i-1)*P.
+# (default 1: three nodes already share this machine's cores) may be set; a node's
+# processes share its one cluster port.
 set -euo pipefail
 ACTION=${1:-}
 DIR=${2:-./warren-cluster}
@@ -18,7 +18,7 @@ HERE=$(cd "$(dirname "$0")/.." && pwd)
 SERVER=${WARREN_SERVER:-$(command -v warren-server || echo "$HERE/.venv/bin/warren-server")}
 SECRET=${WARREN_CLUSTER_SECRET:-local-cluster-secret}
 PROCESSES=${WARREN_NODE_PROCESSES:-1}
-cluster_port() { echo $((25672 + ($1 - 1) * PROCESSES)); }
+cluster_port() { echo $((25671 + $1)); }
 NODES="[{\"name\": \"n1@local\", \"host\": \"127.0.0.1\", \"port\": $(cluster_port 1)}, {\"name\": \"n2@local\", \"host\": \"127.0.0.1\", \"port\": $(cluster_port 2)}, {\"name\": \"n3@local\", \"host\": \"127.0.0.1\", \"port\": $(cluster_port 3)}]"
 
 case "$ACTION" in

@@ -9,9 +9,13 @@ limit is a `FrameError` as soon as the 4 header bytes are in, so a bad peer
 cannot make us buffer more than one frame.
 
 Before any data frame, the two ends authenticate each other with the shared
-cluster secret, like Erlang's cookie but without ever sending it. Both send
-a hello at once: `[MAGIC, version, node_name, nonce]`. Each then proves that
-it knows the secret with
+cluster secret, like Erlang's cookie but without ever sending it. The dialer
+sends a hello at once: `[MAGIC, version, node_name, nonce, target]`, `target`
+naming the node it means to reach; the acceptor answers with its own hello
+(`target`: the dialer) once it has read the dialer's, so that whoever accepts
+on a port shared by several of a node's processes can read whom the
+connection is for and pass it on before answering (broker/node/
+shared_cluster_port.py). Each then proves that it knows the secret with
 
     HMAC-SHA256(secret, msgpack([DOMAIN, version, own_role,
                                  dialer_nonce, acceptor_nonce,
@@ -24,14 +28,15 @@ dialer proves first and the acceptor proves only once it has checked the
 dialer's proof, so somebody who merely connects to a cluster port never
 gets a proof to attack offline. Transcript (D = dialer, A = acceptor):
 
-    D -> A  hello(D)          A -> D  hello(A)
+    D -> A  hello(D, to A)    A -> D  hello(A, to D)
     D -> A  proof(D)          (A checks it; wrong -> close)
     A -> D  proof(A)          (D checks it; wrong -> close)
     both: established; data frames may follow A's proof at once.
 
 The node with the smaller name dials (see raft/transport.py), so the
-acceptor also insists that the dialer's name sorts before its own, and the
-dialer insists that the acceptor is the node it meant to reach. Anything
+acceptor also insists that the dialer's name sorts before its own and that
+the dialer meant to reach it, and the dialer insists that the acceptor is
+the node it meant to reach. Anything
 else is a `HandshakeError` with a `reason` from `HANDSHAKE_REASONS`; the
 shell logs it and closes the connection. No I/O, no clock, no randomness:
 the nonce is an argument.
@@ -48,7 +53,8 @@ import msgpack
 
 from warren.raft import packing
 
-PROTOCOL_VERSION = 1
+# 2: the hello names its target, and the acceptor's answers the dialer's (1: both at once).
+PROTOCOL_VERSION = 2
 MAGIC = "warren-cluster"
 PROOF_TAG = "proof"
 DOMAIN = "warren-cluster-auth"
@@ -68,7 +74,7 @@ HANDSHAKE_REASONS = frozenset({
     "bad_message",        # not msgpack, or not the shape of a hello/proof
     "wrong_version",      # the peer speaks another protocol version
     "unknown_node",       # the dialer's name is not a cluster member
-    "unexpected_node",    # the acceptor is not the node we dialled
+    "unexpected_node",    # the acceptor is not the node we dialled, or the dialer meant another
     "wrong_direction",    # the dialer's name does not sort before ours
     "reflected_nonce",    # the peer sent our own nonce back
     "bad_proof",          # the peer does not know the secret (or replays)
@@ -173,8 +179,23 @@ class HandshakeState(str, Enum):
     FAILED = "failed"
 
 
-def hello_message(node_name: str, nonce: bytes, version: int = PROTOCOL_VERSION) -> list:
-    return [MAGIC, version, node_name, nonce]
+def hello_message(node_name: str, nonce: bytes, target: str, version: int = PROTOCOL_VERSION) -> list:
+    return [MAGIC, version, node_name, nonce, target]
+
+
+def hello_target(head: bytes) -> str | None:
+    """Whom a dialer's connection is for, from the bytes it sent first: None until
+    its hello is whole; HandshakeError if they are not a hello of our version."""
+    if len(head) < FRAME_HEADER_BYTES:
+        return None
+    (length,) = FRAME_HEADER.unpack_from(head)
+    if length > HANDSHAKE_FRAME_MAX_BYTES:
+        raise HandshakeError("bad_frame", f"{length} bytes > {HANDSHAKE_FRAME_MAX_BYTES}")
+    if len(head) < FRAME_HEADER_BYTES + length:
+        return None
+    if length == 0:
+        raise HandshakeError("bad_message", "heartbeat before the handshake finished")
+    return parse_hello(_decode_handshake_message(head[FRAME_HEADER_BYTES:FRAME_HEADER_BYTES + length]))[2]
 
 
 def compute_proof(secret: bytes, role: Role, dialer_nonce: bytes, acceptor_nonce: bytes,
@@ -185,7 +206,8 @@ def compute_proof(secret: bytes, role: Role, dialer_nonce: bytes, acceptor_nonce
 
 
 class Handshake:
-    """One side of the handshake. `start()` gives the hello to send;
+    """One side of the handshake. `start()` gives the hello to send (the dialer's;
+    b"" for the acceptor, whose hello answers the dialer's);
     `receive_data(bytes)` gives bytes to send (maybe b"") or raises
     HandshakeError; once `state` is DONE, `trailing_data()` holds whatever
     arrived after the handshake (the first data frames, possibly partial)."""
@@ -220,7 +242,10 @@ class Handshake:
     def start(self) -> bytes:
         assert not self._started
         self._started = True
-        return encode_object(hello_message(self.node_name, self.nonce, self.version))
+        if self.role is Role.ACCEPTOR:
+            return b""
+        assert self.expected_peer is not None
+        return encode_object(hello_message(self.node_name, self.nonce, self.expected_peer, self.version))
 
     def receive_data(self, data: bytes) -> bytes:
         assert self._started, "start() first"
@@ -266,8 +291,10 @@ class Handshake:
         raise AssertionError(f"no message expected in state {self.state}")
 
     def _on_hello(self, message: Any) -> bytes:
-        peer_name, peer_nonce = parse_hello(message, self.version)
+        peer_name, peer_nonce, target = parse_hello(message, self.version)
         self._check_peer_name(peer_name)
+        if target != self.node_name:
+            raise HandshakeError("unexpected_node", f"{peer_name!r} meant to reach {target!r}, not {self.node_name!r}")
         if peer_nonce == self.nonce:
             raise HandshakeError("reflected_nonce")
         self.peer_name = peer_name
@@ -275,7 +302,8 @@ class Handshake:
         self.state = HandshakeState.AWAIT_PROOF
         if self.role is Role.DIALER:
             return encode_object([PROOF_TAG, self._proof(Role.DIALER)])
-        return b""  # the acceptor proves itself only after the dialer has
+        # The acceptor answers with its hello and proves itself only after the dialer has.
+        return encode_object(hello_message(self.node_name, self.nonce, peer_name, self.version))
 
     def _on_proof(self, message: Any) -> bytes:
         proof = parse_proof(message)
@@ -316,8 +344,8 @@ def _decode_handshake_message(payload: bytes) -> Any:
         raise HandshakeError("bad_message", exc.detail) from None
 
 
-def parse_hello(message: Any, version: int = PROTOCOL_VERSION) -> tuple[str, bytes]:
-    """(node_name, nonce) of a hello. The version is checked before the rest,
+def parse_hello(message: Any, version: int = PROTOCOL_VERSION) -> tuple[str, bytes, str]:
+    """(node_name, nonce, target) of a hello. The version is checked before the rest,
     so that a later version may change the shape of what follows it."""
     if not isinstance(message, list) or len(message) < 2 or message[0] != MAGIC:
         raise HandshakeError("bad_message", "not a cluster hello")
@@ -326,14 +354,16 @@ def parse_hello(message: Any, version: int = PROTOCOL_VERSION) -> tuple[str, byt
         raise HandshakeError("bad_message", "hello without a version")
     if peer_version != version:
         raise HandshakeError("wrong_version", f"peer speaks version {peer_version}, we speak {version}")
-    if len(message) != 4:
+    if len(message) != 5:
         raise HandshakeError("bad_message", "hello has the wrong number of fields")
-    _, _, name, nonce = message
+    _, _, name, nonce, target = message
     if not isinstance(name, str) or not 0 < len(name.encode()) <= NODE_NAME_MAX_BYTES:
         raise HandshakeError("bad_message", "hello without a valid node name")
     if not isinstance(nonce, bytes) or len(nonce) != NONCE_BYTES:
         raise HandshakeError("bad_message", "hello without a valid nonce")
-    return name, nonce
+    if not isinstance(target, str) or not 0 < len(target.encode()) <= NODE_NAME_MAX_BYTES:
+        raise HandshakeError("bad_message", "hello without a valid target node name")
+    return name, nonce, target
 
 
 def parse_proof(message: Any) -> bytes:

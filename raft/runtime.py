@@ -110,7 +110,7 @@ from warren.raft.raft_storage import (
 )
 from warren.raft.stall import stall_limit_seconds, step_down_leaders, step_down_while_disk_full
 from warren.raft.system import PersistFailed, RaftSystem
-from warren.raft.transport import ClusterTransport, TransportLimits
+from warren.raft.transport import ClusterTransport, SharedPort, TransportLimits
 from warren.raft.turns import TurnScheduler
 from warren.storage import records
 from warren.storage.group_commit import GroupCommitter
@@ -142,8 +142,8 @@ class RaftRuntime:
         self.transport_limits = transport_limits
         self.install_snapshot = install_snapshot
         self.on_role_change = on_role_change
-        # called once when the node's Raft fails as a whole (see the module docstring)
-        self.on_fatal = on_fatal
+        self.on_fatal = on_fatal   # called once when the node's Raft fails as a whole (module docstring)
+        self.shared_port: SharedPort | None = None   # a shard's: the node's cluster port, shared
         self.vital_groups = vital_groups
         self.raft_options = {"election_ticks": ELECTION_TICKS, "heartbeat_ticks": HEARTBEAT_TICKS, **raft_options}
         self.scan: RecoveryScan | None = RecoveryScan()
@@ -193,7 +193,7 @@ class RaftRuntime:
         """Host the recovered groups, link to the peers, start ticking."""
         transport = ClusterTransport(
             self.settings, self.on_frame, random.Random(self.rng.random()), limits=self.transport_limits,
-            on_peer_up=self.on_peer_up, on_peer_down=self.on_peer_down)
+            on_peer_up=self.on_peer_up, on_peer_down=self.on_peer_down, shared_port=self.shared_port)
         self.begin(asyncio.get_running_loop(), transport)
         await transport.start()
 

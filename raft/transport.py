@@ -29,6 +29,12 @@ transport sends a heartbeat (a zero-length frame) to every peer we sent
 nothing to since the previous tick, and checks every peer's silence, so a
 peer is reported down at most 4 intervals after it went quiet.
 
+Several processes of one node may accept on one port (a `SharedPort`, the
+node's cluster port shared by its shards, broker/node/shared_cluster_port.py):
+an acceptor reads the dialer's hello first, and a connection meant for another
+of them is passed to it with the bytes read (`adopt` on its side), which
+answers it as if it had accepted it.
+
 Bad input closes only the connection it came on, with a log line: a failed
 handshake (wrong secret, unknown node, wrong version, garbage, timeout), a
 frame over `frame_max_bytes` or one that is not msgpack. The secret is
@@ -39,9 +45,9 @@ from __future__ import annotations
 import asyncio
 import random
 import secrets
+import socket
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 
@@ -55,83 +61,39 @@ from warren.raft.handshake import (
     Role,
     decode_payload,
     encode_object,
+    hello_target,
 )
+from warren.raft.transport_limits import Backoff, TransportLimits
 
 log = structlog.get_logger("warren.cluster")
 
-MIB = 1024 * 1024
 # A peer that sent nothing for this many heartbeat intervals is down.
 PEER_SILENT_HEARTBEATS_MAX = 3
 
 OnFrame = Callable[[str, Any], None]
 OnPeer = Callable[[str], None]
+Adopt = Callable[[socket.socket, bytes], None]
 
 
-@dataclass(frozen=True, slots=True)
-class TransportLimits:
-    """Every bound of the transport, with its unit in its name."""
-    frame_max_bytes: int = 64 * MIB
-    peer_outbound_max_bytes: int = 64 * MIB
-    handshake_timeout_seconds: float = 5.0
-    heartbeat_seconds: float = 0.25
-    reconnect_initial_seconds: float = 0.1
-    reconnect_max_seconds: float = 5.0
-    connect_timeout_seconds: float = 5.0
-    # The socket's write buffer above which we stop draining a peer's queue.
-    write_buffer_high_bytes: int = 4 * MIB
-    # Inbound connections that have not finished their handshake yet.
-    pending_handshakes_max: int = 64
+class SharedPort(Protocol):
+    """Listening sockets a node's processes all accept on, and the way to the others."""
 
-    def __post_init__(self) -> None:
-        assert self.frame_max_bytes > 0
-        assert self.frame_max_bytes <= 2**32 - 1
-        assert self.peer_outbound_max_bytes > 0
-        assert self.handshake_timeout_seconds > 0
-        assert self.heartbeat_seconds > 0
-        assert 0 < self.reconnect_initial_seconds <= self.reconnect_max_seconds
-        assert self.connect_timeout_seconds > 0
-        assert self.write_buffer_high_bytes > 0
-        assert self.pending_handshakes_max > 0
+    listening: list[socket.socket]
 
-    @classmethod
-    def from_settings(cls, settings: Any) -> TransportLimits:
-        """The configured cluster_* limits; the rest keep their defaults."""
-        return cls(
-            frame_max_bytes=settings.cluster_frame_max_bytes,
-            peer_outbound_max_bytes=settings.peer_outbound_max_bytes,
-            handshake_timeout_seconds=settings.cluster_handshake_timeout_seconds,
-            heartbeat_seconds=settings.cluster_heartbeat_seconds,
-        )
+    def forward(self, target: str, fd: int, head: bytes) -> bool:
+        """Pass the connection `fd` and what it sent so far to the process `target` is;
+        False (nothing passed) if none of the others is `target`, or it cannot go."""
 
+    def start(self, loop: asyncio.AbstractEventLoop, adopt: Adopt) -> None:
+        """From now on, connections the others pass here go to `adopt`."""
 
-class Backoff:
-    """Capped exponential backoff with "equal jitter": the n-th delay is
-    uniform in [d/2, d] with d = min(max, initial * 2**n)."""
-
-    ATTEMPTS_MAX = 32  # 2**32 * any sane initial delay is far past any cap
-
-    def __init__(self, initial_seconds: float, max_seconds: float, rng: random.Random):
-        assert 0 < initial_seconds <= max_seconds
-        self.initial_seconds = initial_seconds
-        self.max_seconds = max_seconds
-        self._rng = rng
-        self.attempt = 0
-
-    def next_delay(self) -> float:
-        ceiling = min(self.max_seconds, self.initial_seconds * 2**self.attempt)
-        self.attempt = min(self.attempt + 1, self.ATTEMPTS_MAX)
-        delay = ceiling * self._rng.uniform(0.5, 1.0)
-        assert 0 < delay <= self.max_seconds
-        return delay
-
-    def reset(self) -> None:
-        self.attempt = 0
+    def stop(self, loop: asyncio.AbstractEventLoop) -> None: ...
 
 
 class PeerLink(asyncio.Protocol):
     """One cluster connection: handshake, then frames both ways."""
 
-    def __init__(self, owner: ClusterTransport, role: Role, expected_peer: str | None):
+    def __init__(self, owner: ClusterTransport, role: Role, expected_peer: str | None, passed: bytes | None = None):
         self.owner = owner
         self.limits = owner.limits
         self.role = role
@@ -151,6 +113,10 @@ class PeerLink(asyncio.Protocol):
         self._out_bytes = 0
         self._flush_scheduled = False
         self._timer: asyncio.TimerHandle | None = None
+        # An acceptor on a shared port reads whom the dialer meant before it answers;
+        # a link passed here from another process was read there (`passed`: its bytes).
+        self._routed = role is Role.DIALER or owner.shared_port is None or passed is not None
+        self._head = bytearray(passed or b"")
 
     # -- asyncio.Protocol -------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -161,8 +127,14 @@ class PeerLink(asyncio.Protocol):
             return
         transport.set_write_buffer_limits(high=self.limits.write_buffer_high_bytes)  # type: ignore[attr-defined]
         self.handshake = self.owner.new_handshake(self.role, self.expected_peer_name())
-        self.transport.write(self.handshake.start())
+        hello = self.handshake.start()   # the acceptor's answers the dialer's
+        if hello:
+            self.transport.write(hello)
         self._timer = self.loop.call_later(self.limits.handshake_timeout_seconds, self._on_handshake_timeout)
+        if self._routed and self._head:   # passed here: what the other process read first
+            passed = bytes(self._head)
+            self._head.clear()
+            self.data_received(passed)
 
     def data_received(self, data: bytes) -> None:
         self.last_received_at = self.loop.time()
@@ -210,6 +182,10 @@ class PeerLink(asyncio.Protocol):
     def _on_handshake_data(self, data: bytes) -> bytes:
         """Feed the handshake; bytes that follow it once it is done, else b""."""
         assert self.handshake is not None and self.transport is not None
+        if not self._routed:
+            data = self._route(data)
+            if not data:
+                return b""
         try:
             reply = self.handshake.receive_data(data)
         except HandshakeError as error:
@@ -226,6 +202,25 @@ class PeerLink(asyncio.Protocol):
         trailing = self.handshake.trailing_data()
         self.owner.on_link_established(self)
         return b"" if self.closing else trailing
+
+    def _route(self, data: bytes) -> bytes:
+        """On a shared port: read the dialer's hello; a link meant for another of the
+        node's processes goes there (b""), one for this one gets every byte read."""
+        self._head += data
+        try:
+            target = hello_target(bytes(self._head))
+        except HandshakeError as error:
+            self._log_handshake_failure(error)
+            self.close(f"handshake failed: {error.reason}")
+            return b""
+        if target is None:
+            return b""
+        self._routed = True
+        head = bytes(self._head)
+        self._head.clear()
+        if target != self.owner.node_name and self.owner.pass_on(self, target, head):
+            return b""
+        return head   # ours, or for nobody here: the handshake says so
 
     def _on_handshake_timeout(self) -> None:
         self._timer = None
@@ -313,8 +308,10 @@ class ClusterTransport:
 
     def __init__(self, settings: Any, on_frame: OnFrame, rng: random.Random | None = None, *,
                  limits: TransportLimits | None = None,
-                 on_peer_up: OnPeer | None = None, on_peer_down: OnPeer | None = None):
+                 on_peer_up: OnPeer | None = None, on_peer_down: OnPeer | None = None,
+                 shared_port: SharedPort | None = None):
         self.node_name: str = settings.node_name
+        self.shared_port = shared_port   # else this node listens on cluster_host:cluster_port alone
         self.limits = limits or TransportLimits.from_settings(settings)
         self.host: str = settings.cluster_host
         self.port: int = settings.cluster_port
@@ -336,7 +333,7 @@ class ClusterTransport:
         self._links: dict[str, PeerLink] = {}
         self._pending: set[PeerLink] = set()
         self._dialers: list[asyncio.Task] = []
-        self._server: asyncio.AbstractServer | None = None
+        self._servers: list[asyncio.AbstractServer] = []
         self._tick: asyncio.TimerHandle | None = None
         self._started = False
         self._stopping = False
@@ -352,8 +349,14 @@ class ClusterTransport:
         if not self.peers:
             return  # a cluster of one has nobody to talk to
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(
-            lambda: PeerLink(self, Role.ACCEPTOR, None), self.host, self.port)
+
+        def accept() -> PeerLink:
+            return PeerLink(self, Role.ACCEPTOR, None)
+        if self.shared_port is None:
+            self._servers = [await loop.create_server(accept, self.host, self.port)]
+        else:
+            self._servers = [await loop.create_server(accept, sock=sock) for sock in self.shared_port.listening]
+            self.shared_port.start(loop, self.adopt)
         log.info("cluster.listening", node=self.node_name, host=self.host, port=self.listening_port,
                  peers=sorted(self.peers))
         for name in sorted(self.peers):
@@ -385,9 +388,9 @@ class ClusterTransport:
 
     @property
     def listening_port(self) -> int | None:
-        if self._server is None or not self._server.sockets:
+        if not self._servers or not self._servers[0].sockets:
             return None
-        return self._server.sockets[0].getsockname()[1]
+        return self._servers[0].sockets[0].getsockname()[1]
 
     async def stop(self) -> None:
         """Close the listener and every link; no peer callbacks from here on."""
@@ -395,8 +398,10 @@ class ClusterTransport:
         if self._tick is not None:
             self._tick.cancel()
             self._tick = None
-        if self._server is not None:
-            self._server.close()
+        for server in self._servers:
+            server.close()
+        if self.shared_port is not None and self._started and self.peers:   # started with the servers
+            self.shared_port.stop(asyncio.get_running_loop())
         for task in self._dialers:
             task.cancel()
         await asyncio.gather(*self._dialers, return_exceptions=True)
@@ -406,8 +411,8 @@ class ClusterTransport:
         self._pending.clear()
         for link in links:
             link.close("node stopping", abort=True)
-        if self._server is not None:
-            await self._server.wait_closed()
+        for server in self._servers:
+            await server.wait_closed()
         log.info("cluster.stopped", node=self.node_name)
 
     # -- called by links ------------------------------------------------------
@@ -428,6 +433,30 @@ class ClusterTransport:
             return False
         self._pending.add(link)
         return True
+
+    def pass_on(self, link: PeerLink, target: str, head: bytes) -> bool:
+        """Hand an accepted link to the process of the node that `target` is (it answers
+        the handshake); True once it has gone, False to answer it here."""
+        transport = link.transport
+        if self.shared_port is None or transport is None or transport.is_closing():
+            return False
+        transport.pause_reading()
+        if not self.shared_port.forward(target, transport.get_extra_info("socket").fileno(), head):
+            transport.resume_reading()
+            return False
+        self._pending.discard(link)
+        link.close(f"passed on to {target}", abort=True)   # closes this process's descriptor only
+        return True
+
+    def adopt(self, sock: socket.socket, head: bytes) -> None:
+        """A link another process of this node accepted and passed here, with what it read."""
+        if self._stopping:
+            sock.close()
+            return
+        sock.setblocking(False)
+        task = asyncio.ensure_future(asyncio.get_running_loop().connect_accepted_socket(
+            lambda: PeerLink(self, Role.ACCEPTOR, None, passed=head), sock))
+        task.add_done_callback(lambda done: _close_unadopted(sock, done))
 
     def on_link_established(self, link: PeerLink) -> None:
         self._pending.discard(link)
@@ -520,3 +549,9 @@ class ClusterTransport:
                     backoff.reset()
                     failures = 0
             await asyncio.sleep(backoff.next_delay())
+
+
+def _close_unadopted(sock: socket.socket, task: asyncio.Future) -> None:
+    if task.cancelled() or task.exception() is not None:
+        log.warning("cluster.link_not_adopted", error=str(None if task.cancelled() else task.exception()))
+        sock.close()

@@ -29,8 +29,8 @@ def listen_port(host: str = "127.0.0.1") -> int:
 
 
 def listen_port_block(count: int, host: str = "127.0.0.1") -> int:
-    """The first of `count` consecutive ports as `listen_port` gives them (the cluster ports
-    of a node over several processes: shard k listens on the node's port + k)."""
+    """The first of `count` consecutive ports as `listen_port` gives them (nodes on adjacent
+    cluster ports, RabbitMQ's local layout)."""
     for _ in range(1000):
         base = _ports.choice(range(LISTEN_PORTS.start, LISTEN_PORTS.stop - count + 1))
         block = range(base, base + count)

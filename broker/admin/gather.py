@@ -8,7 +8,8 @@ labelled with a queue is taken at its largest (every shard knows every
 replicated queue, but only its member holds the messages, and a member's
 consumer count includes the consumers on other shards); `warren_queues` counts
 the distinct queues. Connections are listed with their shard; a queue is
-listed from its member shard. A shard that does not answer (restarting) is
+listed from its member shard, its `leader` and `members` named by node as
+RabbitMQ names them (its shards beside: `leader_shard`, `member_shards`). A shard that does not answer (restarting) is
 left out and shown as not running in `/api/overview`'s `shards`.
 """
 from __future__ import annotations
@@ -24,6 +25,7 @@ from prometheus_client.utils import floatToGoString
 
 from warren.broker.admin import management
 from warren.broker.queues.queue_factory import split_shard
+from warren.raft.member_ids import node_of
 
 if TYPE_CHECKING:
     from warren.broker.node.broker import Broker
@@ -115,7 +117,19 @@ def _merged_queue_rows(answers: dict[int, Any], gatherer: ShardGatherer) -> list
 
 
 def merge_queues(gatherer: ShardGatherer, own: bytes, others: dict[int, bytes | None]) -> bytes:
-    return json.dumps(_merged_queue_rows(_json_answers(own, others), gatherer), default=str).encode()
+    rows = [_named_by_node(row) for row in _merged_queue_rows(_json_answers(own, others), gatherer)]
+    return json.dumps(rows, default=str).encode()
+
+
+def _named_by_node(row: dict) -> dict:
+    leader, members = row.get("leader"), row.get("members", [])
+    return {**row, "leader": _node(leader) if leader else leader, "members": [_node(member) for member in members],
+            "leader_shard": leader, "member_shards": members}
+
+
+def _node(member: str) -> str:
+    """The node a member (`<node>#k`, `<node>#k!epoch`) runs on."""
+    return split_shard(node_of(member))[0]
 
 
 def merge_overview(gatherer: ShardGatherer, own: bytes, others: dict[int, bytes | None],

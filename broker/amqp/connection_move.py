@@ -94,8 +94,9 @@ def try_move(connection: "AMQPConnection") -> bool:
         return False
     unparsed = connection.protocol.unparsed
     transport.pause_reading()
-    if not handoff.send(shard, transport.get_extra_info("socket").fileno(), watch.history(len(unparsed)),
-                        unparsed, sorted(connection.channels)):
+    history = watch.history(len(unparsed))
+    if len(history) + len(unparsed) > MOVE_MAX_BYTES or not handoff.send(
+            shard, transport.get_extra_info("socket").fileno(), [history, unparsed, sorted(connection.channels)]):
         transport.resume_reading()
         return False
     connection.broker.counters.connections_moved_out += 1

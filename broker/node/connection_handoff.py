@@ -1,13 +1,15 @@
-"""Handing a client's socket to another shard of the node (docs/multi-process.md,
-section 11): the thin shell around one Unix datagram socket pair per shard.
+"""Handing a socket to another shard of the node (docs/multi-process.md, sections 11
+and 12): the thin shell around one Unix datagram socket pair per shard.
 
 The supervisor makes the pairs before it starts the shards and keeps them for the
 node's life: shard k reads its pair's first end (its inbox); every other shard
 writes to the second (k's outbox), which the kernel delivers to that inbox. One
 datagram is one moved connection: the socket itself (SCM_RIGHTS: the receiver
 gets its own descriptor of the same open socket) and a msgpack list of what the
-connection received before the move (replayed there with its output dropped),
-what it received and did not parse yet, and its open channels' numbers. A
+receiver needs to go on with it: for a client's connection what it received
+before the move (replayed there with its output dropped), what it received and
+did not parse yet, and its open channels' numbers; for a cluster link (a second
+set of pairs, broker/node/shared_cluster_port.py) the bytes its dialer sent. A
 datagram is whole or not sent at all, so a send that cannot go (the inbox full,
 the bytes over the socket's size) fails at once and the connection stays where
 it is. While a shard restarts, what is sent to it waits in its inbox, which the
@@ -32,7 +34,7 @@ log = structlog.get_logger("warren.connection")
 _DATAGRAM_MAX_BYTES = MOVE_MAX_BYTES + 4096
 _FD_SPACE = socket.CMSG_SPACE(array.array("i", [0]).itemsize)
 
-OnMoved = Callable[[socket.socket, bytes, bytes, list[int]], None]
+OnMoved = Callable[[socket.socket, list], None]
 
 
 def handoff_pairs(count: int) -> list[tuple[socket.socket, socket.socket]]:
@@ -80,12 +82,13 @@ class ConnectionHandoff:
     def stop(self, loop: asyncio.AbstractEventLoop) -> None:
         loop.remove_reader(self.inbox.fileno())
 
-    def send(self, shard: int, fd: int, history: bytes, unparsed: bytes, channels: list[int]) -> bool:
-        """Hand the socket `fd` and its input to `shard`; False (nothing sent) if it cannot go."""
+    def send(self, shard: int, fd: int, fields: list) -> bool:
+        """Hand the socket `fd` and what its receiver needs to `shard`; False (nothing sent)
+        if it cannot go."""
         outbox = self.outboxes.get(shard)
-        if outbox is None or len(history) + len(unparsed) > MOVE_MAX_BYTES:
+        payload = msgpack.packb(fields)
+        if outbox is None or len(payload) > _DATAGRAM_MAX_BYTES:
             return False
-        payload = msgpack.packb([history, unparsed, channels])
         try:
             outbox.sendmsg([payload], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))])
         except OSError as error:   # full inbox, too large: the connection stays
@@ -103,7 +106,9 @@ class ConnectionHandoff:
             try:
                 if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC) or len(fds) != 1:
                     raise ValueError(f"a move datagram with {len(fds)} descriptors, flags {flags}")
-                history, unparsed, channels = msgpack.unpackb(data)
+                fields = msgpack.unpackb(data)
+                if not isinstance(fields, list):
+                    raise ValueError("a move datagram without its list of fields")
                 sock = socket.socket(fileno=fds.pop())
             except Exception as error:  # noqa: BLE001 -- a bad datagram costs its connection only
                 log.warning("connection.move_refused", error=str(error))
@@ -112,7 +117,7 @@ class ConnectionHandoff:
                 continue
             assert self.on_moved is not None
             try:
-                self.on_moved(sock, history, unparsed, channels)
+                self.on_moved(sock, fields)
             except Exception:  # noqa: BLE001 -- a bug here must not stop the inbox: this connection goes
                 log.exception("connection.move_failed")
                 sock.close()

@@ -64,16 +64,3 @@ def _bind_host(host: str, port: int) -> list[socket.socket]:
             sock.close()
         raise
     return bound
-
-
-def free_loopback_ports(count: int) -> list[int]:
-    """`count` distinct loopback ports free now (the shards' cluster links bind them
-    themselves, a moment later)."""
-    probes = [socket.socket() for _ in range(count)]
-    try:
-        for probe in probes:
-            probe.bind(("127.0.0.1", 0))
-        return [probe.getsockname()[1] for probe in probes]
-    finally:
-        for probe in probes:
-            probe.close()

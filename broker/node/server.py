@@ -41,6 +41,7 @@ from warren.broker.node.broker import VERSION, Broker
 from warren.broker.node.connection_handoff import ConnectionHandoff
 from warren.broker.node.listen_sockets import LISTEN_BACKLOG, skippable
 from warren.broker.node.logs import configure_logging
+from warren.broker.node.shared_cluster_port import SharedClusterPort
 from warren.broker.node.supervisor import Supervisor
 from warren.config import ConfigError, Settings, load_settings
 from warren.raft.raft_storage import RaftLogCorrupt
@@ -66,7 +67,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     "file and WARREN_* environment variables (which win), e.g. WARREN_AMQP_PORT=5672, "
                     "WARREN_DATA_DIR=./warren-data, WARREN_LOG_FORMAT=console, WARREN_NODE_PROCESSES=1 (default: "
                     "one process per core the node may use, its CPU affinity capped by its cgroup's CPU quota; "
-                    "1 for a node of a cluster; fixed when the data directory is created).")
+                    "fixed when the data directory is created; every node of a cluster must run as many).")
     parser.add_argument("--config", metavar="PATH", help="TOML configuration file")
     parser.add_argument("--version", action="version", version=f"warren {VERSION}")
     parser.add_argument("--shard-plan", help=argparse.SUPPRESS)   # set by the supervisor for its shards
@@ -133,6 +134,7 @@ class InheritedSockets:
     http: list[socket.socket]
     gatherer: ShardGatherer | None   # shard 0's, answering for the node
     handoff: ConnectionHandoff
+    cluster: SharedClusterPort
 
     @classmethod
     def of(cls, plan: shards.ShardPlan, node_name: str) -> "InheritedSockets":
@@ -140,7 +142,10 @@ class InheritedSockets:
         return cls([socket.socket(fileno=fd) for fd in plan.amqp_fds],
                    [socket.socket(fileno=fd) for fd in plan.http_fds],
                    ShardGatherer(node_name, others) if plan.shard == 0 else None,
-                   ConnectionHandoff.of(plan.shard, plan.handoff_inbox_fds, plan.handoff_outbox_fds))
+                   ConnectionHandoff.of(plan.shard, plan.handoff_inbox_fds, plan.handoff_outbox_fds),
+                   SharedClusterPort([socket.socket(fileno=fd) for fd in plan.cluster_fds],
+                                     {shards.shard_name(node_name, k): k for k in range(plan.count)},
+                                     ConnectionHandoff.of(plan.shard, plan.link_inbox_fds, plan.link_outbox_fds)))
 
 
 def lock_data_dir(data_dir: Path, node_name: str) -> IO[str]:
@@ -191,6 +196,8 @@ async def serve(settings: Settings, inherited: InheritedSockets | None = None) -
     broker = Broker(settings)
     fatal: list[BaseException] = []
     broker.cluster.runtime.on_fatal = lambda error: _on_fatal(error, fatal, stop)
+    if inherited is not None:   # the node's cluster port, every shard accepting on it
+        broker.cluster.runtime.shared_port = inherited.cluster
     # The Raft groups (metadata, queues) from the WAL, and the links to the other nodes.
     await broker.start()
     servers, metrics_servers = await _listen_all(broker, settings, inherited)
@@ -220,8 +227,9 @@ async def serve(settings: Settings, inherited: InheritedSockets | None = None) -
     return FATAL_EXIT_STATUS if fatal else 0
 
 
-def _take_moved(broker: Broker, sock: socket.socket, history: bytes, unparsed: bytes, channels: list[int]) -> None:
+def _take_moved(broker: Broker, sock: socket.socket, fields: list) -> None:
     """A connection another shard moved here (broker/amqp/connection_move.py)."""
+    history, unparsed, channels = fields
     sock.setblocking(False)
     moved_in = (history, unparsed, channels)
     task = asyncio.ensure_future(asyncio.get_running_loop().connect_accepted_socket(

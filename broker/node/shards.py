@@ -4,11 +4,13 @@ the supervisor hands each shard (`--shard-plan`, JSON) with the settings it deri
 
 Shard k is a whole Warren node named `<node>#k` with data directory
 `data_dir/shard-k`, one member of a cluster of all the shards (the existing
-cluster transport). A single node's shards meet on loopback ports the supervisor
-picks at each start; the nodes of a cluster (stage 2, docs/multi-process.md
-section 12) make one flat cluster of every node's shards, shard k of a node on
-its cluster port + k, a quorum queue's members the same shard of distinct nodes
-(queue_factory.place_members), and the metadata group spans every shard.
+cluster transport). A node's shards accept on one cluster port the supervisor
+binds, passing each other the links meant for them (shared_cluster_port.py): a
+single node's on a loopback port it picks at each start; the nodes of a cluster
+(stage 2, docs/multi-process.md section 12) make one flat cluster of every
+node's shards, every shard of a node at its cluster port, a quorum queue's
+members the same shard of distinct nodes (queue_factory.place_members), and the
+metadata group spans every shard.
 """
 from __future__ import annotations
 
@@ -62,28 +64,18 @@ def recorded_processes(data_dir: Path) -> int | None:
 def node_processes(settings: Settings, recorded: int | None, cores: int | None = None) -> int:
     """How many processes the node runs on: the setting, else the data directory's
     count, else the cores it may use (`cores`, default `usable_cores()`: its CPU
-    affinity capped by its cgroup's CPU quota); 1 for a new node of a cluster unless
-    the setting says otherwise (every node of a cluster must run as many, and a
-    default that followed each machine's cores would differ)."""
+    affinity capped by its cgroup's CPU quota). Every node of a cluster must run as
+    many (`shard_secret`): where the machines' cores differ, the setting says."""
     wanted = settings.node_processes
     if wanted is not None and recorded is not None and wanted != recorded:
         raise ConfigError(f"data_dir {settings.data_dir} was created for node_processes = {recorded}, "
                           f"not {wanted}: start with node_processes = {recorded} (queues do not move between "
                           "processes)")
     if wanted is not None:
-        count = wanted
-    elif recorded is not None:
-        count = recorded
-    elif settings.cluster_nodes:
-        count = 1
-    else:
-        count = max(1, cores if cores is not None else usable_cores())
-    clashes = overlapping_ports(settings, count) if count > 1 else []
-    if clashes:
-        raise ConfigError(f"invalid configuration: cluster_nodes: with node_processes = {count} the shards of "
-                          f"a node listen on its cluster port and the {count - 1} after it, and these meet: "
-                          f"{'; '.join(clashes)}: space the nodes' cluster ports further apart")
-    return count
+        return wanted
+    if recorded is not None:
+        return recorded
+    return max(1, cores if cores is not None else usable_cores())
 
 
 def record_processes(data_dir: Path, count: int) -> None:
@@ -101,20 +93,9 @@ def shard_secret(secret: str, count: int) -> str:
 
 
 def cluster_shards(settings: Settings, count: int) -> list[ClusterNode]:
-    """Every node's shards, shard k of a node at its cluster port + k."""
-    return [ClusterNode(name=shard_name(node.name, k), host=node.host, port=node.port + k)
+    """Every node's shards, each at its node's one cluster port (shared_cluster_port.py)."""
+    return [ClusterNode(name=shard_name(node.name, k), host=node.host, port=node.port)
             for node in settings.cluster_nodes for k in range(count)]
-
-
-def overlapping_ports(settings: Settings, count: int) -> list[str]:
-    """Nodes on one host whose shards' cluster ports (port .. port + count - 1) overlap."""
-    taken: dict[tuple[str, int], str] = {}
-    clashes = []
-    for node in cluster_shards(settings, count):
-        other = taken.setdefault((node.host, node.port), node.name)
-        if other != node.name:
-            clashes.append(f"{other} and {node.name} on {node.host}:{node.port}")
-    return clashes
 
 
 def ensure_secret(data_dir: Path) -> None:
@@ -143,13 +124,17 @@ class ShardPlan:
     shard: int
     count: int
     supervisor_pid: int
-    cluster_ports: list[int]
+    cluster_port: int            # the node's one cluster port, every shard accepting on it
+    cluster_fds: list[int]
     amqp_fds: list[int]
     http_fds: list[int]          # shard 0: the node's metrics port; shard k: its own loopback one
     http_ports: list[int | None]  # each shard's HTTP port (shard 0's is the node's, None when off)
     # each shard's pair of the sockets connections move over (broker/node/connection_handoff.py)
     handoff_inbox_fds: list[int]
     handoff_outbox_fds: list[int]
+    # and the pairs the cluster links accepted for another shard move over (shared_cluster_port.py)
+    link_inbox_fds: list[int]
+    link_outbox_fds: list[int]
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))
@@ -164,7 +149,7 @@ class ShardPlan:
             "data_dir": shard_dir(settings.data_dir, self.shard),
             "node_processes": 1,
             "node_shard": self.shard,
-            "cluster_port": self.cluster_ports[self.shard],
+            "cluster_port": self.cluster_port,
             # No node-wide sum of queued bytes: each shard alarms at its share.
             "memory_high_watermark_bytes": max(settings.memory_high_watermark_bytes // self.count, 1024 * 1024),
             # Each shard writes a WAL of its own: the node's WAL size is their sum, as its disk use.
@@ -178,8 +163,7 @@ class ShardPlan:
         secret = (settings.data_dir / SECRET_FILE).read_text().strip()
         return settings.model_copy(update={
             **shard,
-            "cluster_nodes": [ClusterNode(name=name, host=LOOPBACK, port=port)
-                              for name, port in zip(names, self.cluster_ports)],
+            "cluster_nodes": [ClusterNode(name=name, host=LOOPBACK, port=self.cluster_port) for name in names],
             "cluster_host": LOOPBACK,
             "cluster_secret": SecretStr(secret),
         })

@@ -2,9 +2,10 @@
 (docs/multi-process.md, sections 5 and 8).
 
 It runs no event loop and serves no client. Holding the data directory's lock,
-it records the shard count, binds the AMQP port and the metrics port once,
-picks loopback ports for the shards' cluster links (a node of a cluster: its
-cluster port + k for shard k, where the other nodes reach it) and starts S processes
+it records the shard count, binds the AMQP port, the metrics port and the
+cluster port once (a single node's: a free loopback port; every shard accepts
+on it and passes each other the links meant for them, shared_cluster_port.py)
+and starts S processes
 `python -m warren.broker --shard-plan ...` with the listening sockets
 inherited (`pass_fds`): every shard accepts on the one AMQP socket, so a new
 connection goes to whichever shard's loop takes it first, and connections
@@ -34,7 +35,7 @@ import structlog
 
 from warren.broker.node import shards
 from warren.broker.node.connection_handoff import handoff_pairs
-from warren.broker.node.listen_sockets import bind_listeners, free_loopback_ports
+from warren.broker.node.listen_sockets import bind_listeners
 from warren.config import Settings
 
 log = structlog.get_logger("warren.supervisor")
@@ -71,15 +72,16 @@ class Supervisor:
                                                             for socks in loopback_http]]
         http_ports: list[int | None] = [metrics[0].getsockname()[1] if metrics else None,
                                         *[socks[0].getsockname()[1] for socks in loopback_http]]
-        clustered = len(settings.cluster_nodes) > 1   # stage 2: shard k on the node's cluster port + k
-        cluster_ports = [settings.cluster_port + k for k in range(self.count)] if clustered \
-            else free_loopback_ports(self.count)
-        handoff = handoff_pairs(self.count)
-        inboxes, outboxes = [inbox.fileno() for inbox, _ in handoff], [outbox.fileno() for _, outbox in handoff]
-        self.plans = [shards.ShardPlan(k, self.count, os.getpid(), cluster_ports, [s.fileno() for s in amqp],
-                                       http_fds[k], http_ports, inboxes, outboxes) for k in range(self.count)]
-        self.listening = [*amqp, *metrics, *(sock for socks in loopback_http for sock in socks),
-                          *(sock for pair in handoff for sock in pair)]
+        clustered = len(settings.cluster_nodes) > 1   # stage 2: every shard at the node's cluster port
+        cluster = bind_listeners(settings.cluster_host, settings.cluster_port, "cluster") if clustered \
+            else bind_listeners(shards.LOOPBACK, 0, "shard cluster")
+        cluster_port = settings.cluster_port if clustered else cluster[0].getsockname()[1]
+        handoff, links = handoff_pairs(self.count), handoff_pairs(self.count)
+        self.plans = [shards.ShardPlan(k, self.count, os.getpid(), cluster_port, [s.fileno() for s in cluster],
+                                       [s.fileno() for s in amqp], http_fds[k], http_ports,
+                                       *_fds(handoff), *_fds(links)) for k in range(self.count)]
+        self.listening = [*amqp, *metrics, *cluster, *(sock for socks in loopback_http for sock in socks),
+                          *(sock for pair in handoff + links for sock in pair)]
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, self._forward)
         signal.signal(signal.SIGALRM, self._kill_stragglers)
@@ -99,14 +101,15 @@ class Supervisor:
     def _spawn(self, shard: int) -> None:
         plan = self.plans[shard]
         command = [sys.executable, "-m", "warren.broker", *self.config_args, "--shard-plan", plan.to_json()]
-        self.processes[shard] = subprocess.Popen(command, pass_fds=[*plan.amqp_fds, *plan.http_fds,
-                                                                  *plan.handoff_inbox_fds, *plan.handoff_outbox_fds])
+        self.processes[shard] = subprocess.Popen(command, pass_fds=[
+            *plan.cluster_fds, *plan.amqp_fds, *plan.http_fds, *plan.handoff_inbox_fds, *plan.handoff_outbox_fds,
+            *plan.link_inbox_fds, *plan.link_outbox_fds])
         self._write_ports()
 
     def _write_ports(self) -> None:
         """Where each shard is, for operators and tests (shard 0's HTTP port is the node's)."""
         rows = [{"shard": k, "pid": process.pid, "http_port": self.plans[k].http_ports[k],
-                 "cluster_port": self.plans[k].cluster_ports[k]} for k, process in sorted(self.processes.items())]
+                 "cluster_port": self.plans[k].cluster_port} for k, process in sorted(self.processes.items())]
         path: Path = self.settings.data_dir / shards.SHARD_PORTS_FILE
         partial = path.with_name(path.name + ".new")
         partial.write_text(json.dumps({"supervisor_pid": os.getpid(), "shards": rows}) + "\n")
@@ -179,3 +182,8 @@ def _worst(statuses: Iterable[int]) -> int:
 def _address(sock: socket.socket) -> str:
     host, port = sock.getsockname()[:2]
     return f"[{host}]:{port}" if sock.family == socket.AF_INET6 else f"{host}:{port}"
+
+
+def _fds(pairs: list[tuple[socket.socket, socket.socket]]) -> tuple[list[int], list[int]]:
+    """The shards' inbox ends and outbox ends of handoff pairs."""
+    return [inbox.fileno() for inbox, _ in pairs], [outbox.fileno() for _, outbox in pairs]

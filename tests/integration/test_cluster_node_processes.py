@@ -26,11 +26,10 @@ QUORUM = {"x-queue-type": "quorum"}
 
 
 def sharded_cluster(tmp_path, processes: dict[str, int]) -> dict[str, ShardedServer]:
-    """One node per name with its count of processes, its shards on consecutive cluster ports
-    (a block of the largest count each: every node derives the others' shards' ports by its own)."""
-    block = max(processes.values())
-    base = listen_port_block(block * len(processes), "0.0.0.0")
-    ports = {name: base + i * block for i, name in enumerate(processes)}
+    """One node per name with its count of processes, the nodes on adjacent cluster ports
+    (RabbitMQ's local layout): a node's shards share its one port (shared_cluster_port.py)."""
+    base = listen_port_block(len(processes), "0.0.0.0")
+    ports = {name: base + i for i, name in enumerate(processes)}
     members = json.dumps([{"name": name, "host": "127.0.0.1", "port": port} for name, port in ports.items()])
     servers = {}
     for name, count in processes.items():
@@ -76,7 +75,9 @@ def declare_quorum_queues(server: ShardedServer, names: list[str]) -> None:
 def test_queues_spread_over_shards_of_distinct_nodes_and_survive_a_nodes_kill_9(cluster):
     a, b, c = (cluster[name] for name in NAMES)
     declare_quorum_queues(a, [f"q{i}" for i in range(4)])
-    members = {row["name"]: row["members"] for row in api(a, "/api/queues")}
+    rows = api(a, "/api/queues")
+    assert all(sorted(row["members"]) == NAMES for row in rows), f"not named by node as RabbitMQ's: {rows}"
+    members = {row["name"]: row["member_shards"] for row in rows}
     shards_used = set()
     for i in range(4):
         nodes, indexes = zip(*(member.rsplit("#", 1) for member in members[f"q{i}"]))
@@ -150,11 +151,11 @@ def _running_nodes(server: ShardedServer) -> list[str] | None:
 def test_shrink_and_grow_by_node_name_act_on_each_queues_shard(cluster):
     a, b, c = (cluster[name] for name in NAMES)
     declare_quorum_queues(a, ["m0", "m1"])
-    indexes = {row["name"]: row["members"][0].rsplit("#", 1)[1] for row in api(a, "/api/queues")}
+    indexes = {row["name"]: row["member_shards"][0].rsplit("#", 1)[1] for row in api(a, "/api/queues")}
     assert set(indexes.values()) == {"0", "1"}, indexes
 
     def members(server: ShardedServer) -> dict[str, list[str]]:
-        return {row["name"]: sorted(row["members"]) for row in api(server, "/api/queues")}
+        return {row["name"]: sorted(row["member_shards"]) for row in api(server, "/api/queues")}
 
     rows = [line.split("\t") for line in _ok(_ctl(b, "shrink", "c@local")).splitlines()]
     assert sorted(row[1:] for row in rows[1:]) == [["m0", "2", "ok"], ["m1", "2", "ok"]], rows

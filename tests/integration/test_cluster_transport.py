@@ -8,7 +8,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import os
 import random
+import socket
 import struct
 import time
 from collections import defaultdict
@@ -19,8 +21,8 @@ from structlog.testing import capture_logs
 
 from tests.serverproc import free_port
 from warren.config.settings import ClusterNode, Settings
-from warren.raft.handshake import encode_frame
-from warren.raft.transport import PEER_SILENT_HEARTBEATS_MAX, ClusterTransport, TransportLimits
+from warren.raft.handshake import NONCE_BYTES, encode_frame, encode_object, hello_message
+from warren.raft.transport import PEER_SILENT_HEARTBEATS_MAX, ClusterTransport, SharedPort, TransportLimits
 
 SECRET = "integration-cookie"
 HEARTBEAT_SECONDS = 0.1
@@ -50,7 +52,7 @@ class Node:
     """A transport plus everything it reported, for assertions."""
 
     def __init__(self, name: str, members: list[ClusterNode], secret: str = SECRET,
-                 limits: TransportLimits = FAST, seed: int = 0):
+                 limits: TransportLimits = FAST, seed: int = 0, shared_port: SharedPort | None = None):
         self.name = name
         self.members = members
         self.secret = secret
@@ -64,7 +66,7 @@ class Node:
         self.transport = ClusterTransport(
             settings, self.on_frame, random.Random(seed), limits=limits,
             on_peer_up=lambda peer: self.events.append(("up", peer)),
-            on_peer_down=lambda peer: self.events.append(("down", peer)))
+            on_peer_down=lambda peer: self.events.append(("down", peer)), shared_port=shared_port)
 
     def on_frame(self, peer: str, obj: Any) -> None:
         self.frames[peer].append(obj)
@@ -277,7 +279,7 @@ async def test_garbage_on_the_cluster_port_is_dropped_and_the_node_keeps_serving
                 reader, writer = await asyncio.open_connection("127.0.0.1", config[1].port)
                 writer.write(garbage)
                 received = await asyncio.wait_for(reader.read(), WAIT_SECONDS)  # until the node closes
-                assert received.startswith(b"\x00\x00"), "the node sent its hello, then closed"
+                assert received == b"", "the node answers no hello but a dialer's: it closed without a word"
                 writer.close()
         failures = [e for e in logs if e["event"] == "cluster.handshake_failed"]
         assert [e["reason"] for e in failures] == ["bad_frame", "bad_message", "bad_frame"]
@@ -365,3 +367,80 @@ async def test_a_silent_peer_is_down_after_three_heartbeats():
         assert PEER_SILENT_HEARTBEATS_MAX * HEARTBEAT_SECONDS * 0.9 <= elapsed <= DOWN_BOUND_SECONDS + 0.2
         assert any(e["event"] == "cluster.heartbeat_timeout" and e["peer"] == "n2" for e in logs)
         await until(lambda: a.ups("n2") == 2, "n1 redialled n2")
+
+
+# --- a port shared by a node's processes (broker/node/shared_cluster_port.py) -------------------
+
+class InProcessSharedPort:
+    """`SharedPort` for transports in one loop: a link passed to a sibling goes to its `adopt`."""
+
+    def __init__(self, listening: list[socket.socket], siblings: dict[str, InProcessSharedPort]):
+        self.listening = listening
+        self.siblings = siblings
+        self.adopt: Any = None
+        self.passed: list[str] = []
+
+    def forward(self, target: str, fd: int, head: bytes) -> bool:
+        sibling = self.siblings.get(target)
+        if sibling is None or sibling is self or sibling.adopt is None:
+            return False
+        self.passed.append(target)
+        sibling.adopt(socket.socket(fileno=os.dup(fd)), head)   # as SCM_RIGHTS would: a descriptor of its own
+        return True
+
+    def start(self, loop: Any, adopt: Any) -> None:
+        self.adopt = adopt
+
+    def stop(self, loop: Any) -> None:
+        self.adopt = None
+
+
+@contextlib.contextmanager
+def one_port_for_b_and_its_shards():
+    """Node a alone, node b's two processes b0 and b1 at one address (as shards `b#0`, `b#1`
+    would be): only b0 accepts on it, so every link meant for b1 (a's, and b0's own to its
+    sibling) must be passed on."""
+    listening = socket.create_server(("127.0.0.1", 0))
+    port = listening.getsockname()[1]
+    config = [ClusterNode(name="a", host="127.0.0.1", port=free_port()),
+              *(ClusterNode(name=name, host="127.0.0.1", port=port) for name in ("b0", "b1"))]
+    siblings: dict[str, InProcessSharedPort] = {}
+    siblings["b0"] = InProcessSharedPort([listening], siblings)
+    siblings["b1"] = InProcessSharedPort([], siblings)
+    try:
+        yield config, port, siblings
+    finally:
+        listening.close()
+
+
+async def test_links_for_another_process_of_a_node_are_passed_to_it_on_its_shared_port():
+    with one_port_for_b_and_its_shards() as (config, _, siblings):
+        nodes = [Node("a", config), Node("b0", config, seed=1, shared_port=siblings["b0"]),
+                 Node("b1", config, seed=2, shared_port=siblings["b1"])]
+        a, b0, b1 = nodes
+        async with running(*nodes):
+            await cluster_up(nodes)
+            assert sorted(siblings["b0"].passed) == ["b1", "b1"], "a's link and b0's own, both for b1"
+            assert a.transport.send("b1", ["to", "b1"]) and b0.transport.send("b1", ["from", "b0"])
+            assert b1.transport.send("a", ["from", "b1"])
+            await until(lambda: b1.frames["a"] and b1.frames["b0"] and a.frames["b1"], "frames over passed links")
+            assert (b1.frames["a"], b1.frames["b0"], a.frames["b1"]) == (
+                [["to", "b1"]], [["from", "b0"]], [["from", "b1"]])
+
+
+async def test_a_hello_for_no_process_of_the_node_is_refused_on_a_shared_port():
+    with one_port_for_b_and_its_shards() as (config, port, siblings):
+        b0 = Node("b0", config, shared_port=siblings["b0"])
+        async with running(b0):
+            with capture_logs() as logs:
+                reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                writer.write(encode_object(hello_message("a", b"\x01" * NONCE_BYTES, "b7")))
+                received = await asyncio.wait_for(reader.read(), WAIT_SECONDS)  # until the node closes
+                host, port_used = writer.get_extra_info("sockname")[:2]
+                address = f"{host}:{port_used}"
+                writer.close()
+            assert received == b""
+            assert "b7" not in siblings["b0"].passed
+            # (b0's own dial of b1, whom nobody adopts here, fails too: not this connection)
+            failures = [e for e in logs if e["event"] == "cluster.handshake_failed" and e["address"] == address]
+            assert [(e["node"], e["reason"]) for e in failures] == [("b0", "unexpected_node")], failures

@@ -57,7 +57,7 @@ def home_queue(server: ShardedServer, name: str, shard: int) -> pika.BlockingCon
     """A quorum queue placed on `shard` (declared from a connection there, which stays open)."""
     owner = connection_on(server, shard)
     owner.channel().queue_declare(name, durable=True, arguments=QUORUM)
-    members = next(q["members"] for q in shard_api(server.metrics_port, "/api/queues") if q["name"] == name)
+    members = next(q["member_shards"] for q in shard_api(server.metrics_port, "/api/queues") if q["name"] == name)
     assert members == [f"warren@localhost#{shard}"], f"{name} placed on {members}, not shard {shard}"
     return owner
 
@@ -183,7 +183,7 @@ def test_new_queues_spread_over_the_shards_whoever_declares_them(node):
     names = [f"spread-{i}" for i in range(4)] + ["spread-classic"]
     for name in names:
         channel.queue_declare(name, durable=True, arguments=None if name.endswith("classic") else QUORUM)
-    members = {q["name"]: q["members"] for q in shard_api(node.metrics_port, "/api/queues")}
+    members = {q["name"]: q["member_shards"] for q in shard_api(node.metrics_port, "/api/queues")}
     placed = [members[name] for name in names]
     assert placed == [[f"warren@localhost#{k}"] for k in (1, 0, 1, 0, 1)], (
         f"each new queue should go to the shard with the fewest (the declaring shard 1 among equals): {placed}")

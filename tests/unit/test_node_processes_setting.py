@@ -28,30 +28,25 @@ def test_an_existing_data_directory_keeps_its_count(tmp_path):
         shards.node_processes(settings(tmp_path, node_processes=1), recorded=2)
 
 
-def test_a_node_of_a_cluster_runs_one_process_unless_told(tmp_path):
-    cluster = [{"name": "a@h", "host": "127.0.0.1", "port": 25001}, {"name": "b@h", "host": "127.0.0.1", "port": 25011}]
-    assert shards.node_processes(settings(tmp_path, cluster_nodes=cluster), recorded=None, cores=16) == 1
+def test_a_node_of_a_cluster_runs_one_process_per_core_unless_told(tmp_path):
+    """Nodes on one host at adjacent cluster ports (RabbitMQ's local layout) run shards too:
+    a node's shards share its one cluster port (broker/node/shared_cluster_port.py)."""
+    cluster = [{"name": "a@h", "host": "127.0.0.1", "port": 25001}, {"name": "b@h", "host": "127.0.0.1", "port": 25002}]
+    assert shards.node_processes(settings(tmp_path, cluster_nodes=cluster), recorded=None, cores=16) == 16
     assert shards.node_processes(settings(tmp_path, node_processes=4, cluster_nodes=cluster), recorded=None) == 4
-
-
-def test_shards_whose_cluster_ports_meet_are_refused(tmp_path):
-    cluster = [{"name": "a@h", "host": "127.0.0.1", "port": 25001}, {"name": "b@h", "host": "127.0.0.1", "port": 25002},
-               {"name": "c@h", "host": "10.0.0.3", "port": 25002}]
-    assert shards.node_processes(settings(tmp_path, cluster_nodes=cluster), recorded=None) == 1
-    with pytest.raises(ConfigError, match=r"a@h#1 and b@h#0 on 127.0.0.1:25002"):
-        shards.node_processes(settings(tmp_path, node_processes=2, cluster_nodes=cluster), recorded=None)
+    assert shards.node_processes(settings(tmp_path, cluster_nodes=cluster), recorded=1, cores=16) == 1
 
 
 def test_the_shards_of_a_cluster_make_one_cluster_of_every_nodes_shards(tmp_path):
     cluster = [{"name": "a@h", "host": "10.0.0.1", "port": 25672}, {"name": "b@h", "host": "10.0.0.2", "port": 25672}]
     node = settings(tmp_path, node_name="b@h", cluster_nodes=cluster, cluster_secret="s3cret", cluster_port=25672,
                     quorum_cluster_size=3)
-    plan = shards.ShardPlan(1, 2, os.getpid(), [25672, 25673], [], [], [None, None], [], [])
+    plan = shards.ShardPlan(1, 2, os.getpid(), 25672, [], [], [], [None, None], [], [], [], [])
     shard = plan.shard_settings(node)
-    assert (shard.node_name, shard.cluster_port, shard.data_dir) == ("b@h#1", 25673, tmp_path / "shard-1")
+    assert (shard.node_name, shard.cluster_port, shard.data_dir) == ("b@h#1", 25672, tmp_path / "shard-1")
     assert [(n.name, n.host, n.port) for n in shard.cluster_nodes] == [
-        ("a@h#0", "10.0.0.1", 25672), ("a@h#1", "10.0.0.1", 25673),
-        ("b@h#0", "10.0.0.2", 25672), ("b@h#1", "10.0.0.2", 25673)]
+        ("a@h#0", "10.0.0.1", 25672), ("a@h#1", "10.0.0.1", 25672),
+        ("b@h#0", "10.0.0.2", 25672), ("b@h#1", "10.0.0.2", 25672)]
     assert shard.quorum_cluster_size == 3
     # a node's WAL size and memory watermark are its shards' sum
     assert (shard.wal_max_size_bytes, shard.memory_high_watermark_bytes) == (

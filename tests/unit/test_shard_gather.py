@@ -62,7 +62,15 @@ def test_connections_carry_their_shard_and_queues_come_from_their_member():
     on_one = [queue_row("q", ["warren@h#1"], 0)]
     queues = json.loads(merge_queues(GATHERER, json.dumps(on_one).encode(),
                                      {1: json.dumps([queue_row("q", ["warren@h#1"], 9)]).encode()}))
-    assert queues == [queue_row("q", ["warren@h#1"], 9)]
+    assert queues == [{**queue_row("q", ["warren@h"], 9), "leader": None, "leader_shard": None,
+                       "member_shards": ["warren@h#1"]}]
+
+
+def test_a_queues_leader_and_members_are_named_by_node_as_rabbitmqs_with_their_shards_beside():
+    row = {**queue_row("q", ["a@h#1", "b@h#1!12", "c@h#1"], 0), "leader": "b@h#1!12"}
+    (named,) = json.loads(merge_queues(GATHERER, json.dumps([row]).encode(), {1: b"[]"}))
+    assert (named["leader"], named["members"]) == ("b@h", ["a@h", "b@h", "c@h"])
+    assert (named["leader_shard"], named["member_shards"]) == ("b@h#1!12", ["a@h#1", "b@h#1!12", "c@h#1"])
 
 
 def test_the_overview_is_the_nodes():

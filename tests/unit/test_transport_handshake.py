@@ -33,6 +33,7 @@ from warren.raft.handshake import (
     encode_frame,
     encode_object,
     hello_message,
+    hello_target,
 )
 from warren.raft.messages import AppendEntries, Entry, EntryKind, from_wire, to_wire
 from warren.raft.transport import Backoff, TransportLimits
@@ -74,8 +75,9 @@ def rejects(side: Handshake, data: bytes, reason: str) -> HandshakeError:
 
 def run_to_proofs(d: Handshake, a: Handshake) -> tuple[bytes, bytes, bytes]:
     """Both hellos, then the dialer's proof: (d_hello, a_hello, d_proof)."""
-    d_hello, a_hello = d.start(), a.start()
-    assert a.receive_data(d_hello) == b""
+    d_hello = d.start()
+    assert a.start() == b"", "the acceptor's hello answers the dialer's"
+    a_hello = a.receive_data(d_hello)
     d_proof = d.receive_data(a_hello)
     return d_hello, a_hello, d_proof
 
@@ -84,11 +86,12 @@ def run_to_proofs(d: Handshake, a: Handshake) -> tuple[bytes, bytes, bytes]:
 
 def test_handshake_transcript_succeeds_on_both_sides():
     d, a = dialer(), acceptor()
-    d_hello, a_hello = d.start(), a.start()
-    assert frame_objects(d_hello) == [[MAGIC, PROTOCOL_VERSION, "node-a", DIALER_NONCE]]
-    assert frame_objects(a_hello) == [[MAGIC, PROTOCOL_VERSION, "node-b", ACCEPTOR_NONCE]]
-
-    assert a.receive_data(d_hello) == b"", "the acceptor proves itself only after the dialer"
+    d_hello = d.start()
+    assert frame_objects(d_hello) == [[MAGIC, PROTOCOL_VERSION, "node-a", DIALER_NONCE, "node-b"]]
+    assert a.start() == b"", "the acceptor waits for the dialer's hello"
+    a_hello = a.receive_data(d_hello)
+    assert frame_objects(a_hello) == [[MAGIC, PROTOCOL_VERSION, "node-b", ACCEPTOR_NONCE, "node-a"]], \
+        "the acceptor answers with its hello, and proves itself only after the dialer"
     assert a.state is HandshakeState.AWAIT_PROOF
     d_proof = d.receive_data(a_hello)
     expected = compute_proof(SECRET, Role.DIALER, DIALER_NONCE, ACCEPTOR_NONCE, "node-a", "node-b")
@@ -111,9 +114,10 @@ def test_proofs_differ_by_role_so_neither_can_be_reflected():
 
 def test_handshake_byte_by_byte_and_data_frames_right_after_the_acceptor_proof():
     d, a = dialer(name="node-b", expected="node-c"), acceptor(name="node-c")
-    d_hello, a_hello = d.start(), a.start()
-    for byte in d_hello:
-        assert a.receive_data(bytes([byte])) == b""
+    d_hello = d.start()
+    a.start()
+    a_hello = b"".join(a.receive_data(bytes([byte])) for byte in d_hello)
+    assert frame_objects(a_hello)[0][2] == "node-c"
     d_proof = b"".join(d.receive_data(bytes([byte])) for byte in a_hello)
     a_proof = b"".join(a.receive_data(bytes([byte])) for byte in d_proof)
     assert a.done and a.peer_name == "node-b"
@@ -126,9 +130,7 @@ def test_handshake_byte_by_byte_and_data_frames_right_after_the_acceptor_proof()
 
 def test_acceptor_data_after_a_proof_in_one_read_is_kept_as_trailing_data():
     d, a = dialer(), acceptor()
-    d_hello, a_hello = d.start(), a.start()
-    a.receive_data(d_hello)
-    d_proof = d.receive_data(a_hello)
+    _, _, d_proof = run_to_proofs(d, a)
     a.receive_data(d_proof + b"\x00\x00\x00\x02\x91\x01")
     assert a.trailing_data() == b"\x00\x00\x00\x02\x91\x01"
 
@@ -141,9 +143,7 @@ def test_repr_never_shows_the_secret():
 
 def test_dialer_with_wrong_secret_is_rejected_by_the_acceptor_which_proves_nothing():
     d, a = dialer(secret=b"wrong"), acceptor()
-    d_hello, a_hello = d.start(), a.start()
-    assert a.receive_data(d_hello) == b""
-    d_proof = d.receive_data(a_hello)
+    _, _, d_proof = run_to_proofs(d, a)
     rejects(a, d_proof, "bad_proof")
     # The acceptor closes without a proof; the dialer sees the end mid-handshake.
     with pytest.raises(HandshakeError) as info:
@@ -160,7 +160,7 @@ def test_acceptor_with_wrong_secret_rejects_the_honest_dialer():
 def test_impostor_acceptor_proof_with_wrong_secret_is_rejected_by_the_dialer():
     d = dialer()
     d.start()
-    d.receive_data(encode_object(hello_message("node-b", ACCEPTOR_NONCE)))
+    d.receive_data(encode_object(hello_message("node-b", ACCEPTOR_NONCE, "node-a")))
     forged = compute_proof(b"wrong", Role.ACCEPTOR, DIALER_NONCE, ACCEPTOR_NONCE, "node-a", "node-b")
     rejects(d, encode_object([PROOF_TAG, forged]), "bad_proof")
 
@@ -168,7 +168,7 @@ def test_impostor_acceptor_proof_with_wrong_secret_is_rejected_by_the_dialer():
 def test_impostor_acceptor_reflecting_the_dialer_proof_is_rejected():
     d = dialer()
     d.start()
-    d_proof = d.receive_data(encode_object(hello_message("node-b", ACCEPTOR_NONCE)))
+    d_proof = d.receive_data(encode_object(hello_message("node-b", ACCEPTOR_NONCE, "node-a")))
     rejects(d, d_proof, "bad_proof")
 
 
@@ -183,7 +183,7 @@ def test_unknown_node_name_is_rejected_by_the_acceptor():
 def test_dialer_claiming_the_acceptors_own_name_is_rejected():
     a = acceptor()
     a.start()
-    rejects(a, encode_object(hello_message("node-b", DIALER_NONCE)), "unknown_node")
+    rejects(a, encode_object(hello_message("node-b", DIALER_NONCE, "node-b")), "unknown_node")
 
 
 def test_dialer_whose_name_sorts_after_the_acceptor_is_rejected():
@@ -193,32 +193,44 @@ def test_dialer_whose_name_sorts_after_the_acceptor_is_rejected():
 
 
 def test_dialer_reaching_another_node_than_it_dialled_rejects_it():
-    d, a = dialer(expected="node-b"), acceptor(name="node-c")
+    d = dialer(expected="node-b")
     d.start()
-    rejects(d, a.start(), "unexpected_node")
+    rejects(d, encode_object(hello_message("node-c", ACCEPTOR_NONCE, "node-a")), "unexpected_node")
+
+
+def test_acceptor_reached_by_a_dialer_that_meant_another_node_rejects_it():
+    d, a = dialer(expected="node-c"), acceptor(name="node-b")
+    a.start()
+    rejects(a, d.start(), "unexpected_node")
+
+
+def test_dialer_answered_by_a_hello_meant_for_another_node_rejects_it():
+    d = dialer()
+    d.start()
+    rejects(d, encode_object(hello_message("node-b", ACCEPTOR_NONCE, "node-c")), "unexpected_node")
 
 
 @pytest.mark.parametrize("side", ["dialer", "acceptor"])
 def test_wrong_version_is_rejected_on_both_sides(side):
     if side == "dialer":
-        me, other = dialer(), acceptor(version=PROTOCOL_VERSION + 1)
+        me, other_hello = dialer(), [MAGIC, PROTOCOL_VERSION + 1, "node-b", ACCEPTOR_NONCE, "node-a"]
     else:
-        me, other = acceptor(), dialer(version=PROTOCOL_VERSION + 1)
+        me, other_hello = acceptor(), [MAGIC, PROTOCOL_VERSION + 1, "node-a", DIALER_NONCE, "node-b"]
     me.start()
-    error = rejects(me, other.start(), "wrong_version")
+    error = rejects(me, encode_object(other_hello), "wrong_version")
     assert str(PROTOCOL_VERSION + 1) in error.detail
 
 
 def test_a_future_version_may_reshape_its_hello_and_is_still_reported_as_a_version():
     a = acceptor()
     a.start()
-    rejects(a, encode_object([MAGIC, 2, {"name": "node-a"}]), "wrong_version")
+    rejects(a, encode_object([MAGIC, PROTOCOL_VERSION + 1, {"name": "node-a"}]), "wrong_version")
 
 
 def test_reflected_nonce_is_rejected():
     a = acceptor()
     a.start()
-    rejects(a, encode_object(hello_message("node-a", ACCEPTOR_NONCE)), "reflected_nonce")
+    rejects(a, encode_object(hello_message("node-a", ACCEPTOR_NONCE, "node-b")), "reflected_nonce")
 
 
 def test_a_recorded_proof_does_not_work_with_fresh_nonces():
@@ -231,7 +243,7 @@ def test_a_recorded_proof_does_not_work_with_fresh_nonces():
 
     fresh_acceptor = acceptor(nonce=bytes([3]) * NONCE_BYTES)
     fresh_acceptor.start()
-    assert fresh_acceptor.receive_data(d_hello) == b""
+    fresh_acceptor.receive_data(d_hello)
     rejects(fresh_acceptor, d_proof, "bad_proof")
 
     fresh_dialer = dialer(nonce=bytes([4]) * NONCE_BYTES)
@@ -246,10 +258,13 @@ def staged(role: str, stage: str) -> tuple[Handshake, bytes]:
     """A handshake of the given role waiting at the given stage, and the
     honest bytes it would receive next."""
     d, a = dialer(), acceptor()
-    d_hello, a_hello = d.start(), a.start()
+    d_hello = d.start()
+    a.start()
+    if role == "acceptor" and stage == "hello":
+        return a, d_hello
+    a_hello = a.receive_data(d_hello)
     if stage == "hello":
-        return (d, a_hello) if role == "dialer" else (a, d_hello)
-    a.receive_data(d_hello)
+        return d, a_hello
     d_proof = d.receive_data(a_hello)
     if role == "acceptor":
         return a, d_proof
@@ -288,14 +303,17 @@ GARBAGE = {
     "an_int": (encode_object(7), "bad_message"),
     "a_map": (encode_object({"name": "node-a"}), "bad_message"),
     "empty_list": (encode_object([]), "bad_message"),
-    "wrong_magic": (encode_object(["rabbit", PROTOCOL_VERSION, "node-a", DIALER_NONCE]), "bad_message"),
-    "bool_version": (encode_object([MAGIC, True, "node-a", DIALER_NONCE]), "bad_message"),
-    "str_version": (encode_object([MAGIC, "1", "node-a", DIALER_NONCE]), "bad_message"),
-    "extra_field": (encode_object(hello_message("node-a", DIALER_NONCE) + [1]), "bad_message"),
-    "name_not_str": (encode_object([MAGIC, PROTOCOL_VERSION, 5, DIALER_NONCE]), "bad_message"),
-    "empty_name": (encode_object([MAGIC, PROTOCOL_VERSION, "", DIALER_NONCE]), "bad_message"),
-    "short_nonce": (encode_object([MAGIC, PROTOCOL_VERSION, "node-a", b"x" * 8]), "bad_message"),
-    "nonce_as_str": (encode_object([MAGIC, PROTOCOL_VERSION, "node-a", "x" * NONCE_BYTES]), "bad_message"),
+    "wrong_magic": (encode_object(["rabbit", PROTOCOL_VERSION, "node-a", DIALER_NONCE, "node-b"]), "bad_message"),
+    "bool_version": (encode_object([MAGIC, True, "node-a", DIALER_NONCE, "node-b"]), "bad_message"),
+    "str_version": (encode_object([MAGIC, "1", "node-a", DIALER_NONCE, "node-b"]), "bad_message"),
+    "version_1_hello": (encode_object([MAGIC, 1, "node-a", DIALER_NONCE]), "wrong_version"),
+    "extra_field": (encode_object(hello_message("node-a", DIALER_NONCE, "node-b") + [1]), "bad_message"),
+    "no_target": (encode_object([MAGIC, PROTOCOL_VERSION, "node-a", DIALER_NONCE]), "bad_message"),
+    "name_not_str": (encode_object([MAGIC, PROTOCOL_VERSION, 5, DIALER_NONCE, "node-b"]), "bad_message"),
+    "empty_name": (encode_object([MAGIC, PROTOCOL_VERSION, "", DIALER_NONCE, "node-b"]), "bad_message"),
+    "short_nonce": (encode_object([MAGIC, PROTOCOL_VERSION, "node-a", b"x" * 8, "node-b"]), "bad_message"),
+    "nonce_as_str": (encode_object([MAGIC, PROTOCOL_VERSION, "node-a", "x" * NONCE_BYTES, "node-b"]), "bad_message"),
+    "target_not_str": (encode_object([MAGIC, PROTOCOL_VERSION, "node-a", DIALER_NONCE, 7]), "bad_message"),
     "proof_tag_only": (encode_object([PROOF_TAG]), "bad_message"),
     "short_proof": (encode_object([PROOF_TAG, b"x" * 16]), "bad_message"),
     "proof_as_str": (encode_object([PROOF_TAG, "x" * 32]), "bad_message"),
@@ -317,7 +335,25 @@ def test_garbage_at_every_stage_is_a_defined_error(role, stage, kind):
 @pytest.mark.parametrize("role", ["dialer", "acceptor"])
 def test_a_second_hello_where_the_proof_is_due_is_rejected(role):
     side, _ = staged(role, "proof")
-    rejects(side, encode_object(hello_message("node-a", bytes([9]) * NONCE_BYTES)), "bad_message")
+    rejects(side, encode_object(hello_message("node-a", bytes([9]) * NONCE_BYTES, "node-b")), "bad_message")
+
+
+def test_the_target_of_a_dialers_hello_is_read_before_any_answer():
+    """What a shared cluster port's acceptor reads to pass the connection on."""
+    hello = dialer(expected="node-c").start()
+    for cut in range(len(hello)):
+        assert hello_target(hello[:cut]) is None, f"a hello cut at {cut} names no target yet"
+    assert hello_target(hello) == "node-c"
+    assert hello_target(hello + encode_object([PROOF_TAG, b"x" * 32])) == "node-c"
+
+
+@pytest.mark.parametrize("kind", ["not_msgpack", "heartbeat", "http_request", "oversize_length", "wrong_magic",
+                                  "version_1_hello", "no_target", "target_not_str"])
+def test_a_head_that_is_no_hello_of_ours_names_no_target(kind):
+    data, reason = GARBAGE[kind]
+    with pytest.raises(HandshakeError) as info:
+        hello_target(data + b"\x00" * 64)
+    assert info.value.reason == reason
 
 
 def test_all_error_reasons_are_documented():

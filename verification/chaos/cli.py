@@ -29,7 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"comma-separated, of: {', '.join(KINDS)} (partition: any shape)")
     p.add_argument("--nodes", type=int, choices=(3, 5), default=3)
     p.add_argument("--node-processes", type=int, default=1,
-                   help="WARREN_NODE_PROCESSES of every node: its shards, each on a cluster port of its own")
+                   help="WARREN_NODE_PROCESSES of every node: its shards, sharing its one cluster port")
     p.add_argument("--run-dir", default=f"./chaos-run-{time.strftime('%Y%m%d-%H%M%S')}")
     p.add_argument("--run-id")
     p.add_argument("--heartbeat", type=float, default=0.25, help="WARREN_CLUSTER_HEARTBEAT_SECONDS")

@@ -2,9 +2,9 @@
 own data dir under the run dir, their cluster links through LinkProxy.
 
 With `processes` > 1 each node runs that many shards (docs/multi-process.md section
-12), shard k on the node's cluster port + k: a pair of nodes has one proxy per shard
-index, on consecutive ports, and a fault on the pair's link is on all of them. A
-node's signals go to its process group (the supervisor and its shards)."""
+12), all of them at the node's one cluster port: a pair of nodes has one proxy, which
+carries the links of all their shards, and a fault on it is on all of them. A node's
+signals go to its process group (the supervisor and its shards)."""
 from __future__ import annotations
 
 import asyncio
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from warren.verification.chaos.proxy import LinkProxy
-from warren.verification.ports import listen_port, listen_port_block
+from warren.verification.ports import listen_port
 
 SECRET = "warren-chaos local secret"
 LISTEN_TIMEOUT_SECONDS = 60.0
@@ -31,7 +31,7 @@ class Node:
     directory: Path
     amqp_port: int = field(default_factory=listen_port)
     metrics_port: int = field(default_factory=listen_port)
-    cluster_port: int = 0   # the first of the node's `processes` cluster ports
+    cluster_port: int = field(default_factory=listen_port)
     process: asyncio.subprocess.Process | None = None
     paused: bool = False
 
@@ -53,28 +53,25 @@ class LocalCluster:
                  processes: int = 1):
         self.run_dir = run_dir
         self.processes = processes
-        self.nodes = {f"n{i}@chaos": Node(f"n{i}@chaos", run_dir / f"n{i}", cluster_port=listen_port_block(processes))
-                      for i in range(1, size + 1)}
+        self.nodes = {f"n{i}@chaos": Node(f"n{i}@chaos", run_dir / f"n{i}") for i in range(1, size + 1)}
         self.heartbeat_seconds = heartbeat_seconds
         self.extra_env = extra_env or {}
-        self.proxies: dict[tuple[frozenset, int], LinkProxy] = {}   # (pair of nodes, shard index) -> its proxy
+        self.proxies: dict[frozenset, LinkProxy] = {}   # pair of nodes -> its proxy
 
     @property
     def urls(self) -> list[str]:
         return [node.url for node in self.nodes.values()]
 
     def links(self, a: str, b: str) -> list[LinkProxy]:
-        """The proxies between nodes a and b, one per shard index."""
-        return [self.proxies[(frozenset((a, b)), k)] for k in range(self.processes)]
+        """The proxies between nodes a and b (one, whatever their processes)."""
+        return [self.proxies[frozenset((a, b))]]
 
     async def start(self) -> None:
         for dialer in self.nodes:
             for acceptor in self.nodes:
                 if dialer < acceptor:  # the lower name dials (raft/transport.py), its shards too
-                    base = listen_port_block(self.processes)
-                    for k in range(self.processes):
-                        proxy = LinkProxy(dialer, acceptor, self.nodes[acceptor].cluster_port + k)
-                        self.proxies[(frozenset((dialer, acceptor)), k)] = await proxy.start(base + k)
+                    proxy = LinkProxy(dialer, acceptor, self.nodes[acceptor].cluster_port)
+                    self.proxies[frozenset((dialer, acceptor))] = await proxy.start(listen_port())
         for node in self.nodes.values():
             node.directory.mkdir(parents=True, exist_ok=True)
             await self.launch(node.name)
