@@ -43,6 +43,7 @@ from warren.broker.node.listen_sockets import LISTEN_BACKLOG, skippable
 from warren.broker.node.logs import configure_logging
 from warren.broker.node.shared_cluster_port import SharedClusterPort
 from warren.broker.node.supervisor import Supervisor
+from warren.broker.node.supervisor_pause import SupervisorPauses
 from warren.config import ConfigError, Settings, load_settings
 from warren.raft.raft_storage import RaftLogCorrupt
 from warren.storage.records import CorruptLog
@@ -135,6 +136,7 @@ class InheritedSockets:
     gatherer: ShardGatherer | None   # shard 0's, answering for the node
     handoff: ConnectionHandoff
     cluster: SharedClusterPort
+    pauses: SupervisorPauses
 
     @classmethod
     def of(cls, plan: shards.ShardPlan, node_name: str) -> "InheritedSockets":
@@ -145,7 +147,8 @@ class InheritedSockets:
                    ConnectionHandoff.of(plan.shard, plan.handoff_inbox_fds, plan.handoff_outbox_fds),
                    SharedClusterPort([socket.socket(fileno=fd) for fd in plan.cluster_fds],
                                      {shards.shard_name(node_name, k): k for k in range(plan.count)},
-                                     ConnectionHandoff.of(plan.shard, plan.link_inbox_fds, plan.link_outbox_fds)))
+                                     ConnectionHandoff.of(plan.shard, plan.link_inbox_fds, plan.link_outbox_fds)),
+                   SupervisorPauses(plan.supervisor_pid))
 
 
 def lock_data_dir(data_dir: Path, node_name: str) -> IO[str]:
@@ -198,6 +201,7 @@ async def serve(settings: Settings, inherited: InheritedSockets | None = None) -
     broker.cluster.runtime.on_fatal = lambda error: _on_fatal(error, fatal, stop)
     if inherited is not None:   # the node's cluster port, every shard accepting on it
         broker.cluster.runtime.shared_port = inherited.cluster
+        inherited.pauses.start(loop)   # a `kill -STOP` of the node's pid pauses the node
     # The Raft groups (metadata, queues) from the WAL, and the links to the other nodes.
     await broker.start()
     servers, metrics_servers = await _listen_all(broker, settings, inherited)

@@ -13,7 +13,9 @@ wait in the supervisor's socket while a shard restarts.
 
 SIGTERM and SIGINT are forwarded to every shard (each stops as a single node
 does: clients get connection.close 320); the supervisor exits with the
-shards' status. A shard that exits on its own is started again;
+shards' status. A SIGSTOP of the supervisor stops the shards too (each watches
+it, broker/node/supervisor_pause.py) and its SIGCONT is forwarded to them. A
+shard that exits on its own is started again;
 more than `RESTARTS_MAX` restarts within `RESTART_WINDOW_SECONDS` stop the
 node with status 1 for the outer supervisor. Shards die with the supervisor
 (PR_SET_PDEATHSIG, in broker/node/shards.py).
@@ -26,6 +28,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections import deque
 from collections.abc import Iterable
@@ -33,7 +36,7 @@ from pathlib import Path
 
 import structlog
 
-from warren.broker.node import shards
+from warren.broker.node import shards, supervisor_pause
 from warren.broker.node.connection_handoff import handoff_pairs
 from warren.broker.node.listen_sockets import bind_listeners
 from warren.config import Settings
@@ -84,6 +87,7 @@ class Supervisor:
                           *(sock for pair in handoff + links for sock in pair)]
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, self._forward)
+        signal.signal(signal.SIGCONT, self._resume_shards)
         signal.signal(signal.SIGALRM, self._kill_stragglers)
         log.info("supervisor.started", node=settings.node_name, shards=self.count,
                  amqp=[_address(sock) for sock in amqp], metrics=[_address(sock) for sock in metrics],
@@ -153,6 +157,14 @@ class Supervisor:
         log.info("supervisor.stopping", signal=signal.Signals(signum).name)
         self._stop_all(signum)
 
+    def _resume_shards(self, _signum: int, _frame: object) -> None:
+        """Resumed: so are the shards that stopped with it, now and once more after their
+        next look (one that read this process as stopped just before may stop itself after)."""
+        self._signal_all(signal.SIGCONT)
+        again = threading.Timer(2 * supervisor_pause.LOOK_SECONDS, self._signal_all, (signal.SIGCONT,))
+        again.daemon = True
+        again.start()
+
     def _kill_stragglers(self, _signum: int, _frame: object) -> None:
         log.error("supervisor.killing_shards", shards=sorted(self.processes), waited_seconds=STOP_TIMEOUT_SECONDS)
         self._signal_all(signal.SIGKILL)
@@ -164,7 +176,7 @@ class Supervisor:
         self._signal_all(signum)
 
     def _signal_all(self, signum: int) -> None:
-        for process in self.processes.values():
+        for process in list(self.processes.values()):   # a copy: a timer's thread calls this too
             try:
                 os.kill(process.pid, signum)
             except ProcessLookupError:
