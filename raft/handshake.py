@@ -14,8 +14,9 @@ sends a hello at once: `[MAGIC, version, node_name, nonce, target]`, `target`
 naming the node it means to reach; the acceptor answers with its own hello
 (`target`: the dialer) once it has read the dialer's, so that whoever accepts
 on a port shared by several of a node's processes can read whom the
-connection is for and pass it on before answering (broker/node/
-shared_cluster_port.py). Each then proves that it knows the secret with
+connection is for and pass it on before answering
+(broker/node/shared_cluster_port.py). Each then proves that it knows the
+secret with
 
     HMAC-SHA256(secret, msgpack([DOMAIN, version, own_role,
                                  dialer_nonce, acceptor_nonce,
@@ -36,10 +37,9 @@ gets a proof to attack offline. Transcript (D = dialer, A = acceptor):
 The node with the smaller name dials (see raft/transport.py), so the
 acceptor also insists that the dialer's name sorts before its own and that
 the dialer meant to reach it, and the dialer insists that the acceptor is
-the node it meant to reach. Anything
-else is a `HandshakeError` with a `reason` from `HANDSHAKE_REASONS`; the
-shell logs it and closes the connection. No I/O, no clock, no randomness:
-the nonce is an argument.
+the node it meant to reach. Anything else is a `HandshakeError` with a
+`reason` from `HANDSHAKE_REASONS`; the shell logs it and closes the
+connection. No I/O, no clock, no randomness: the nonce is an argument.
 """
 from __future__ import annotations
 

@@ -9,8 +9,9 @@ replicated queue, but only its member holds the messages, and a member's
 consumer count includes the consumers on other shards); `warren_queues` counts
 the distinct queues. Connections are listed with their shard; a queue is
 listed from its member shard, its `leader` and `members` named by node as
-RabbitMQ names them (its shards beside: `leader_shard`, `member_shards`). A shard that does not answer (restarting) is
-left out and shown as not running in `/api/overview`'s `shards`.
+RabbitMQ names them (its shards beside: `leader_shard`, `member_shards`). A
+shard that does not answer (restarting) is left out and shown as not running
+in `/api/overview`'s `shards`.
 """
 from __future__ import annotations
 
