@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import Callable
 
 from warren.broker.node.connection_handoff import ConnectionHandoff
-
-Adopt = Callable[[socket.socket, bytes], None]
+from warren.raft.transport import Adopt
 
 
 class SharedClusterPort:
