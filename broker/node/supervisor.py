@@ -78,7 +78,7 @@ class Supervisor:
         clustered = len(settings.cluster_nodes) > 1   # stage 2: every shard at the node's cluster port
         cluster = bind_listeners(settings.cluster_host, settings.cluster_port, "cluster") if clustered \
             else bind_listeners(shards.LOOPBACK, 0, "shard cluster")
-        cluster_port = settings.cluster_port if clustered else cluster[0].getsockname()[1]
+        cluster_port = cluster[0].getsockname()[1]
         handoff, links = handoff_pairs(self.count), handoff_pairs(self.count)
         self.plans = [shards.ShardPlan(k, self.count, os.getpid(), cluster_port, [s.fileno() for s in cluster],
                                        [s.fileno() for s in amqp], http_fds[k], http_ports,

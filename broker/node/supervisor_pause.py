@@ -35,20 +35,14 @@ def process_state(pid: int, proc: Path = Path("/proc")) -> str | None:
 class SupervisorPauses:
     """Stops this process whenever the supervisor `supervisor_pid` is found stopped."""
 
-    def __init__(self, supervisor_pid: int, proc: Path = Path("/proc")) -> None:
+    def __init__(self, supervisor_pid: int) -> None:
         self.supervisor_pid = supervisor_pid
-        self.proc = proc
-        self._handle: asyncio.TimerHandle | None = None
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._handle = loop.call_later(LOOK_SECONDS, self._look, loop)
-
-    def stop(self) -> None:
-        if self._handle is not None:
-            self._handle.cancel()
-            self._handle = None
+        """For the shard's life (it ends with the process)."""
+        loop.call_later(LOOK_SECONDS, self._look, loop)
 
     def _look(self, loop: asyncio.AbstractEventLoop) -> None:
-        if process_state(self.supervisor_pid, self.proc) in STOPPED_STATES:
+        if process_state(self.supervisor_pid) in STOPPED_STATES:
             os.kill(os.getpid(), signal.SIGSTOP)   # returns once the supervisor forwards its SIGCONT
-        self._handle = loop.call_later(LOOK_SECONDS, self._look, loop)
+        loop.call_later(LOOK_SECONDS, self._look, loop)
