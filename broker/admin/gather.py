@@ -26,7 +26,6 @@ from prometheus_client.utils import floatToGoString
 
 from warren.broker.admin import management
 from warren.broker.queues.queue_factory import split_shard
-from warren.raft.member_ids import node_of
 
 if TYPE_CHECKING:
     from warren.broker.node.broker import Broker
@@ -124,13 +123,9 @@ def merge_queues(gatherer: ShardGatherer, own: bytes, others: dict[int, bytes | 
 
 def _named_by_node(row: dict) -> dict:
     leader, members = row.get("leader"), row.get("members", [])
-    return {**row, "leader": _node(leader) if leader else leader, "members": [_node(member) for member in members],
+    return {**row, "leader": management.member_node(leader) if leader else leader,
+            "members": [management.member_node(member) for member in members],
             "leader_shard": leader, "member_shards": members}
-
-
-def _node(member: str) -> str:
-    """The node a member (`<node>#k`, `<node>#k!epoch`) runs on."""
-    return split_shard(node_of(member))[0]
 
 
 def merge_overview(gatherer: ShardGatherer, own: bytes, others: dict[int, bytes | None],

@@ -29,6 +29,7 @@ from warren.broker.node import metadata_commands as mc
 from warren.broker.node.metadata import MembershipError
 from warren.broker.node.node_core import META
 from warren.broker.queues.queue_factory import split_shard
+from warren.raft.member_ids import node_of
 
 if TYPE_CHECKING:
     from warren.broker.node.broker import Broker
@@ -189,6 +190,11 @@ def _member_for(broker: "Broker", members: list[str], node: str) -> str:
     return shard if shard in broker.cluster.nodes else node
 
 
+def member_node(member: str) -> str:
+    """The node a member (`<node>`, `<node>#k`, `<node>#k!epoch`) runs on, as RabbitMQ names members."""
+    return split_shard(node_of(member))[0]
+
+
 def _queue_members(broker: "Broker", vhost: str, name: str) -> list[str]:
     queue = broker.vhosts[vhost].queues.get(name) if vhost in broker.vhosts else None
     return list(queue.members) if queue is not None and queue.replicated else []
@@ -240,15 +246,17 @@ async def queue_members(broker: "Broker", body: dict) -> dict[str, Any]:
         raise ManagementError(400, f"'op' must be 'add' or 'delete', not '{op}'")
     vhost, name, node = _string(body, "vhost", "/"), _string(body, "queue"), _string(body, "node")
     _cluster_node(broker, node, running=False)
-    node = _member_for(broker, _queue_members(broker, vhost, name), node)
+    member = _member_for(broker, _queue_members(broker, vhost, name), node)
     if op == "add":
         try:
-            broker.metadata.check_membership(vhost, name, "add", node)
+            broker.metadata.check_membership(vhost, name, "add", member)
         except MembershipError as error:
             raise ManagementError(error.status, error.text) from None
-        _cluster_node(broker, node, running=True)
-    members = await _change_member(broker, vhost, name, "add" if op == "add" else "remove", node)
-    return {"vhost": vhost, "queue": name, "node": node, "op": op, "members": members}
+        _cluster_node(broker, member, running=True)
+    members = await _change_member(broker, vhost, name, "add" if op == "add" else "remove", member)
+    # named by node, as /api/queues names them; the shards beside (docs/multi-process.md section 12)
+    return {"vhost": vhost, "queue": name, "node": node, "op": op, "members": [member_node(m) for m in members],
+            "member_shards": members}
 
 
 async def _member_rows(broker: "Broker", queues: list[Any], op: str, node: str) -> list[dict[str, Any]]:

@@ -165,6 +165,12 @@ def test_shrink_and_grow_by_node_name_act_on_each_queues_shard(cluster):
     assert sorted(row[1:] for row in rows[1:]) == [["m0", "3", "ok"], ["m1", "3", "ok"]], rows
     wait_for(lambda: members(b) == {q: sorted(f"{n}#{k}" for n in NAMES) for q, k in indexes.items()},
              "c's shard of each queue's index to join it again")
+    # add_member / delete_member by node name answer with node names, as /api/queues lists them
+    removed = json.loads(_ok(_ctl(b, "--formatter", "json", "delete_member", "m1", "c@local")))
+    assert (removed["node"], sorted(removed["members"])) == ("c@local", ["a@local", "b@local"]), removed
+    assert sorted(removed["member_shards"]) == [f"{n}#{indexes['m1']}" for n in ("a@local", "b@local")], removed
+    added = json.loads(_ok(_ctl(a, "--formatter", "json", "add_member", "m1", "c@local")))
+    assert (added["node"], sorted(added["members"])) == ("c@local", NAMES), added
     refused = _ctl(a, "add_member", "m0", "z@local")
     assert refused.returncode != 0 and "'z@local' is not a cluster node" in refused.stderr, refused
 
