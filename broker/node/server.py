@@ -2,7 +2,9 @@
 
 Reads the config (``--config`` TOML file, WARREN_* environment), runs on
 uvloop, and shuts down gracefully on SIGTERM/SIGINT: every client connection
-gets connection.close 320 CONNECTION_FORCED before the process exits.
+gets connection.close 320 CONNECTION_FORCED before the process exits. One that
+comes while the node starts (a node of a cluster waits for its peers before it
+listens) stops it then.
 
 If the node's Raft fails as a whole (its WAL lost a batch, or a failure no
 single group owns: raft/runtime.py, "Failure"), the node must not go on
@@ -203,21 +205,24 @@ async def serve(settings: Settings, inherited: InheritedSockets | None = None) -
         broker.cluster.runtime.shared_port = inherited.cluster
         inherited.pauses.start(loop)   # a `kill -STOP` of the node's pid pauses the node
     # The Raft groups (metadata, queues) from the WAL, and the links to the other nodes.
-    await broker.start()
-    servers, metrics_servers = await _listen_all(broker, settings, inherited)
-    if inherited is not None:   # connections moved here from other shards are taken from now on
-        inherited.handoff.start(loop, partial(_take_moved, broker))
-        if settings.move_connections:
-            broker.handoff = inherited.handoff
-    broker.listeners = {"amqp": _addresses(servers), "metrics": _addresses(metrics_servers)}
-    log.info("server.started", node=settings.node_name, **broker.listeners, data_dir=str(settings.data_dir),
-             version=VERSION)
-    gc_tuning.tune_after_start()
-    await stop.wait()
+    servers: list[asyncio.Server] = []
+    metrics_servers: list[asyncio.Server] = []
+    started = await _started_unless_stopped(broker, stop)
+    if started:
+        servers, metrics_servers = await _listen_all(broker, settings, inherited)
+        if inherited is not None:   # connections moved here from other shards are taken from now on
+            inherited.handoff.start(loop, partial(_take_moved, broker))
+            if settings.move_connections:
+                broker.handoff = inherited.handoff
+        broker.listeners = {"amqp": _addresses(servers), "metrics": _addresses(metrics_servers)}
+        log.info("server.started", node=settings.node_name, **broker.listeners, data_dir=str(settings.data_dir),
+                 version=VERSION)
+        gc_tuning.tune_after_start()
+        await stop.wait()
     log.info("server.stopping", connections=len(broker.connections))
     for server in servers:
         server.close()
-    if inherited is not None:
+    if inherited is not None and started:
         inherited.handoff.stop(loop)
     broker.shutdown_connections()
     deadline = loop.time() + SHUTDOWN_GRACE_SECONDS
@@ -229,6 +234,28 @@ async def serve(settings: Settings, inherited: InheritedSockets | None = None) -
         server.close()
     log.info("server.stopped")
     return FATAL_EXIT_STATUS if fatal else 0
+
+
+async def _started_unless_stopped(broker: Broker, stop: asyncio.Event) -> bool:
+    """`broker.start()`, or False if a stop came first: a node of a cluster waits at start for
+    its peers (up to cluster_startup_catch_up_seconds) before it listens, and a SIGTERM (or a
+    fatal failure) meanwhile stops it then, not once the wait is over."""
+    starting = asyncio.ensure_future(broker.start())
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait((starting, stopping), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopping.cancel()
+        if not starting.done():
+            starting.cancel()
+    try:
+        await starting
+    except asyncio.CancelledError:
+        if asyncio.current_task().cancelling():
+            raise   # serve() itself is cancelled, not just the start
+        log.info("server.start_abandoned", reason="stopped while starting")
+        return False
+    return True
 
 
 def _take_moved(broker: Broker, sock: socket.socket, fields: list) -> None:

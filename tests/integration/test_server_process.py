@@ -206,13 +206,18 @@ def test_sigterm_closes_clients_with_320_and_exits_zero(tmp_path):
                 break
         assert error is not None, f"the client saw no connection.close within {SIGTERM_EXIT_SECONDS}s of SIGTERM"
         assert error.reply_code == 320, f"expected 320 CONNECTION_FORCED, got {error.reply_code} {error.reply_text!r}"
-        try:
-            code = server.process.wait(SIGTERM_EXIT_SECONDS)
-        except subprocess.TimeoutExpired:
-            pytest.fail(f"the server did not exit within {SIGTERM_EXIT_SECONDS}s of SIGTERM:\n{server.log()}")
+        code = exit_status_after_sigterm(server, "the server")
         assert code == 0, f"the server exited {code} after SIGTERM:\n{server.log()}"
     finally:
         server.stop()
+
+
+def exit_status_after_sigterm(server, what: str) -> int:
+    """The status `server` exits with after the SIGTERM sent to it; fails if it does not exit in time."""
+    try:
+        return server.process.wait(SIGTERM_EXIT_SECONDS)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{what} did not exit within {SIGTERM_EXIT_SECONDS}s of SIGTERM:\n{server.log()}")
 
 
 def test_sigterm_with_no_clients_exits_zero_quickly(tmp_path):
@@ -221,6 +226,30 @@ def test_sigterm_with_no_clients_exits_zero_quickly(tmp_path):
     code = server.stop(signal.SIGTERM)
     assert code == 0, f"exit code {code} after SIGTERM:\n{server.log()}"
     assert time.monotonic() - started < 3, "an idle server took more than 3 s to stop"
+
+
+def test_sigterm_while_a_cluster_node_waits_for_its_peers_at_start_stops_it_then(tmp_path):
+    """A node of a cluster opens its ports only once it caught up with its peers (up to
+    cluster_startup_catch_up_seconds); a SIGTERM meanwhile stops it then, not after the wait
+    (a shard restarted beside siblings that were stopping waited out the supervisor's 30 s
+    and was killed)."""
+    names = ["a@local", "b@local", "c@local"]
+    ports = {name: free_port() for name in names}   # b and c never start
+    members = json.dumps([{"name": name, "host": "127.0.0.1", "port": port} for name, port in ports.items()])
+    server = make_server(tmp_path, WARREN_NODE_NAME="a@local", WARREN_CLUSTER_NODES=members,
+                         WARREN_CLUSTER_HOST="127.0.0.1", WARREN_CLUSTER_PORT=str(ports["a@local"]),
+                         WARREN_CLUSTER_SECRET="s3cret", WARREN_CLUSTER_STARTUP_CATCH_UP_SECONDS="120").launch()
+    try:
+        deadline = time.monotonic() + SIGTERM_EXIT_SECONDS
+        while '"raft.started"' not in server.log():
+            assert server.process.poll() is None and time.monotonic() < deadline, server.log()
+            time.sleep(0.05)   # polling the log for the start, not synchronising with the node
+        server.process.send_signal(signal.SIGTERM)
+        code = exit_status_after_sigterm(server, "a node waiting for its peers at start")
+        assert code == 0, f"the node exited {code} after SIGTERM at start:\n{server.log()}"
+        assert '"server.stopped"' in server.log() and '"server.started"' not in server.log(), server.log()
+    finally:
+        server.stop()
 
 
 # -- heartbeats ---------------------------------------------------------------
