@@ -140,6 +140,10 @@ class Settings(BaseSettings):
     # Entries per segment file (rabbitmq/ra's default): the unit of truncation. A file also
     # ends at 64 MB (storage/wal.py SEGMENT_MAX_BYTES, ra's segment_max_size_bytes).
     segment_max_entries: int = Field(4096, ge=16)
+    # A WAL batch that finds the disk full waits for room this long, then fails, and the node
+    # (its process) restarts from its WAL: room that only the writes queued behind the batch
+    # would make never comes (storage/group_commit.py).
+    wal_no_space_give_up_seconds: float = Field(30.0, gt=0)
 
     # Cluster (the quorum-queue issue). Every node lists all members, itself included;
     # an empty list is a cluster of one. Nodes authenticate each other with the

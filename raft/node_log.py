@@ -13,16 +13,18 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from warren.storage.group_commit import GroupCommitter
+from warren.storage.group_commit import NO_SPACE_GIVE_UP_SECONDS, GroupCommitter
 from warren.storage.wal import LogStore
 
 Rollover = Callable[[], tuple[dict[int, int], bytes]]
 
 
 class NodeLog:
-    def __init__(self, directory: Path, wal_max_size_bytes: int, segment_max_entries: int) -> None:
+    def __init__(self, directory: Path, wal_max_size_bytes: int, segment_max_entries: int,
+                 no_space_give_up_seconds: float = NO_SPACE_GIVE_UP_SECONDS) -> None:
         self.store = LogStore(directory, wal_max_size_bytes, segment_max_entries)
-        self.committer = GroupCommitter(self.store, self._prepare_rollover)
+        self.committer = GroupCommitter(self.store, self._prepare_rollover,
+                                        no_space_give_up_seconds=no_space_give_up_seconds)
         # the Raft runtime's cursors and records to start a new WAL file with (set when it takes the log)
         self.rollover_source: Rollover | None = None
 

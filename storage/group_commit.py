@@ -10,9 +10,17 @@ case the batch's bytes are cut off the WAL again so the file stays well-formed.
 A batch whose write finds the disk full (`NoSpace`: cut off again, nothing of
 it written) is not failed: it is written again, in its place, until there is
 room (the batches appended meanwhile wait behind it; the disk alarm has
-stopped the publishers), as a slow disk would be waited for. Only a shutdown
-gives up on it. The first write that finds the disk full, a batch's or a rollover's,
-gives up the store's reserve (storage/reserve.py) and is tried again at once.
+stopped the publishers), as a slow disk would be waited for. A shutdown gives
+up on it, and so does a wait longer than `no_space_give_up_seconds`: the batch
+fails as a failed fdatasync's does, and the node restarts from its WAL. Room
+that only the writes behind the batch would make never comes (a consumer's
+settles, which let its queue's log go), and a node that writes nothing casts
+no vote; restarted, it has forgotten the unwritten batch (Raft lets a node lose
+what it has not acknowledged, and nothing in it was confirmed) and small writes
+go again (chaos seed 4602: two nodes of three waiting with 11-17 MB batches on
+disks their own logs had filled, and no queue of the cluster moved again).
+The first write that finds the disk full, a batch's or a rollover's, gives up
+the store's reserve (storage/reserve.py) and is tried again at once.
 """
 from __future__ import annotations
 
@@ -36,6 +44,9 @@ BATCH_MAX_BYTES = 16 * 1024 * 1024
 # A batch that found the disk full is tried again after these, doubling.
 NO_SPACE_RETRY_FIRST_SECONDS = 0.05
 NO_SPACE_RETRY_MAX_SECONDS = 1.0
+# A batch that has waited this long for room fails (see the module docstring); longer
+# than a burst of another program's writes, or a disk being grown, usually takes.
+NO_SPACE_GIVE_UP_SECONDS = 30.0
 # A failed rollover is tried again no sooner than this, doubling with each failure in a
 # row (else at every batch past the WAL's size, or at every disk check under the alarm,
 # each copying what it could and taking it back); one asked for, `rollover_soon`, goes at once.
@@ -69,8 +80,10 @@ class GroupCommitter:
 
     def __init__(self, store: LogStore, prepare_rollover: Callable[[], tuple[dict[int, int], bytes]],
                  on_batch_written: Callable[[BatchWritten], None] | None = None,
-                 on_relocated: Callable[[list[Relocation]], None] | None = None):
+                 on_relocated: Callable[[list[Relocation]], None] | None = None,
+                 no_space_give_up_seconds: float = NO_SPACE_GIVE_UP_SECONDS):
         self.store = store
+        self.no_space_give_up_seconds = no_space_give_up_seconds
         self._prepare_rollover = prepare_rollover
         self._written_listeners = [on_batch_written] if on_batch_written is not None else []
         self._relocated_listeners = [on_relocated] if on_relocated is not None else []
@@ -189,12 +202,15 @@ class GroupCommitter:
         (`error`). Listeners, then its callbacks; then a rollover if the WAL is
         full, else the next batch."""
         ok = error is None
-        if isinstance(error, NoSpace) and not self._closing:
+        if isinstance(error, NoSpace) and not self._closing and not self._waited_too_long():
             self._wait_for_space(error)
             return
         self._writing = None
         if self._space_waits:
-            log.info("wal.space_found", batch=batch, ok=ok, tries=self._space_waits + 1)
+            if ok:
+                log.info("wal.space_found", batch=batch, tries=self._space_waits + 1)
+            else:   # a shutdown, or waited too long
+                log.error("wal.space_given_up", batch=batch, tries=self._space_waits + 1, shutdown=bool(self._closing))
             self._space_waits = 0
             self.waiting_for_space_since = None
         if not ok:
@@ -222,12 +238,17 @@ class GroupCommitter:
         """Whether a batch found the disk full and waits to be written again."""
         return self._space_waits > 0
 
+    def _waited_too_long(self) -> bool:
+        since = self.waiting_for_space_since
+        return since is not None and asyncio.get_running_loop().time() - since >= self.no_space_give_up_seconds
+
     def _wait_for_space(self, error: NoSpace) -> None:
         """The batch being written found the disk full: try it again later, in its place."""
         if not self._space_waits:
             self.waiting_for_space_since = asyncio.get_running_loop().time()
             log.error("wal.no_space", batch=self._writing[0], bytes=self._writing[3], error=str(error),
-                      detail="the batch is written again once there is room; nothing waiting for it is confirmed")
+                      detail=f"the batch is written again once there is room, or fails (the node restarts) after "
+                             f"{self.no_space_give_up_seconds:g} s; nothing waiting for it is confirmed")
         delay = min(NO_SPACE_RETRY_MAX_SECONDS, NO_SPACE_RETRY_FIRST_SECONDS * 2 ** min(self._space_waits, 16))
         if self._release_reserve("a WAL batch"):
             delay = 0.0

@@ -58,7 +58,7 @@ class Broker:
         # The node's WAL, for the Raft runtime alone (raft/node_log.py): every durable
         # thing is a Raft group's, the metadata group's or a queue's.
         self.node_log = NodeLog(settings.data_dir / "log", settings.wal_max_size_bytes,
-                                settings.segment_max_entries)
+                                settings.segment_max_entries, settings.wal_no_space_give_up_seconds)
         self.wal_stats = WalStats()
         self.node_log.committer.subscribe(self.wal_stats.on_batch_written)
         # when free space is looked at (sooner near the limit, and after what this node wrote)

@@ -3,7 +3,8 @@
 A write that fails for lack of space (ENOSPC, EDQUOT) is cut off the file again
 and wrote nothing: the batch is written again once there is room, in its place
 (the batches appended meanwhile wait behind it), and its callbacks run then,
-with ok=True. Only a shutdown gives up on it. An fdatasync that fails stays a
+with ok=True. A shutdown gives up on it, and so does a wait past
+`no_space_give_up_seconds` (the node restarts). An fdatasync that fails stays a
 failed batch: after it, the page cache's copy cannot be trusted (see
 test_storage_wal's SyncFailsStore)."""
 from __future__ import annotations
@@ -280,3 +281,39 @@ async def test_a_rollover_that_keeps_finding_no_room_is_tried_again_less_and_les
     await asyncio.wait_for(committer.drain(), 5)
     assert store.rollovers == 1 and not committer.rollover_failed and not committer.rollover_retry_due
     store.close()
+
+
+
+async def test_a_batch_that_waits_too_long_for_room_fails_and_the_next_is_written(tmp_path):
+    """Room that only the writes behind a waiting batch would make never comes
+    (chaos seed 4602): after `no_space_give_up_seconds` the batch fails as a failed
+    fdatasync's does (the node restarts from its WAL), cut off, nothing of it written."""
+    store = disk_full_store(tmp_path)
+    committer = GroupCommitter(store, no_rollover, no_space_give_up_seconds=0.05)
+    outcomes: dict[int, list[bool]] = {}
+    second_reported = asyncio.Event()
+
+    def report(index: int, ok: bool) -> None:
+        outcomes.setdefault(index, []).append(ok)
+        if index == 1:
+            store.full = False   # room again before the batch behind it goes to the writer
+        else:
+            second_reported.set()
+
+    def append(index: int) -> None:
+        batch = committer.append(records.encode(1, 0, index, b"m%d" % index))
+        committer.when_durable(batch, lambda ok: report(index, ok))
+
+    store.full = True
+    append(1)
+    committer.flush()
+    await asyncio.wait_for(store.attempted_while_full.wait(), 5)
+    assert outcomes == {} and committer.waiting_for_space, "a batch failed at its first try for want of room"
+    append(2)   # waits behind it
+    await asyncio.wait_for(second_reported.wait(), 5)
+    assert outcomes == {1: [False], 2: [True]}, outcomes
+    assert store.attempts > 2, "batch 1 gave up before trying again"
+    assert committer.failed_batches == 1 and not committer.waiting_for_space
+    await committer.drain()
+    store.close()
+    assert indexes_in_file_order(tmp_path) == [2]
