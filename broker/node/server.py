@@ -44,9 +44,10 @@ from warren.broker.node.connection_handoff import ConnectionHandoff
 from warren.broker.node.listen_sockets import LISTEN_BACKLOG, skippable
 from warren.broker.node.logs import configure_logging
 from warren.broker.node.shared_cluster_port import SharedClusterPort
-from warren.broker.node.supervisor import Supervisor
+from warren.broker.node.supervisor import NO_SPACE_EXIT_STATUS, Supervisor
 from warren.broker.node.supervisor_pause import SupervisorPauses
 from warren.config import ConfigError, Settings, load_settings
+from warren.raft.node_log import no_space
 from warren.raft.raft_storage import RaftLogCorrupt
 from warren.storage.records import CorruptLog
 
@@ -124,7 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as error:
         log.error("server.start_failed", error=str(error))
         print(f"warren-server: cannot start: {error}", file=sys.stderr)
-        return 1
+        # a full disk may get room back: a supervisor starts such a shard again (supervisor.py)
+        return NO_SPACE_EXIT_STATUS if no_space(error) else 1
     finally:
         lock.close()
 
@@ -166,9 +168,13 @@ def lock_data_dir(data_dir: Path, node_name: str) -> IO[str]:
         lock.close()
         raise DataDirInUse(f"data_dir {data_dir} is in use by {holder}; "
                            "a data directory serves one node at a time") from None
-    lock.truncate(0)
-    lock.write(f"pid {os.getpid()} (node {node_name})\n")
-    lock.flush()
+    try:   # unbuffered: a write the disk had no room for must not come back at close
+        os.ftruncate(lock.fileno(), 0)
+        os.write(lock.fileno(), f"pid {os.getpid()} (node {node_name})\n".encode())
+    except OSError as error:   # the flock is the lock; on a full disk its holder's name is not written
+        if not no_space(error):
+            lock.close()
+            raise
     return lock
 
 

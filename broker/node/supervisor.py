@@ -17,7 +17,9 @@ shards' status. A SIGSTOP of the supervisor stops the shards too (each watches
 it, broker/node/supervisor_pause.py) and its SIGCONT is forwarded to them. A
 shard that exits on its own is started again;
 more than `RESTARTS_MAX` restarts within `RESTART_WINDOW_SECONDS` stop the
-node with status 1 for the outer supervisor. Shards die with the supervisor
+node with status 1 for the outer supervisor, but not a shard that could not start
+for want of disk space (`NO_SPACE_EXIT_STATUS`): that one is started again for as
+long as the disk stays full. Shards die with the supervisor
 (PR_SET_PDEATHSIG, in broker/node/shards.py).
 """
 from __future__ import annotations
@@ -47,6 +49,13 @@ RESTARTS_MAX = 5
 RESTART_WINDOW_SECONDS = 60.0
 RESTART_DELAY_SECONDS = 0.5
 FAILED_EXIT_STATUS = 1
+# A shard that cannot start for want of disk space (a WAL file's header) exits with this
+# (EX_TEMPFAIL): it is started again, sooner first, for as long as the disk stays full,
+# and such exits are not among the restarts that stop the node. A shard whose WAL gave up
+# on a batch (wal_no_space_give_up_seconds) restarts into a disk as full as it left it.
+NO_SPACE_EXIT_STATUS = 75
+NO_SPACE_RESTART_FIRST_SECONDS = 0.25
+NO_SPACE_RESTART_MAX_SECONDS = 4.0
 # A shard still running this long after the stop signal is killed (each bounds its own shutdown).
 STOP_TIMEOUT_SECONDS = 30
 
@@ -61,6 +70,8 @@ class Supervisor:
         self.restarts: deque[float] = deque()
         self.stopping = False
         self.failed = False
+        self.no_space_exits = 0   # shards' exits in a row for want of disk space at start
+        self.stop_signal = 0      # the SIGTERM or SIGINT forwarded to the shards
 
     def run(self) -> int:
         settings = self.settings
@@ -103,11 +114,15 @@ class Supervisor:
         return status
 
     def _spawn(self, shard: int) -> None:
+        if self.stopping:
+            return   # a stop signal came while the shards were being started
         plan = self.plans[shard]
         command = [sys.executable, "-m", "warren.broker", *self.config_args, "--shard-plan", plan.to_json()]
         self.processes[shard] = subprocess.Popen(command, pass_fds=[
             *plan.cluster_fds, *plan.amqp_fds, *plan.http_fds, *plan.handoff_inbox_fds, *plan.handoff_outbox_fds,
             *plan.link_inbox_fds, *plan.link_outbox_fds])
+        if self.stopping:   # the signal came while it was being started: it did not reach this one
+            self._signal_all(self.stop_signal or signal.SIGTERM)
         self._write_ports()
 
     def _write_ports(self) -> None:
@@ -116,8 +131,12 @@ class Supervisor:
                  "cluster_port": self.plans[k].cluster_port} for k, process in sorted(self.processes.items())]
         path: Path = self.settings.data_dir / shards.SHARD_PORTS_FILE
         partial = path.with_name(path.name + ".new")
-        partial.write_text(json.dumps({"supervisor_pid": os.getpid(), "shards": rows}) + "\n")
-        os.replace(partial, path)
+        try:
+            partial.write_text(json.dumps({"supervisor_pid": os.getpid(), "shards": rows}) + "\n")
+            os.replace(partial, path)
+        except OSError as error:   # a full disk: the node goes on (it used to stop at a shard's restart)
+            partial.unlink(missing_ok=True)
+            log.warning("supervisor.ports_not_written", path=str(path), error=str(error))
 
     def _watch(self) -> None:
         """Reap shards until none runs: restart those that exited on their own."""
@@ -132,16 +151,19 @@ class Supervisor:
             status = os.waitstatus_to_exitcode(wait_status)
             self.processes.pop(shard).returncode = status
             if self.stopping:
-                self.statuses[shard] = status
+                # killed by the signal forwarded to it, before its handlers were in: stopped as asked
+                self.statuses[shard] = 0 if status == -self.stop_signal else status
                 continue
             log.error("supervisor.shard_exited", shard=shard, pid=pid, exit_status=status)
-            if self._too_many_restarts():
+            self.no_space_exits = self.no_space_exits + 1 if status == NO_SPACE_EXIT_STATUS else 0
+            if not self.no_space_exits and self._too_many_restarts():
                 log.critical("supervisor.giving_up", restarts=len(self.restarts),
                              window_seconds=RESTART_WINDOW_SECONDS)
                 self.failed = True
                 self._stop_all(signal.SIGTERM)
                 continue
-            time.sleep(RESTART_DELAY_SECONDS)   # a shard that fails at once does not spin
+            # a shard that fails at once does not spin
+            time.sleep(no_space_restart_delay(self.no_space_exits) if self.no_space_exits else RESTART_DELAY_SECONDS)
             if not self.stopping:
                 self._spawn(shard)
                 log.info("supervisor.shard_restarted", shard=shard, pid=self.processes[shard].pid)
@@ -155,6 +177,7 @@ class Supervisor:
 
     def _forward(self, signum: int, _frame: object) -> None:
         log.info("supervisor.stopping", signal=signal.Signals(signum).name)
+        self.stop_signal = signum
         self._stop_all(signum)
 
     def _resume_shards(self, _signum: int, _frame: object) -> None:
@@ -189,6 +212,12 @@ def _worst(statuses: Iterable[int]) -> int:
         if status != 0:
             return status if status > 0 else FAILED_EXIT_STATUS
     return 0
+
+
+def no_space_restart_delay(in_a_row: int) -> float:
+    """Seconds before a shard that could not start for want of disk space `in_a_row` times
+    is started again: a quarter second, doubling up to 4 s (a start costs a process's imports)."""
+    return min(NO_SPACE_RESTART_MAX_SECONDS, NO_SPACE_RESTART_FIRST_SECONDS * 2 ** min(in_a_row - 1, 8))
 
 
 def _address(sock: socket.socket) -> str:

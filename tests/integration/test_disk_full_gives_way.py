@@ -9,7 +9,9 @@ so with 11-17 MB batches, on disks their own queue's log had filled, and nothing
 cluster moved again). Past the give-up the batch fails, the queue's process restarts from
 its WAL (its supervisor starts it again), the unwritten publish is not confirmed, and a
 consumer takes and acks every message in the 1 MB left, for good (a restart finds the
-queue empty).
+queue empty). A node that cannot start for want of room (a new WAL file's header) exits
+with 75 (EX_TEMPFAIL), which its supervisor takes for "start it again" however often, and
+starts once there is room.
 """
 from __future__ import annotations
 
@@ -18,10 +20,12 @@ import os
 
 import aio_pika
 import pytest
+from aio_pika.abc import AbstractChannel, AbstractConnection
 
 from tests.integration.quorum_cluster import queue_view, wait_for
 from tests.integration.test_disk_full import BIG_BODY, WAIT_SECONDS, fill, tmpfs, wait_for_log
 from tests.serverproc import make_server
+from warren.broker.node.supervisor import NO_SPACE_EXIT_STATUS, RESTARTS_MAX
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -39,11 +43,7 @@ async def test_a_batch_that_waits_too_long_for_room_gives_way_to_the_consumers(t
         server.log_path = disk.parent / "server.log"
         server.start()
         try:
-            publisher = await aio_pika.connect(server.url)
-            channel = await publisher.channel(publisher_confirms=True)
-            await channel.declare_queue(QUEUE, durable=True, arguments={"x-queue-type": "quorum"})
-            for body in BODIES:
-                await channel.default_exchange.publish(aio_pika.Message(body, delivery_mode=2), routing_key=QUEUE)
+            publisher, channel = await publish_confirmed(server, BODIES)
             consumer = await aio_pika.connect(server.url)
             held = await (await (await consumer.channel()).get_queue(QUEUE)).get(timeout=WAIT_SECONDS)
             assert held.body == BODIES[0]
@@ -82,6 +82,16 @@ async def test_a_batch_that_waits_too_long_for_room_gives_way_to_the_consumers(t
             server.stop()
 
 
+async def publish_confirmed(server, bodies: list[bytes]) -> tuple[AbstractConnection, AbstractChannel]:
+    """The quorum queue declared and `bodies` published to it, each confirmed: (connection, channel)."""
+    connection = await aio_pika.connect(server.url)
+    channel = await connection.channel(publisher_confirms=True)
+    await channel.declare_queue(QUEUE, durable=True, arguments={"x-queue-type": "quorum"})
+    for body in bodies:
+        await channel.default_exchange.publish(aio_pika.Message(body, delivery_mode=2), routing_key=QUEUE)
+    return connection, channel
+
+
 async def drain(server) -> list[bytes]:
     """Every message of the queue, each taken and acked; sorted."""
     connection = await aio_pika.connect(server.url)
@@ -94,3 +104,52 @@ async def drain(server) -> list[bytes]:
         return sorted(bodies)
     finally:
         await connection.close()
+
+
+async def test_a_node_that_cannot_start_on_a_full_disk_exits_75_and_starts_once_there_is_room(tmp_path):
+    with tmpfs(tmp_path, DISK_BYTES) as disk:
+        server = make_server(disk, WARREN_DISK_FREE_LIMIT_BYTES="0")
+        server.log_path = disk.parent / "server.log"
+        server.start()
+        try:
+            await (await publish_confirmed(server, BODIES))[0].close()
+        finally:
+            assert server.stop() == 0, server.log()
+        filler = fill(disk)   # to the last byte: the start's new WAL file finds no room for its header
+
+        server.launch()
+        status = server.process.wait(WAIT_SECONDS)
+        assert status == NO_SPACE_EXIT_STATUS, f"a start on a full disk exited {status}:\n{server.log()}"
+        assert "No space left on device" in server.log(), server.log()
+
+        filler.unlink()
+        server.start()
+        try:
+            assert await drain(server) == sorted(BODIES), "the messages confirmed before the disk filled"
+        finally:
+            server.stop()
+
+
+async def test_a_supervisor_starts_shards_again_for_as_long_as_the_disk_is_full(tmp_path):
+    """Shards that cannot start on a full disk are not among the restarts that stop the node
+    (more than RESTARTS_MAX within a minute do): the node starts once the disk has room."""
+    with tmpfs(tmp_path, DISK_BYTES) as disk:
+        server = make_server(disk, WARREN_DISK_FREE_LIMIT_BYTES="0", WARREN_NODE_PROCESSES="2")
+        server.log_path = disk.parent / "server.log"
+        server.start()
+        assert server.stop() == 0, server.log()
+        filler = fill(disk)
+
+        server.launch()
+        try:
+            exits = f'"exit_status": {NO_SPACE_EXIT_STATUS}, "event": "supervisor.shard_exited"'
+            await asyncio.get_running_loop().run_in_executor(None, lambda: wait_for(
+                lambda: server.process.poll() is not None or server.log_path.read_text().count(exits) > RESTARTS_MAX,
+                f"more than {RESTARTS_MAX} shard starts to fail for want of space", 60))
+            assert server.process.poll() is None, f"the supervisor gave up on a full disk:\n{server.log()}"
+            filler.unlink()
+            server.wait_listening()
+            await (await publish_confirmed(server, [b"after"]))[0].close()
+            assert await drain(server) == [b"after"], "a message confirmed once the disk had room"
+        finally:
+            assert server.stop() == 0, server.log()
