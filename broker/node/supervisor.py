@@ -113,9 +113,10 @@ class Supervisor:
         log.info("supervisor.stopped", exit_status=status)
         return status
 
-    def _spawn(self, shard: int) -> None:
+    def _spawn(self, shard: int) -> bool:
+        """Start the shard's process; False if a stop signal came first."""
         if self.stopping:
-            return   # a stop signal came while the shards were being started
+            return False   # a stop signal came while the shards were being started
         plan = self.plans[shard]
         command = [sys.executable, "-m", "warren.broker", *self.config_args, "--shard-plan", plan.to_json()]
         self.processes[shard] = subprocess.Popen(command, pass_fds=[
@@ -124,6 +125,7 @@ class Supervisor:
         if self.stopping:   # the signal came while it was being started: it did not reach this one
             self._signal_all(self.stop_signal or signal.SIGTERM)
         self._write_ports()
+        return True
 
     def _write_ports(self) -> None:
         """Where each shard is, for operators and tests (shard 0's HTTP port is the node's)."""
@@ -164,8 +166,7 @@ class Supervisor:
                 continue
             # a shard that fails at once does not spin
             time.sleep(no_space_restart_delay(self.no_space_exits) if self.no_space_exits else RESTART_DELAY_SECONDS)
-            if not self.stopping:
-                self._spawn(shard)
+            if self._spawn(shard):
                 log.info("supervisor.shard_restarted", shard=shard, pid=self.processes[shard].pid)
 
     def _too_many_restarts(self) -> bool:
