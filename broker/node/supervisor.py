@@ -71,7 +71,7 @@ class Supervisor:
         self.stopping = False
         self.failed = False
         self.no_space_exits = 0   # shards' exits in a row for want of disk space at start
-        self.stop_signal = 0      # the SIGTERM or SIGINT forwarded to the shards
+        self.stop_signal = 0      # the signal the shards were told to stop with
 
     def run(self) -> int:
         settings = self.settings
@@ -123,7 +123,7 @@ class Supervisor:
             *plan.cluster_fds, *plan.amqp_fds, *plan.http_fds, *plan.handoff_inbox_fds, *plan.handoff_outbox_fds,
             *plan.link_inbox_fds, *plan.link_outbox_fds])
         if self.stopping:   # the signal came while it was being started: it did not reach this one
-            self._signal_all(self.stop_signal or signal.SIGTERM)
+            self._signal_all(self.stop_signal)
         self._write_ports()
         return True
 
@@ -178,7 +178,6 @@ class Supervisor:
 
     def _forward(self, signum: int, _frame: object) -> None:
         log.info("supervisor.stopping", signal=signal.Signals(signum).name)
-        self.stop_signal = signum
         self._stop_all(signum)
 
     def _resume_shards(self, _signum: int, _frame: object) -> None:
@@ -197,6 +196,7 @@ class Supervisor:
         if not self.stopping:
             signal.alarm(STOP_TIMEOUT_SECONDS)
         self.stopping = True
+        self.stop_signal = signum
         self._signal_all(signum)
 
     def _signal_all(self, signum: int) -> None:
