@@ -267,11 +267,7 @@ class GroupCommitter:
             log.info("wal.reserve_made", bytes=size)
 
     def _release_reserve(self, writer: str) -> bool:
-        released = self.store.reserve.release()
-        if released:
-            log.warning("wal.reserve_released", bytes=released, writer=writer,
-                        detail="the disk is full: the space held back for this is given up")
-        return released > 0
+        return self.store.reserve.release(writer) > 0
 
     def _rollover_failed(self, loop: asyncio.AbstractEventLoop, error: OSError) -> None:
         log.error("wal.rollover_failed", error=str(error), in_a_row=self._rollover_failures + 1)

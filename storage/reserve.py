@@ -13,7 +13,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import structlog
+
 from warren.storage.files import RealFiles
+
+log = structlog.get_logger("warren.storage")
 
 RESERVE_FILE = "reserve"
 
@@ -33,9 +37,12 @@ class SpaceReserve:
         self.held = size
         return True
 
-    def release(self) -> int:
-        """Give the reserve back to the disk; the bytes released (0 if none was held)."""
+    def release(self, writer: str) -> int:
+        """Give the reserve back to the disk for `writer`, which found it full; the bytes
+        released (0 if none was held)."""
         released, self.held = self.held, 0
         if released:
             self.files.remove(self.path)
+            log.warning("wal.reserve_released", bytes=released, writer=writer,
+                        detail="the disk is full: the space held back for this is given up")
         return released

@@ -208,9 +208,20 @@ class LogStore:
             self._wal_number = max(self._wal_number, int(path.stem))
             self._inherited_wal_bytes += result.valid_end
         self._old_wals = wal_paths
-        self._open_new_wal()
+        self._open_first_wal()
         self._count_segments()
         return recovered
+
+    def _open_first_wal(self) -> None:
+        """The start's new WAL file; on a disk full to its last byte, in the reserve an earlier
+        run left (storage/reserve.py): else the node could not start until something else
+        freed a page, nor its consumers' acks let its queues' space go."""
+        try:
+            self._open_new_wal()
+        except OSError as error:
+            if error.errno not in NO_SPACE_ERRNOS or not self.reserve.release("the start's new WAL file"):
+                raise
+            self._open_new_wal()
 
     def _recover_segment(self, log_id: int, path: Path, recovered: Recovered, rollover_interrupted: bool,
                          visit: RecordVisitor) -> None:

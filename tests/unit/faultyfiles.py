@@ -96,8 +96,9 @@ class FakeAppendHandle:
         self._check_usable()
         self._files.tick("write", self.path)
         limit = self._files.enospc_after_bytes
-        if limit is not None and self._files.bytes_written_total + len(data) > limit:
-            fits = max(0, limit - self._files.bytes_written_total)
+        room = self._files.free_bytes(self.path)   # the capacity: a full disk's, whatever was injected
+        if limit is not None and self._files.bytes_written_total + len(data) > limit or len(data) > room:
+            fits = min(room, len(data) if limit is None else max(0, limit - self._files.bytes_written_total))
             self._node.data += data[:fits]
             self._files.bytes_written_total += fits
             raise OSError(errno.ENOSPC, "No space left on device (injected)", str(self.path))

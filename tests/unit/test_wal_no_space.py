@@ -173,8 +173,8 @@ def release_ends_the_fullness(store: LogStore, end) -> None:
     """The store's reserve, given up, is the room the full disk lacked (`end` makes room)."""
     release = store.reserve.release
 
-    def release_and_make_room() -> int:
-        released = release()
+    def release_and_make_room(writer: str) -> int:
+        released = release(writer)
         if released:
             end()
         return released
@@ -249,8 +249,30 @@ def test_a_reserve_is_made_only_where_the_disk_has_room_and_is_kept_over_a_resta
     assert not reserve.hold(4 << 20) and Path("/data/log/reserve") not in fake.files(), "no room: no file"
     assert reserve.hold(2 << 20) and reserve.held == 2 << 20
     assert SpaceReserve(fake, Path("/data/log")).held == 2 << 20, "the next run finds it held"
-    assert reserve.release() == 2 << 20 and reserve.release() == 0
+    assert reserve.release("a test") == 2 << 20 and reserve.release("a test") == 0
     assert Path("/data/log/reserve") not in fake.files()
+
+
+def test_a_start_on_a_disk_full_to_its_last_byte_opens_its_wal_in_the_reserve_an_earlier_run_left():
+    fake = FaultyFiles(5, mkdir_durable=True, capacity_bytes=3 << 20)
+    store = LogStore(Path("/data/log"), 1 << 20, 8, files=fake)
+    store.recover()
+    store.write_batch(records.encode(1, 0, 1, b"kept"))
+    assert store.reserve.hold(1 << 20)
+    store.close()
+    assert fake.allocate(Path("/data/filler"), fake.free_bytes(Path("/data"))), "another program's file"
+
+    restarted = LogStore(Path("/data/log"), 1 << 20, 8, files=fake)
+    assert sorted(restarted.recover().logs[1]) == [1]
+    assert restarted.reserve.held == 0 and Path("/data/log/reserve") not in fake.files()
+    restarted.write_batch(records.encode(1, 0, 2, b"an ack's room"))
+    restarted.close()
+    assert fake.allocate(Path("/data/filler2"), fake.free_bytes(Path("/data")))
+
+    without_reserve = LogStore(Path("/data/log"), 1 << 20, 8, files=fake)
+    with pytest.raises(OSError) as full:
+        without_reserve.recover()
+    assert full.value.errno == errno.ENOSPC
 
 
 async def test_a_rollover_that_keeps_finding_no_room_is_tried_again_less_and_less_often(monkeypatch):
