@@ -103,8 +103,13 @@ Apply = Callable[[GroupId, Entry], None]
 InstallSnapshot = Callable[[GroupId, Snapshot], None]
 RoleChange = Callable[[GroupId, Role, "str | None", int], None]
 GroupFailed = Callable[[GroupId, BaseException], None]
-# (group, bytes, whether a snapshot): whether the node has room for what a leader replicates
-AdmitsReplicated = Callable[[GroupId, int, bool], bool]
+# What a leader replicates, as the node's room sees it: a snapshot; entries the leader has
+# committed already (a catch-up: the group commits without this node); or entries it has
+# not, for which it may need this node's vote (refused by two followers of three, nothing
+# behind them commits: a consumer's gets and acks wait, and so does the space they free).
+SNAPSHOT, COMMITTED_ENTRIES, UNCOMMITTED_ENTRIES = "snapshot", "committed entries", "uncommitted entries"
+# (group, bytes, which of the three): whether the node has room for what a leader replicates
+AdmitsReplicated = Callable[[GroupId, int, str], bool]
 
 
 class PersistFailed(RuntimeError):
@@ -291,9 +296,10 @@ class RaftSystem(SystemViews):
         leader sends them again, or a snapshot once its log let go of them."""
         if isinstance(message, AppendEntries) and message.entries:
             size = sum(len(entry.data) for entry in message.entries) + ENTRY_OVERHEAD_BYTES * len(message.entries)
-            return self.admits_replicated(group_id, size, False)
+            committed = message.entries[-1].index <= message.leader_commit
+            return self.admits_replicated(group_id, size, COMMITTED_ENTRIES if committed else UNCOMMITTED_ENTRIES)
         if isinstance(message, InstallSnapshotMessage):
-            return self.admits_replicated(group_id, len(message.snapshot.data), True)
+            return self.admits_replicated(group_id, len(message.snapshot.data), SNAPSHOT)
         return True
 
     def on_message(self, group: Group, message: Message, quiesce: bool) -> None:

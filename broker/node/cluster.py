@@ -386,18 +386,18 @@ class Cluster:
         self.core.on_meta_applied(entry.index)
         return result
 
-    def admits_replicated(self, group: Any, size: int, snapshot: bool) -> bool:
+    def admits_replicated(self, group: Any, size: int, kind: str) -> bool:
         """Whether what a leader replicates here is taken in: while the disk has room for it
         (broker/node/disk_watch.py); the metadata group's always (small, and the cluster's own).
         Refusals are logged once every REFUSALS_LOGGED_EVERY_SECONDS, with their count."""
-        if group == META or self.broker.disk_watch.admits_replicated(size, snapshot):
+        if group == META or self.broker.disk_watch.admits_replicated(size, kind):
             return True
         now = time.monotonic()
         if now - self.refusal_logged_at >= REFUSALS_LOGGED_EVERY_SECONDS:
             # the system counts each refusal once this returns: this one is not counted yet
             refused = self.runtime.system.counters.messages_refused + 1
             log.warning("raft.replication_refused", node=self.node, refused=refused,
-                        bytes=size, snapshot=snapshot, free=self.broker.disk_watch.free_at_look,
+                        bytes=size, kind=kind, free=self.broker.disk_watch.free_at_look,
                         detail="no room on the disk for what the leaders replicate: they send it again later")
             self.refusal_logged_at = now
         return False

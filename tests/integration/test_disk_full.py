@@ -35,11 +35,12 @@ WAIT_SECONDS = 20.0
 
 
 @contextlib.contextmanager
-def tmpfs(tmp_path: Path, size: int):
+def tmpfs(tmp_path: Path, size: int, name: str = "disk"):
+    """A tmpfs of `size` bytes mounted at `tmp_path / name`, for the block."""
     if os.geteuid() != 0:
         pytest.skip(f"mounting a small filesystem needs root; running as uid {os.geteuid()} (CI runs as root)")
-    mount = tmp_path / "disk"
-    mount.mkdir()
+    mount = tmp_path / name
+    mount.mkdir(parents=True)
     subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount)], check=True,
                    capture_output=True, timeout=30)
     try:
@@ -185,6 +186,19 @@ async def wait_until(predicate, what: str, seconds: float = WAIT_SECONDS) -> Non
     while not await asyncio.get_running_loop().run_in_executor(None, predicate):
         assert time.monotonic() < deadline, f"{what}: not within {seconds} s"
         await asyncio.sleep(0.1)   # polling the node's state, not synchronising with it
+
+
+async def take_in_order(queue, count: int, where) -> None:
+    """Messages "0" to count - 1 (their message ids), each taken by basic.get and acked; `where()`
+    says what the node's state was, if one is not answered."""
+    for n in range(count):
+        try:
+            message = await queue.get(timeout=WAIT_SECONDS)
+        except TimeoutError:
+            raise AssertionError(f"basic.get of message {n} of {count} not answered within {WAIT_SECONDS} s "
+                                 f"{where()}") from None
+        assert message.message_id == str(n), f"message {message.message_id} where {n} was next"
+        await message.ack()
 
 
 @contextlib.asynccontextmanager

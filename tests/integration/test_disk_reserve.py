@@ -14,7 +14,15 @@ import shutil
 
 import aio_pika
 
-from tests.integration.test_disk_full import WAIT_SECONDS, disk_alarm, fill, node_on_a_small_disk, tmpfs, wait_until
+from tests.integration.test_disk_full import (
+    WAIT_SECONDS,
+    disk_alarm,
+    fill,
+    node_on_a_small_disk,
+    take_in_order,
+    tmpfs,
+    wait_until,
+)
 from tests.serverproc import make_server
 
 DISK_BYTES = 64 * 1024 * 1024
@@ -35,14 +43,7 @@ async def test_consumers_drain_a_queue_and_its_space_comes_back_on_a_disk_filled
         await wait_until(lambda: disk_alarm(server), "the disk alarm, the disk filled to its last byte")
 
         queue = await (await consumer.channel()).declare_queue("kept", passive=True)
-        for n in range(COUNT):
-            try:
-                message = await queue.get(timeout=WAIT_SECONDS)
-            except TimeoutError:
-                raise AssertionError(f"basic.get of message {n} of {COUNT} not answered within {WAIT_SECONDS} s "
-                                     f"on a full disk:\n{server.log()[-3000:]}") from None
-            assert message.message_id == str(n), f"message {message.message_id} where {n} was next"
-            await message.ack()
+        await take_in_order(queue, COUNT, lambda: f"on a full disk:\n{server.log()[-3000:]}")
         await wait_until(lambda: shutil.disk_usage(disk).free >= COUNT * len(BODY) // 2,
                          "the consumed messages' space back on the disk (the filler still there)")
 
@@ -81,10 +82,7 @@ async def test_a_node_restarted_on_a_disk_full_to_its_last_byte_starts_on_its_re
             assert "wal.reserve_released" in server.log(), server.log()
             connection = await aio_pika.connect(server.url)
             queue = await (await connection.channel()).declare_queue("kept", passive=True)
-            for n in range(COUNT):
-                message = await queue.get(timeout=WAIT_SECONDS)
-                assert message.message_id == str(n), f"message {message.message_id} where {n} was next"
-                await message.ack()
+            await take_in_order(queue, COUNT, lambda: f"after a start on a full disk:\n{server.log()[-3000:]}")
             await wait_until(lambda: shutil.disk_usage(disk).free >= COUNT * len(BODY) // 2,
                              "the consumed messages' space back on the disk (the filler still there)")
             await connection.close()

@@ -17,6 +17,7 @@ from warren.broker.node.disk_watch import (
     next_disk_check_in,
 )
 from warren.config import WAL_MAX_SIZE_BYTES_MIN
+from warren.raft.system import COMMITTED_ENTRIES, SNAPSHOT, UNCOMMITTED_ENTRIES
 
 MB = 1000 * 1000
 
@@ -123,25 +124,38 @@ def test_the_wal_rolls_over_while_its_rollover_has_room():
 
 def test_replicated_bytes_are_taken_in_while_the_disk_has_room_for_them_twice():
     watch = DiskWatch(limit=40 * MB, min_seconds=0.5)
-    assert watch.admits_replicated(10**12, snapshot=False), "before the first look: everything"
+    assert watch.admits_replicated(10**12, kind=COMMITTED_ENTRIES), "before the first look: everything"
     watch.looked(100 * MB, now=1.0)
     room = (100 * MB - 20 * MB) // 2               # twice over (a rollover's copy), above half the limit
-    assert watch.admits_replicated(room - 1 * MB, snapshot=False)
-    assert not watch.admits_replicated(2 * MB, snapshot=False), "taken in but not written yet counts"
+    assert watch.admits_replicated(room - 1 * MB, kind=COMMITTED_ENTRIES)
+    assert not watch.admits_replicated(2 * MB, kind=COMMITTED_ENTRIES), "taken in but not written yet counts"
     assert watch.due(1.0), "a refusal looks again at the next check: space may have been let go"
     watch.wrote(room - 1 * MB)                     # those bytes written: counted once, not twice
-    assert watch.admits_replicated(1 * MB - 1, snapshot=False)
+    assert watch.admits_replicated(1 * MB - 1, kind=COMMITTED_ENTRIES)
     watch.looked(22 * MB, now=2.0)                 # below the limit, 2 MB above its half
-    assert not watch.admits_replicated(1 * MB + 1, snapshot=False)
-    assert watch.admits_replicated(5 * MB, snapshot=True), "a snapshot (what lets the log go) while it fits twice"
-    assert not watch.admits_replicated(7 * MB, snapshot=True)
+    assert not watch.admits_replicated(1 * MB + 1, kind=COMMITTED_ENTRIES)
+    assert watch.admits_replicated(5 * MB, kind=SNAPSHOT), "a snapshot (what lets the log go) while it fits twice"
+    assert not watch.admits_replicated(7 * MB, kind=SNAPSHOT)
+
+
+def test_entries_the_leader_has_not_committed_are_taken_in_below_half_the_limit_while_they_fit_twice():
+    """Its vote may be what commits them (and a consumer's gets and acks behind them): refused
+    by two followers of three, nothing commits. A catch-up the group committed without the
+    node still keeps half the limit."""
+    watch = DiskWatch(limit=40 * MB, min_seconds=0.5)
+    watch.looked(4 * MB, now=1.0)                  # below half the limit (another program's files)
+    assert not watch.admits_replicated(64 * 1024, kind=COMMITTED_ENTRIES)
+    assert not watch.admits_replicated(2 * MB + 1, kind=UNCOMMITTED_ENTRIES)
+    assert watch.admits_replicated(1 * MB, kind=UNCOMMITTED_ENTRIES)
+    assert watch.admits_replicated(1 * MB, kind=UNCOMMITTED_ENTRIES)
+    assert not watch.admits_replicated(1, kind=UNCOMMITTED_ENTRIES), "half the room taken in: until the next look"
 
 
 def test_a_process_of_several_takes_in_its_share():
     watch = DiskWatch(limit=40 * MB, min_seconds=0.5, processes=2)
     watch.looked(100 * MB, now=1.0)
-    assert not watch.admits_replicated((100 * MB - 20 * MB) // 2 // 2 + 1, snapshot=False)
-    assert watch.admits_replicated((100 * MB - 20 * MB) // 2 // 2, snapshot=False)
+    assert not watch.admits_replicated((100 * MB - 20 * MB) // 2 // 2 + 1, kind=COMMITTED_ENTRIES)
+    assert watch.admits_replicated((100 * MB - 20 * MB) // 2 // 2, kind=COMMITTED_ENTRIES)
 
 
 def test_the_reserve_is_a_quarter_of_the_limit_at_most_16_mib_shared_by_the_processes():
@@ -173,7 +187,7 @@ def test_what_was_taken_in_but_never_written_is_forgotten_at_the_next_look():
     watch = DiskWatch(limit=40 * MB, min_seconds=0.5)
     watch.looked(100 * MB, now=1.0)
     room = (100 * MB - 20 * MB) // 2
-    assert watch.admits_replicated(room, snapshot=False)
-    assert not watch.admits_replicated(1 * MB, snapshot=False), "nothing of it written: no room"
+    assert watch.admits_replicated(room, kind=COMMITTED_ENTRIES)
+    assert not watch.admits_replicated(1 * MB, kind=COMMITTED_ENTRIES), "nothing of it written: no room"
     watch.looked(100 * MB, now=1.5)                # the disk as it was: none of it was written
-    assert watch.admits_replicated(room, snapshot=False)
+    assert watch.admits_replicated(room, kind=COMMITTED_ENTRIES)

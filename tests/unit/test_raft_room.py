@@ -10,6 +10,7 @@ import pytest
 
 from tests.unit.systemsim import SystemCluster
 from tests.unit.test_raft_system import SEEDS, assert_same_sequences, propose_all, settle, ticks
+from warren.raft.system import COMMITTED_ENTRIES, SNAPSHOT, UNCOMMITTED_ENTRIES
 
 GROUPS = list(range(1, 7))
 
@@ -23,7 +24,7 @@ def test_a_follower_without_room_refuses_entries_and_catches_up_by_snapshot_once
     followed = [g for g in GROUPS if cluster.leader(g).name != full]
     room = {"entries": False, "snapshot": False}
     system = cluster.hosts[full].system
-    system.admits_replicated = lambda group_id, size, snapshot: room["snapshot" if snapshot else "entries"]
+    system.admits_replicated = lambda group_id, size, kind: room["snapshot" if kind == SNAPSHOT else "entries"]
     terms = {g: system.groups[g].raft.term for g in GROUPS}
     applied_before = {g: len(cluster.applied_data(cluster.hosts[full], g)) for g in followed}
 
@@ -45,5 +46,27 @@ def test_a_follower_without_room_refuses_entries_and_catches_up_by_snapshot_once
                       "the full node to take the leaders' snapshots")
     room["entries"] = True
     propose_all(cluster, GROUPS, 2, "after")
+    settle(cluster, GROUPS)
+    assert_same_sequences(cluster, GROUPS)
+
+
+@pytest.mark.parametrize("seed", SEEDS[:3])
+def test_a_follower_tells_a_catch_up_the_group_committed_without_it_from_entries_that_may_need_its_vote(seed):
+    """Below half its disk limit a node refuses the first, not the second (broker/node/disk_watch.py)."""
+    cluster = SystemCluster(seed)
+    cluster.add_groups(GROUPS)
+    cluster.run_until(lambda: cluster.all_led(GROUPS), ticks(cluster, 60), "leaders")
+    behind = next(name for name in cluster.names if all(cluster.leader(g).name != name for g in GROUPS[:1]))
+    kinds: list[str] = []
+    room = {"entries": False}
+    cluster.hosts[behind].system.admits_replicated = lambda group_id, size, kind: kinds.append(kind) or room["entries"]
+
+    propose_all(cluster, GROUPS[:1], 5, "while-refused")
+    others = [h for h in cluster.live_hosts() if h.name != behind]
+    cluster.run_until(lambda: all(len(cluster.applied_data(h, GROUPS[0])) >= 5 for h in others),
+                      ticks(cluster, 30), "the two other nodes to commit without the refusing one")
+    assert UNCOMMITTED_ENTRIES in kinds, f"fresh entries were sent as {set(kinds)}"
+    cluster.run_until(lambda: COMMITTED_ENTRIES in kinds, ticks(cluster, 30), "the leader's resend, a catch-up now")
+    room["entries"] = True
     settle(cluster, GROUPS)
     assert_same_sequences(cluster, GROUPS)
