@@ -3,13 +3,14 @@ quorum queue's consumers' gets and acks: the queue drains, and its space comes b
 
 Three real warren-servers, each on a tmpfs of the test's own (root only, as CI runs). A
 quorum queue holds confirmed messages; then another program's file leaves both of its
-followers' disks 4 MB, below half the 16 MB limit. What leaders replicate to a node is
+followers' disks 4 MB, below half the 16 MB limit. What leaders replicate to a node was
 taken in only with room for it twice above half the limit (broker/node/disk_watch.py), so
 that a catch-up of tens of megabytes does not fill the disk; but a consumer's gets and acks
-are log entries too, a few bytes each, and refused on both followers they never commit:
+are log entries too, a few bytes each, and refused on both followers they never committed:
 the consumer waited for good, and the queue's log, the space that would come back, stayed
-(RabbitMQ's disk alarm blocks publishers only; its consumers go on). Small entries are taken
-in down to the disk's end of room.
+(RabbitMQ's disk alarm blocks publishers only; its consumers go on). Now half the limit is
+the floor only for entries the leader committed without the node; the others are taken in
+while they fit twice.
 """
 from __future__ import annotations
 
