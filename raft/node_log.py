@@ -14,14 +14,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from warren.storage.group_commit import NO_SPACE_GIVE_UP_SECONDS, GroupCommitter
-from warren.storage.wal import NO_SPACE_ERRNOS, LogStore
+from warren.storage.wal import LogStore, no_space  # noqa: F401 -- re-exported: the broker asks raft, not storage
 
 Rollover = Callable[[], tuple[dict[int, int], bytes]]
-
-
-def no_space(error: OSError) -> bool:
-    """Whether `error` is a full disk's (ENOSPC, EDQUOT), as the WAL tells them apart."""
-    return error.errno in NO_SPACE_ERRNOS
 
 
 class NodeLog:

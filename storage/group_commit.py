@@ -33,7 +33,7 @@ from typing import NamedTuple
 import structlog
 
 from warren.storage import records
-from warren.storage.wal import NO_SPACE_ERRNOS, LogStore, NoSpace, Relocation
+from warren.storage.wal import LogStore, NoSpace, Relocation, no_space
 from warren.storage.writer_thread import WriterThread
 
 log = structlog.get_logger("warren.storage")
@@ -274,7 +274,7 @@ class GroupCommitter:
         self._rollover_retry_at = loop.time() + min(ROLLOVER_RETRY_MAX_SECONDS,
                                                     ROLLOVER_RETRY_FIRST_SECONDS * 2 ** min(self._rollover_failures, 8))
         self._rollover_failures += 1
-        if error.errno in NO_SPACE_ERRNOS and self._release_reserve("a WAL rollover"):
+        if no_space(error) and self._release_reserve("a WAL rollover"):
             self._rollover_wanted = True   # again at once, into the space given up
 
     @property

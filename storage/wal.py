@@ -59,6 +59,11 @@ class NoSpace(OSError):
     be trusted to reach the disk, so that batch is lost for good."""
 
 
+def no_space(error: OSError) -> bool:
+    """Whether `error` is a full disk's (ENOSPC, EDQUOT): a write it failed may be tried again."""
+    return error.errno in NO_SPACE_ERRNOS
+
+
 @dataclass(slots=True)
 class SegmentFile:
     path: Path
@@ -219,7 +224,7 @@ class LogStore:
         try:
             self._open_new_wal()
         except OSError as error:
-            if error.errno not in NO_SPACE_ERRNOS or not self.reserve.release("the start's new WAL file"):
+            if not no_space(error) or not self.reserve.release("the start's new WAL file"):
                 raise
             self._open_new_wal()
 
@@ -277,8 +282,8 @@ class LogStore:
         except OSError as error:
             # A batch that found no space is written again at this offset, the same bytes: readers
             # on the loop keep their cache (forgetting it here, on the writer thread, would race them).
-            no_space = error.errno in NO_SPACE_ERRNOS
-            if self._cut_off(size_before, keep_cache=no_space) and no_space:
+            full = no_space(error)
+            if self._cut_off(size_before, keep_cache=full) and full:
                 raise NoSpace(error.errno, f"no space for a WAL batch: {error.strerror}") from error
             raise
         try:
