@@ -7,6 +7,10 @@ minutes apart (broker/node/gc_tuning.py): a deleted queue would keep its message
 state in memory until then, and the collection that finally frees it stops the
 node for as long as it takes to walk it. Held weakly, the owner's last reference
 dropped frees it and its parts at once, by reference counting.
+
+A long-lived holder of many short-lived objects (a channel and every queue it
+published to, got from or consumed from) holds them weakly too: a queue deleted
+while the channel lives on is freed at once, not when the channel closes.
 """
 from __future__ import annotations
 
@@ -39,3 +43,35 @@ class WeakAttribute:
 
     def __set__(self, instance: object, value: object) -> None:
         setattr(instance, self.slot, weakref.ref(value))
+
+
+class WeakIdentitySet:
+    """Objects held weakly, by identity. Adding one already held costs a dict look-up
+    (a channel adds its queue at every publish); the entries of freed objects are
+    dropped as the set grows, so it stays within twice what is alive (or `PRUNE_FLOOR`)."""
+
+    PRUNE_FLOOR = 64
+    __slots__ = ("_refs", "_prune_at")
+
+    def __init__(self) -> None:
+        self._refs: dict[int, weakref.ref] = {}
+        self._prune_at = self.PRUNE_FLOOR
+
+    def add(self, item: object) -> None:
+        ref = self._refs.get(id(item))
+        if ref is not None and ref() is item:
+            return
+        if len(self._refs) >= self._prune_at:
+            self._refs = {key: held for key, held in self._refs.items() if held() is not None}
+            self._prune_at = max(self.PRUNE_FLOOR, 2 * len(self._refs))
+        self._refs[id(item)] = weakref.ref(item)   # a freed object's id may come back: replaced
+
+    def alive(self) -> list[Any]:
+        return [item for held in self._refs.values() if (item := held()) is not None]
+
+    def clear(self) -> None:
+        self._refs.clear()
+        self._prune_at = self.PRUNE_FLOOR
+
+    def __len__(self) -> int:
+        return len(self._refs)

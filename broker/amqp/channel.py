@@ -25,6 +25,7 @@ from warren.broker.amqp.confirms import ConfirmTracker, PendingPublish
 from warren.broker.amqp.publish_credit import PublishCredit
 from warren.broker.queues import queue_commands as qc
 from warren.broker.queues.queue import Queue
+from warren.broker.weak_callbacks import WeakIdentitySet
 from warren.protocol import codec
 from warren.protocol.constants import (
     ACCESS_REFUSED,
@@ -59,7 +60,8 @@ class Channel(TopologyMethods, ConsumerMethods):
         self.next_delivery_tag = 1
         # delivery_tag -> (queue, consumer_tag or None for basic.get, msg_id); tags ascend
         self.unacked: dict[int, tuple[Queue, str | None, int]] = {}
-        self.queues_used: dict[int, Queue] = {}
+        # queues to tell when this channel closes; a queue deleted meanwhile is not kept
+        self.queues_used = WeakIdentitySet()
         self.prefetch_count = 0
         self.global_prefetch_count = 0
         self.confirms: ConfirmTracker | None = None
@@ -148,7 +150,7 @@ class Channel(TopologyMethods, ConsumerMethods):
         if self.publish_credit.took():
             # stop reading this client until the queues catch up
             self.connection.set_channel_paused(self, True)
-        self.queues_used[id(queue)] = queue
+        self.queues_used.add(queue)
         queue.enqueue_from(self.owner, payload, ttl_ms, priority, on_applied)
 
     def _enqueue_done(self) -> None:
@@ -433,7 +435,7 @@ class Channel(TopologyMethods, ConsumerMethods):
 
     def on_basic_get(self, method: spec.Basic.Get) -> None:
         queue = self._readable_queue(method.queue, 60, 70)
-        self.queues_used[id(queue)] = queue
+        self.queues_used.add(queue)
         queue.touch()
         queue.get(self.owner, method.no_ack, partial(self._send_get_reply, queue, method.no_ack))
 
@@ -542,7 +544,7 @@ class Channel(TopologyMethods, ConsumerMethods):
         self.unacked.clear()
         self.held.clear()  # still checked out to this channel: owner_down returns them
         self.tx_commits.clear()
-        for queue in self.queues_used.values():
+        for queue in self.queues_used.alive():
             if not queue.deleted:
                 queue.owner_down(self.owner)
         self.queues_used.clear()

@@ -62,7 +62,7 @@ class ConsumerMethods:
         consumer = self.consumers[tag] = Consumer(tag, codec.shortstr(tag), queue, method.no_ack,
                                                   early=deque() if judged else None,
                                                   consume_ok_wanted=not method.nowait)
-        self.queues_used[id(queue)] = queue
+        self.queues_used.add(queue)
         prefetch = self.prefetch_count
         if self.global_prefetch_count:
             prefetch = min(prefetch or self.global_prefetch_count, self.global_prefetch_count)

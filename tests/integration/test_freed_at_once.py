@@ -81,8 +81,8 @@ def assert_freed(ref: weakref.ref, what: str) -> None:
     if alive is not None:
         detail = holders(alive)
         del alive
-        pytest.fail(f"{what} outlived its last use: only a reference cycle holds it "
-                    f"(freed at the next full collection, minutes away). Held by:\n{detail}")
+        pytest.fail(f"{what} outlived its last use (a reference cycle is freed only at the next full "
+                    f"collection, minutes away). Held by:\n{detail}")
 
 
 async def test_a_deleted_quorum_queue_with_messages_is_freed_at_once(tmp_path, name):
@@ -122,3 +122,42 @@ async def test_a_closed_connection_is_freed_at_once(tmp_path):
             await connection.close()
             await until(lambda: not broker.connections, "the server side of the connection closed", SETTLE_SECONDS)
             assert_freed(ref, "a closed connection")
+
+
+@pytest.mark.parametrize("queue_type", ["quorum", "classic"])
+async def test_a_deleted_queue_is_freed_while_the_channel_that_used_it_stays_open(tmp_path, name, queue_type):
+    """A long-lived channel that publishes to, gets from and consumes from queues
+    it later deletes (temporary work queues, reply queues) must not keep them."""
+    with cyclic_collector_off():
+        async with broker_in_process(tmp_path) as (broker, port):
+            connection = await aio_pika.connect(f"amqp://guest:guest@127.0.0.1:{port}/")
+            async with connection:
+                channel = await connection.channel(publisher_confirms=True)
+                queue = await channel.declare_queue(name, durable=True, arguments={"x-queue-type": queue_type})
+                for number in range(MESSAGES):
+                    await channel.default_exchange.publish(aio_pika.Message(b"m%d" % number), routing_key=name)
+                got = await queue.get(no_ack=False)
+                assert got is not None
+                await got.ack()
+                consumed = asyncio.Event()
+
+                async def on_message(message: aio_pika.abc.AbstractIncomingMessage) -> None:
+                    await message.ack()
+                    consumed.set()
+                tag = await queue.consume(on_message)
+                await asyncio.wait_for(consumed.wait(), SETTLE_SECONDS)
+                await queue.cancel(tag)
+                consumed.clear()
+                await queue.consume(on_message)   # left to the delete's basic.cancel
+                await asyncio.wait_for(consumed.wait(), SETTLE_SECONDS)
+                shell = broker.vhosts["/"].queues[name]
+                shell_ref = weakref.ref(shell)
+                group = shell.group
+                del shell, got
+                await queue.delete(if_unused=False, if_empty=False)
+                await until(lambda: name not in broker.vhosts["/"].queues
+                            and (group is None or group not in broker.cluster.runtime.groups),
+                            f"queue {name} removed", SETTLE_SECONDS)
+                # the channel is still open: publishing elsewhere on it still works
+                await channel.default_exchange.publish(aio_pika.Message(b"after"), routing_key="nowhere")
+                assert_freed(shell_ref, f"a deleted {queue_type} queue, while a channel that used it is open")

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import gc
 
-from warren.broker.weak_callbacks import WeakAttribute, weak_method
+from warren.broker.weak_callbacks import WeakAttribute, WeakIdentitySet, weak_method
 
 
 class Owner:
@@ -46,3 +46,31 @@ def test_the_attribute_is_per_instance():
     first, second = Owner(), Owner()
     assert first.part.owner is first and second.part.owner is second
     assert isinstance(Part.owner, WeakAttribute)
+
+
+class Item:
+    pass
+
+
+def test_a_weak_identity_set_holds_what_lives_and_lets_go_of_what_is_freed():
+    held = WeakIdentitySet()
+    kept, dropped = Item(), Item()
+    held.add(kept)
+    held.add(kept)
+    held.add(dropped)
+    assert len(held) == 2
+    del dropped
+    assert held.alive() == [kept]
+    held.clear()
+    assert held.alive() == [] and len(held) == 0
+
+
+def test_a_weak_identity_set_stays_within_twice_what_lives():
+    held = WeakIdentitySet()
+    kept = [Item() for _ in range(10)]
+    for item in kept:
+        held.add(item)
+    for _ in range(10_000):
+        held.add(Item())      # freed at once: a queue declared, used and deleted
+    assert len(held) <= max(WeakIdentitySet.PRUNE_FLOOR, 2 * len(kept)) + 1
+    assert set(map(id, held.alive())) == set(map(id, kept))
