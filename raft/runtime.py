@@ -36,11 +36,11 @@ failure detector: work that holds the loop for more than a few hundred ms
 (a caller proposing thousands of entries without yielding) makes peers look
 silent.
 
-Start and restart. The runtime is the WAL's only client: `recover()`
-replays the node's WAL (every record is a group's, raft/node_log.py) through
-`recover_visit`; `start()` then hosts every group recovered (not removed), rebuilt from its snapshot, hard
-state and entries, and re-applies its committed entries. Groups added later
-with `add_group` are written a GROUP record first, so they come back too.
+Start and restart. The runtime is the WAL's only client: `recover()` replays the node's WAL
+(every record is a group's, raft/node_log.py) through `recover_visit`; `start()` then hosts
+every group recovered (not removed), rebuilt from its snapshot, hard state and entries, and
+re-applies its committed entries. Groups added later with `add_group` are written a GROUP
+record first, so they come back too.
 
 Snapshots and compaction: raft/persistence.py. A follower sent a snapshot
 (Raft §7 InstallSnapshot) persists it the same way, as the SNAPSHOT record
@@ -75,9 +75,9 @@ are sorted by whom they belong to:
   from the WAL, as etcd-raft and ra crash and recover). It must never go on
   serving without Raft.
 
-A group dropped (`remove_group`) while its Ready is being persisted or
-applied, e.g. a queue deleted right after it was declared, is neither
-written after its REMOVED record nor completed (`RaftSystem.still_hosted`).
+A group dropped (`remove_group`) while its Ready is being persisted or applied, e.g. a queue
+deleted right after it was declared, is neither written after its REMOVED record nor
+completed (`RaftSystem.still_hosted`).
 
 The node shell builds the storage (`NodeLog`, raft/node_log.py: the
 `LogStore` and its `GroupCommitter`), hands the committer to the runtime, and
@@ -157,10 +157,8 @@ class RaftRuntime:
         self.frames_sent = 0          # frames handed to the transport (Raft and host messages together)
         self.host_frames = 0          # of those, frames with host messages (alone, or beside Raft's)
         self.frames_dropped = 0       # frames the transport refused (peer not linked, queue full)
-        # this turn's Raft frames, per peer, sent at its end with the host's messages (raft/frames.py)
-        self.raft_outbox: dict[str, list[list]] = {}
-        # the host's messages of the turn (part key -> peer -> messages), taken at its end; and the
-        # host's parts of frames received (raft/frames.py)
+        self.raft_outbox: dict[str, list[list]] = {}   # the turn's Raft frames per peer, sent at its end
+        # the host's messages of the turn (part key -> peer -> messages) and its parts of frames received
         self.take_host_parts: Callable[[], dict[str, dict[str, list]]] | None = None
         self.on_host_frame: Callable[[str, dict], None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -324,8 +322,10 @@ class RaftRuntime:
         self.groups_by_log.pop(storage.log_id, None)
         self.system.remove_group(group_id)
         self.persistence.compactions.pop(group_id, None)
-        self.committer.append(removed_record(storage.log_id))
         store = self.committer.store
+        removal = self.committer.append(removed_record(storage.log_id))
+        # the WAL's notes of the log's records go once that is written (storage/wal_heads.py)
+        self.committer.when_durable(removal, lambda _ok: store.forget_log_notes(storage.log_id))
         # its segments go at a rollover: one now if they are 64 MiB or more, not once the (512 MiB) WAL is full
         if store.log_segment_bytes(storage.log_id) >= min(store.wal_max_size_bytes, 64 * 1024 * 1024):
             self.committer.rollover_soon()

@@ -32,7 +32,7 @@ import structlog
 from warren.storage import records
 from warren.storage.files import RealFiles
 from warren.storage.reserve import SpaceReserve
-from warren.storage.wal_heads import Picked, WalHeads
+from warren.storage.wal_heads import Picked, WalHeads, pick_by_scan
 
 log = structlog.get_logger("warren.storage")
 
@@ -321,6 +321,14 @@ class LogStore:
             noted.covered = -1   # so its rollover reads the file's heads back instead
             log.exception("wal.heads_note_failed", path=str(path))
 
+    def forget_log_notes(self, log_id: int) -> None:
+        """A removed log's records, once its REMOVED record is written: no rollover moves them.
+        Only the current file's notes: a rollover's thread may be picking from an old file's
+        (they all go when it finishes)."""
+        noted = self._heads.get(self.wal_path)
+        if noted is not None:
+            noted.forget(log_id)
+
     def read_payload(self, location: Location) -> bytes | memoryview:
         """The payload of the record at ``location`` (checked against its checksums; a
         view of what `read_at` read)."""
@@ -445,7 +453,7 @@ class LogStore:
             if noted is not None and noted.complete(len(data)):
                 by_log = noted.pick(cursors)
             else:   # a file recovered at start, or written past the notes: its heads are read back
-                by_log = _pick_by_scan(data, wal_path, cursors)
+                by_log = pick_by_scan(data, wal_path, cursors)
             for log_id, picked in by_log.items():
                 if log_id not in before:
                     files = self.segments.get(log_id, [])
@@ -561,15 +569,6 @@ class LogStore:
         if self._wal is not None:
             self._wal.close()
             self._wal = None
-
-
-def _pick_by_scan(data: bytes, path: Path, cursors: dict[int, int]) -> dict[int, Picked]:
-    """Per live log, its records at or above its cursor, read from the file's heads
-    (which lie back to back from the file header: noted as the writer notes them)."""
-    heads, _ = records.scan_heads(data, str(path))
-    read_back = WalHeads()
-    read_back.note_batch(records.FILE_HEADER_SIZE, [(log_id, index, length) for log_id, index, _, length in heads])
-    return read_back.pick(cursors)
 
 
 class _FileVisitor:

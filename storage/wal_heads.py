@@ -20,6 +20,7 @@ from __future__ import annotations
 from array import array
 from bisect import bisect_right
 from itertools import compress
+from pathlib import Path
 from typing import NamedTuple
 
 from warren.storage import records
@@ -125,6 +126,11 @@ class WalHeads:
             log_heads = self.logs[log_id] = LogHeads()
         log_heads.add(index, offset, length)
 
+    def forget(self, log_id: int) -> None:
+        """A removed log: a rollover moves none of its records (`pick`), so its notes go now,
+        not at the rollover (a 512 MiB WAL outlives thousands of deleted queues)."""
+        self.logs.pop(log_id, None)
+
     def complete(self, file_size: int) -> bool:
         """The notes account for every byte of a file of `file_size` bytes."""
         return self.covered == file_size
@@ -140,3 +146,12 @@ class WalHeads:
             if kept.lengths:
                 picked[log_id] = kept
         return picked
+
+
+def pick_by_scan(data: bytes, path: Path, cursors: dict[int, int]) -> dict[int, Picked]:
+    """Per live log, its records at or above its cursor, read from the file's heads
+    (which lie back to back from the file header: noted as the writer notes them)."""
+    heads, _ = records.scan_heads(data, str(path))
+    read_back = WalHeads()
+    read_back.note_batch(records.FILE_HEADER_SIZE, [(log_id, index, length) for log_id, index, _, length in heads])
+    return read_back.pick(cursors)

@@ -374,18 +374,22 @@ async def test_leaders_of_a_node_whose_loop_stalled_step_down_and_a_group_of_one
             await node.stop()
 
 
+async def start_alone_leading(node: Node, group_ids: tuple[str, ...]) -> None:
+    """Start `node`, a cluster of its own, and wait until it leads each of `group_ids`."""
+    await node.start()
+    for group_id in group_ids:
+        assert node.runtime.add_group(group_id, [node.name])
+    await until(lambda: all(node.role(group_id) == "leader" for group_id in group_ids),
+                lambda: str(node.role_changes), ELECTION_BOUND_SECONDS)
+
+
 async def test_a_removed_groups_segments_go_at_a_rollover_made_for_them_not_once_the_wal_is_full(tmp_path):
     """A deleted queue's segments are let go at a rollover; one over a WAL file's worth gets
     a rollover of its own when the group is removed (on a quiet node the WAL may take long to
     fill), and the node's other groups are unharmed."""
-    member = ClusterNode(name="node-a", host="127.0.0.1", port=free_port())
-    node = Node("node-a", [member], tmp_path / "node-a", 1)
+    node = Node("node-a", [ClusterNode(name="node-a", host="127.0.0.1", port=free_port())], tmp_path / "node-a", 1)
     try:
-        await node.start()
-        for group_id in ("big", "kept"):
-            assert node.runtime.add_group(group_id, ["node-a"])
-        await until(lambda: node.role("big") == "leader" and node.role("kept") == "leader",
-                    lambda: str(node.role_changes), ELECTION_BOUND_SECONDS)
+        await start_alone_leading(node, ("big", "kept"))
         log_id = node.runtime.groups["big"].log_id
         for number in range(400):   # kept whole (no snapshot): each rollover copies it into segments
             assert node.runtime.propose("big", b"%d:" % number + b"x" * 1024) is not None
@@ -409,6 +413,31 @@ async def test_a_removed_groups_segments_go_at_a_rollover_made_for_them_not_once
         assert wal_bytes < WAL_MAX_SIZE_BYTES, "the WAL was not full: the rollover was the removal's"
         assert node.runtime.propose("kept", b"after") is not None
         await until(lambda: node.applied["kept"][-1:] == [b"after"], lambda: str(node.applied["kept"][-3:]), 5)
+    finally:
+        await node.stop()
+
+
+async def test_a_removed_groups_notes_in_the_wal_go_once_its_removal_is_written(tmp_path):
+    """The WAL notes where each log's records lie until a rollover (storage/wal_heads.py); a
+    node whose clients declare and delete queues by the thousand between two rollovers (a
+    512 MiB WAL) must not keep the notes of every log it removed."""
+    node = Node("node-a", [ClusterNode(name="node-a", host="127.0.0.1", port=free_port())], tmp_path / "node-a", 1)
+    try:
+        await start_alone_leading(node, ("gone", "kept"))
+        log_id = node.runtime.groups["gone"].log_id
+        for number in range(20):
+            assert node.runtime.propose("gone", b"g%d" % number) is not None
+        await until(lambda: len(node.applied["gone"]) == 20, lambda: str(node.applied["gone"]), 5)
+        notes = node.store._heads[node.store.wal_path].logs
+        assert log_id in notes, "the removed group's records were never noted: the test lost its point"
+        rollovers = node.rollovers
+        assert node.runtime.remove_group("gone")
+        assert node.runtime.propose("kept", b"after") is not None
+        await until(lambda: node.applied["kept"][-1:] == [b"after"], lambda: str(node.applied["kept"][-3:]), 5)
+        await asyncio.wait_for(node.committer.drain(), 5)
+        assert node.rollovers == rollovers, "a rollover came between: it drops every note, the test lost its point"
+        assert log_id not in node.store._heads[node.store.wal_path].logs, \
+            "the removed group's notes stay until the next rollover"
     finally:
         await node.stop()
 

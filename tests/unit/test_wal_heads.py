@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from warren.storage import records, wal
+from warren.storage import records, wal_heads
 from warren.storage.wal import LogStore
 
 LOGS = (0, 1, 2)
@@ -61,7 +61,7 @@ def test_the_noted_heads_pick_what_reading_the_file_back_picks(tmp_path_factory,
     if drop:
         del live[1]
     picked = as_lists(noted.pick(live))
-    assert picked == as_lists(wal._pick_by_scan(data, path, live))
+    assert picked == as_lists(wal_heads.pick_by_scan(data, path, live))
     # the model: each live log's records at or above its cursor (a release cursor: 1 at least), in file order
     every, _ = records.scan_heads(data)
     model: dict[int, tuple[list, list, list]] = {}
