@@ -48,7 +48,8 @@ class WeakAttribute:
 class WeakIdentitySet:
     """Objects held weakly, by identity. Adding one already held costs a dict look-up
     (a channel adds its queue at every publish); the entries of freed objects are
-    dropped as the set grows, so it stays within twice what is alive (or `PRUNE_FLOOR`)."""
+    dropped whenever the set has doubled since the last time (or reached `PRUNE_FLOOR`),
+    so it never holds more than twice what lived then."""
 
     PRUNE_FLOOR = 64
     __slots__ = ("_refs", "_prune_at")

