@@ -83,6 +83,10 @@ class DecodedEntries:
         for index in [i for i, held in self.entries.items() if held[2] is read_back]:
             self._drop(index)
 
+    def _drop_passed(self, lowest_upcoming: int) -> None:
+        for index in [i for i, held in self.entries.items() if i < lowest_upcoming and held[2]]:
+            self._drop(index)
+
     def _drop(self, index: int) -> None:
         self.held_bytes -= self.entries.pop(index)[1]
 
@@ -90,10 +94,18 @@ class DecodedEntries:
         """Read the first entry at `indexes` (READ_AHEAD_ENTRIES of them at most) not
         held yet; False if there was none to read, or no more should be: past half the
         byte bound, or once a read let an entry go (large entries: reading on would
-        evict the ones about to be delivered, and read them again, each pass)."""
+        evict the ones about to be delivered, and read them again, each pass). Entries
+        read back below all of `indexes` are let go first: the delivery has passed them
+        (a message returned later is read again), and a drain's entries of a few hundred
+        messages each would otherwise hold the bound with entries delivered. (Not below
+        the first: a returned message, at the front, may be of a higher entry than the
+        next; its entry would go and be read again each pass.)"""
+        upcoming = list(islice(indexes, READ_AHEAD_ENTRIES))
+        if upcoming:
+            self._drop_passed(min(upcoming))
         if self.held_bytes >= DECODED_BYTES_MAX // 2:
             return False
-        for index in islice(indexes, READ_AHEAD_ENTRIES):
+        for index in upcoming:
             if index in self.entries:
                 continue
             evicted = self.evicted

@@ -118,6 +118,30 @@ def test_large_entries_are_not_read_ahead_past_half_the_byte_bound_nor_evicting(
     assert evicting.evicted == 1 and list(evicting.entries) == [10] and huge.reads == [10]
 
 
+def test_entries_the_delivery_has_passed_make_room_for_reading_ahead():
+    """A drain's entries hold a few hundred messages each: those delivered already held
+    half the byte bound, and the entries about to be delivered were read in the delivering
+    turn instead of while the node waited for its disk."""
+    third = read_back.DECODED_BYTES_MAX // 6
+    entries = {index: batch(index, 1, size=third) for index in range(10, 16)}
+    log = Log(entries)
+    decoded = DecodedEntries(log.entry_data)
+    for index in (10, 11, 12):                             # delivered: half the bound held
+        decoded.read(index)
+    decoded.remember(20, [], 10)                           # the last enqueue applied stays
+    machine = machine_with({index: 1 for index in (13, 14, 15)})
+    assert decoded.read_ahead(upcoming_entries(machine.state, stride=1)) is True
+    assert set(decoded.entries) == {13, 20}, "the entries passed went, the next was read"
+    returned = machine_with({index: 1 for index in (11, 13, 14)})   # a message of 11 returned: ready again
+    assert decoded.read_ahead(upcoming_entries(returned.state, stride=1)) is True
+    assert set(decoded.entries) == {11, 13, 20}, "a message returned is read again, nothing after it goes"
+    held = set(decoded.entries)
+    out_of_order = machine_with({index: 1 for index in (13, 11)})   # a message of 13 returned: first again
+    for _ in range(3):
+        decoded.read_ahead(upcoming_entries(out_of_order.state, stride=1))
+    assert set(decoded.entries) == held and log.reads.count(11) == 2, "nothing it will deliver goes, nor is read twice"
+
+
 class Loop:
     def __init__(self) -> None:
         self.ready: list = []
