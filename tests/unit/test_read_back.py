@@ -122,8 +122,8 @@ def test_entries_the_delivery_has_passed_make_room_for_reading_ahead():
     """A drain's entries hold a few hundred messages each: those delivered already held
     half the byte bound, and the entries about to be delivered were read in the delivering
     turn instead of while the node waited for its disk."""
-    third = read_back.DECODED_BYTES_MAX // 6
-    entries = {index: batch(index, 1, size=third) for index in range(10, 16)}
+    sixth = read_back.DECODED_BYTES_MAX // 6
+    entries = {index: batch(index, 1, size=sixth) for index in range(10, 16)}
     log = Log(entries)
     decoded = DecodedEntries(log.entry_data)
     for index in (10, 11, 12):                             # delivered: half the bound held
