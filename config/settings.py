@@ -97,6 +97,10 @@ class Settings(BaseSettings):
     # publish or consume, when that is all it did so far (docs/multi-process.md, section 11);
     # off, every connection stays where it was accepted and crosses to its queues' processes.
     move_connections: bool = True
+    # Each process's event loop thread bound to a CPU of its own, process k to the k-th CPU the
+    # node may use, as RabbitMQ binds its schedulers (broker/node/loop_cpu.py); its other threads run on
+    # any. Off, the kernel places the loop: for several nodes sharing one machine's CPUs.
+    bind_loop_to_cpu: bool = True
 
     # The users, vhosts and permissions a fresh node starts with (RabbitMQ's default user
     # and load_definitions); after the first start they live in the metadata log and

@@ -27,12 +27,13 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import NamedTuple
 
 import structlog
 
-from warren.storage import records
+from warren.storage import cpus, records
 from warren.storage.wal import LogStore, NoSpace, Relocation, no_space
 from warren.storage.writer_thread import WriterThread
 
@@ -101,6 +102,9 @@ class GroupCommitter:
         # one thread writes: batches reach the file in order
         # looked up per batch, not bound here: the store's write is replaced in tests of a failing disk
         self._writer = WriterThread(lambda data: self.store.write_batch(data), self._on_written)
+        # a rollover's steps and the shredding of what it let go (they may overlap), on threads that
+        # leave the loop's CPU binding behind (storage/cpus.py)
+        self._workers = ThreadPoolExecutor(2, thread_name_prefix="wal-rollover", initializer=cpus.run_anywhere)
         self._busy = False          # a batch is being written, or the WAL is being switched
         self._kick: asyncio.Handle | None = None
         self._idle_waiters: list[asyncio.Future] = []
@@ -332,7 +336,7 @@ class GroupCommitter:
         the batches that follow, so writers never wait for a rollover."""
         cursors, first_batch = self._prepare_rollover()
         try:
-            await loop.run_in_executor(None, self.store.switch_wal, first_batch)
+            await loop.run_in_executor(self._workers, self.store.switch_wal, first_batch)
         except OSError as error:
             self._rollover_failed(loop, error)
             return
@@ -344,7 +348,7 @@ class GroupCommitter:
                                switched_at: int) -> None:
         finished = False
         try:
-            moved = await loop.run_in_executor(None, self.store.move_to_segments, cursors)
+            moved = await loop.run_in_executor(self._workers, self.store.move_to_segments, cursors)
             if self._relocated_listeners:
                 # readers switch before the old files go; one segment's worth per loop
                 # turn, so a large move does not stall the node
@@ -352,7 +356,7 @@ class GroupCommitter:
                     for listener in self._relocated_listeners:
                         listener([relocation])
                     await asyncio.sleep(0)
-            await loop.run_in_executor(None, self.store.finish_rollover, cursors)
+            await loop.run_in_executor(self._workers, self.store.finish_rollover, cursors)
             finished = True
             self._rollover_failures = 0
         except OSError as error:
@@ -379,7 +383,7 @@ class GroupCommitter:
         (an unlink of a whole one stalls the WAL's fdatasyncs: storage/files.py)."""
         try:
             while self.store.trash_to_shred:   # with what rollovers let go meanwhile
-                await loop.run_in_executor(None, self.store.shred_trash)
+                await loop.run_in_executor(self._workers, self.store.shred_trash)
         except Exception:  # noqa: BLE001 -- what is left in the trash goes at the next start; never stop the node
             log.exception("wal.shred_failed")
         finally:
@@ -414,3 +418,4 @@ class GroupCommitter:
             self._space_retry.cancel()
             self._space_retry = None
         self._writer.close()
+        self._workers.shutdown(wait=False)   # after `drain`: idle; else each ends with its step

@@ -16,6 +16,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from warren.storage import cpus
+
 # report(batch, heads, size, started, result, error) on the loop: result is what `write` returned, or
 # error what it raised
 Report = Callable[[int, Any, int, float, Any, BaseException | None], None]
@@ -38,6 +40,7 @@ class WriterThread:
         self._jobs.put((loop, batch, heads, data, size, started))
 
     def _run(self) -> None:
+        cpus.run_anywhere()   # started by the loop's thread, which may be bound to one CPU
         while True:
             job = self._jobs.get()
             if job is None:

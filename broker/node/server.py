@@ -38,7 +38,7 @@ import uvloop
 from warren.broker.admin.gather import ShardGatherer
 from warren.broker.admin.http import start_http_server
 from warren.broker.amqp.connection import AMQPConnection
-from warren.broker.node import gc_tuning, shards
+from warren.broker.node import gc_tuning, loop_cpu, shards
 from warren.broker.node.broker import VERSION, Broker
 from warren.broker.node.connection_handoff import ConnectionHandoff
 from warren.broker.node.listen_sockets import LISTEN_BACKLOG, skippable
@@ -216,6 +216,8 @@ async def serve(settings: Settings, inherited: InheritedSockets | None = None) -
     started = await _started_unless_stopped(broker, stop)
     if started:
         servers, metrics_servers = await _listen_all(broker, settings, inherited)
+        if settings.bind_loop_to_cpu:   # now: libuv's pool for the name lookups listening made stays free
+            _bind_loop(settings.node_shard or 0)
         if inherited is not None:   # connections moved here from other shards are taken from now on
             inherited.handoff.start(loop, partial(_take_moved, broker))
             if settings.move_connections:
@@ -240,6 +242,17 @@ async def serve(settings: Settings, inherited: InheritedSockets | None = None) -
         server.close()
     log.info("server.stopped")
     return FATAL_EXIT_STATUS if fatal else 0
+
+
+def _bind_loop(process_index: int) -> None:
+    """The loop's thread on a CPU of its own (broker/node/loop_cpu.py)."""
+    try:
+        cpu = loop_cpu.bind_loop_thread(process_index)
+    except OSError as error:   # refused (a cpuset changed meanwhile): the kernel places the loop
+        log.warning("server.loop_not_bound", error=str(error))
+        return
+    if cpu is not None:
+        log.info("server.loop_bound", cpu=cpu)
 
 
 async def _started_unless_stopped(broker: Broker, stop: asyncio.Event) -> bool:

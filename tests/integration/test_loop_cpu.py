@@ -1,0 +1,79 @@
+"""A node's event loop bound to a CPU of its own (the setting `bind_loop_to_cpu`,
+broker/node/loop_cpu.py), with real warren-server processes: the loop's thread on one
+CPU, and the threads it starts (the WAL writer, the rollovers' workers) on every CPU; a
+node of two processes' loops on two CPUs; and the setting off, nothing bound."""
+from __future__ import annotations
+
+import os
+
+import pika
+import pytest
+
+from tests.integration.pika_support import publish_confirmed
+from tests.integration.test_node_processes import SHARDS, sharded_server
+from tests.serverproc import make_server
+
+MACHINE_CPUS = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+pytestmark = [pytest.mark.timeout(90),
+              pytest.mark.skipif(len(MACHINE_CPUS) < SHARDS,
+                                 reason="needs Linux and two CPUs the tests may use (a machine condition)")]
+
+
+def threads(pid: int) -> list[int]:
+    return sorted(int(tid) for tid in os.listdir(f"/proc/{pid}/task"))
+
+
+def bytes_written(pid: int, tid: int) -> int:
+    """What the thread handed to write calls (files and sockets): /proc's `wchar`."""
+    with open(f"/proc/{pid}/task/{tid}/io") as io:
+        return next(int(line.split()[1]) for line in io if line.startswith("wchar:"))
+
+
+def publish_to_a_quorum_queue(url: str) -> None:
+    connection = pika.BlockingConnection(pika.URLParameters(url))
+    try:
+        channel = connection.channel()
+        channel.queue_declare("bound", durable=True, arguments={"x-queue-type": "quorum"})
+        publish_confirmed(channel, "bound", [b"x" * 1000] * 200)
+    finally:
+        connection.close()
+
+
+def test_the_loop_is_bound_to_the_first_cpu_and_the_threads_it_starts_to_none(tmp_path):
+    # a WAL of 64 KiB: the publishes roll it over, and the rollovers' workers write segments
+    server = make_server(tmp_path, WARREN_BIND_LOOP_TO_CPU="true", WARREN_WAL_MAX_SIZE_BYTES="65536").start()
+    try:
+        publish_to_a_quorum_queue(server.url)   # the first WAL batch starts the writer thread
+        pid = server.process.pid
+        assert os.sched_getaffinity(pid) == {MACHINE_CPUS[0]}, "the loop's thread is not bound to the first CPU"
+        writing = {tid: bytes_written(pid, tid) for tid in threads(pid) if tid != pid}
+        writing = {tid: written for tid, written in writing.items() if written}
+        assert len(writing) >= 2 and max(writing.values()) >= 200 * 1000, \
+            f"not the WAL writer and a rollover's worker beside the loop (bytes written by thread: {writing})"
+        assert {tid: os.sched_getaffinity(tid) for tid in writing} == {tid: set(MACHINE_CPUS) for tid in writing}, \
+            "a thread the loop started kept its binding: it would take the loop's CPU"
+        assert '"event": "server.loop_bound"' in server.log()
+    finally:
+        server.stop()
+
+
+def test_each_process_of_a_node_binds_its_loop_to_a_cpu_of_its_own(tmp_path):
+    node = sharded_server(tmp_path)
+    node.env["WARREN_BIND_LOOP_TO_CPU"] = "true"
+    node.start()
+    try:
+        rows = sorted(node.shard_rows(), key=lambda row: row["shard"])
+        assert [os.sched_getaffinity(row["pid"]) for row in rows] == [{MACHINE_CPUS[k]} for k in range(SHARDS)]
+        assert os.sched_getaffinity(node.process.pid) == set(MACHINE_CPUS), "the supervisor is bound"
+    finally:
+        node.stop()
+
+
+def test_off_no_thread_is_bound(tmp_path):
+    server = make_server(tmp_path).start()   # the tests' nodes run with it off
+    try:
+        publish_to_a_quorum_queue(server.url)
+        pid = server.process.pid
+        assert [os.sched_getaffinity(tid) for tid in threads(pid)] == [set(MACHINE_CPUS)] * len(threads(pid))
+    finally:
+        server.stop()
