@@ -10,8 +10,7 @@
 # WARREN_SERVER (default: warren-server on PATH, else .venv/bin/warren-server),
 # WARREN_CLUSTER_SECRET (default: a fixed local-only secret) and WARREN_NODE_PROCESSES
 # (default 1: three nodes already share this machine's cores) may be set; a node's
-# processes share its one cluster port. The nodes' event loops are not bound to CPUs
-# (WARREN_BIND_LOOP_TO_CPU=false): each node would bind its first to the same CPU.
+# processes share its one cluster port.
 set -euo pipefail
 ACTION=${1:-}
 DIR=${2:-./warren-cluster}
@@ -29,7 +28,6 @@ case "$ACTION" in
             mkdir -p "$DIR/n$i"
             WARREN_NODE_NAME="n$i@local" WARREN_CLUSTER_NODES="$NODES" WARREN_CLUSTER_SECRET="$SECRET" \
             WARREN_CLUSTER_HOST=127.0.0.1 WARREN_CLUSTER_PORT=$(cluster_port $i) WARREN_NODE_PROCESSES=$PROCESSES \
-            WARREN_BIND_LOOP_TO_CPU=false \
             WARREN_AMQP_HOST=127.0.0.1 WARREN_AMQP_PORT=$((5671 + i)) \
             WARREN_METRICS_HOST=127.0.0.1 WARREN_METRICS_PORT=$((15691 + i)) \
             WARREN_DATA_DIR="$DIR/n$i/data" \

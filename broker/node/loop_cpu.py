@@ -13,6 +13,12 @@ import os
 from collections.abc import Iterable
 
 
+def binds(setting: bool | None, cluster_nodes: int) -> bool:
+    """Whether the node's loops are bound: as set, else unless the node is one of a cluster
+    (a cluster's nodes may share a machine, and each would take the same first CPU)."""
+    return setting if setting is not None else cluster_nodes <= 1
+
+
 def loop_cpu(process_index: int, cpus: Iterable[int]) -> int | None:
     """The CPU for the loop of a node's process `process_index` (0 for a node of one
     process): the processes take the CPUs in turn. None with a single CPU: nothing to

@@ -87,6 +87,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings = load_settings(args.config)
         _check_cluster_config(settings)
+        # decided on the node's settings: a shard's name every shard as its cluster
+        settings = settings.model_copy(update={
+            "bind_loop_to_cpu": loop_cpu.binds(settings.bind_loop_to_cpu, len(settings.cluster_nodes))})
         if args.shard_plan is not None:   # one of a supervisor's shards (broker/node/supervisor.py)
             plan = shards.ShardPlan.from_json(args.shard_plan)
             shards.die_with_supervisor(plan.supervisor_pid)

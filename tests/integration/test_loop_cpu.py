@@ -1,9 +1,11 @@
 """A node's event loop bound to a CPU of its own (the setting `bind_loop_to_cpu`,
 broker/node/loop_cpu.py), with real warren-server processes: the loop's thread on one
 CPU, and the threads it starts (the WAL writer, the rollovers' workers) on every CPU; a
-node of two processes' loops on two CPUs; and the setting off, nothing bound."""
+node of two processes' loops on two CPUs; a cluster node by default, and the setting off,
+nothing bound."""
 from __future__ import annotations
 
+import json
 import os
 
 import pika
@@ -11,7 +13,7 @@ import pytest
 
 from tests.integration.pika_support import publish_confirmed
 from tests.integration.test_node_processes import SHARDS, sharded_server
-from tests.serverproc import make_server
+from tests.serverproc import free_port, make_server
 
 MACHINE_CPUS = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
 pytestmark = [pytest.mark.timeout(90),
@@ -29,6 +31,13 @@ def bytes_written(pid: int, tid: int) -> int:
         return next(int(line.split()[1]) for line in io if line.startswith("wchar:"))
 
 
+def server_with_the_default(tmp_path, **env: str):
+    """A node as warren-server starts it unless told: the suite's nodes run with it off."""
+    server = make_server(tmp_path, **env)
+    del server.env["WARREN_BIND_LOOP_TO_CPU"]
+    return server
+
+
 def publish_to_a_quorum_queue(url: str) -> None:
     connection = pika.BlockingConnection(pika.URLParameters(url))
     try:
@@ -41,7 +50,7 @@ def publish_to_a_quorum_queue(url: str) -> None:
 
 def test_the_loop_is_bound_to_the_first_cpu_and_the_threads_it_starts_to_none(tmp_path):
     # a WAL of 64 KiB: the publishes roll it over, and the rollovers' workers write segments
-    server = make_server(tmp_path, WARREN_BIND_LOOP_TO_CPU="true", WARREN_WAL_MAX_SIZE_BYTES="65536").start()
+    server = server_with_the_default(tmp_path, WARREN_WAL_MAX_SIZE_BYTES="65536").start()
     try:
         publish_to_a_quorum_queue(server.url)   # the first WAL batch starts the writer thread
         pid = server.process.pid
@@ -59,7 +68,7 @@ def test_the_loop_is_bound_to_the_first_cpu_and_the_threads_it_starts_to_none(tm
 
 def test_each_process_of_a_node_binds_its_loop_to_a_cpu_of_its_own(tmp_path):
     node = sharded_server(tmp_path)
-    node.env["WARREN_BIND_LOOP_TO_CPU"] = "true"
+    del node.env["WARREN_BIND_LOOP_TO_CPU"]
     node.start()
     try:
         rows = sorted(node.shard_rows(), key=lambda row: row["shard"])
@@ -69,11 +78,29 @@ def test_each_process_of_a_node_binds_its_loop_to_a_cpu_of_its_own(tmp_path):
         node.stop()
 
 
+def assert_nothing_bound(pid: int) -> None:
+    assert [os.sched_getaffinity(tid) for tid in threads(pid)] == [set(MACHINE_CPUS)] * len(threads(pid))
+
+
 def test_off_no_thread_is_bound(tmp_path):
-    server = make_server(tmp_path).start()   # the tests' nodes run with it off
+    server = make_server(tmp_path, WARREN_BIND_LOOP_TO_CPU="false").start()
     try:
         publish_to_a_quorum_queue(server.url)
-        pid = server.process.pid
-        assert [os.sched_getaffinity(tid) for tid in threads(pid)] == [set(MACHINE_CPUS)] * len(threads(pid))
+        assert_nothing_bound(server.process.pid)
+    finally:
+        server.stop()
+
+
+def test_a_cluster_node_binds_nothing_unless_told(tmp_path):
+    """Its nodes may share a machine, each binding its first loop to the same CPU."""
+    ports = {"a@local": free_port(), "b@local": free_port()}   # b never starts
+    members = json.dumps([{"name": name, "host": "127.0.0.1", "port": port} for name, port in ports.items()])
+    server = server_with_the_default(
+        tmp_path, WARREN_NODE_NAME="a@local", WARREN_CLUSTER_NODES=members, WARREN_CLUSTER_HOST="127.0.0.1",
+        WARREN_CLUSTER_PORT=str(ports["a@local"]), WARREN_CLUSTER_SECRET="s3cret",
+        WARREN_CLUSTER_STARTUP_CATCH_UP_SECONDS="0").start()
+    try:
+        assert_nothing_bound(server.process.pid)
+        assert '"server.loop_bound"' not in server.log()
     finally:
         server.stop()

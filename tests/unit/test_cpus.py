@@ -12,6 +12,12 @@ from warren.broker.node import loop_cpu
 from warren.storage import cpus
 
 
+def test_bound_as_set_else_unless_one_of_a_cluster():
+    assert [loop_cpu.binds(None, nodes) for nodes in (0, 1, 3)] == [True, True, False]
+    assert [loop_cpu.binds(setting, 3) for setting in (True, False)] == [True, False]
+    assert loop_cpu.binds(False, 1) is False
+
+
 def test_a_node_of_one_process_binds_its_loop_to_the_first_cpu_it_may_use():
     assert loop_cpu.loop_cpu(0, {3, 1, 2}) == 1
 

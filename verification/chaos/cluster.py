@@ -90,7 +90,6 @@ class LocalCluster:
             "WARREN_METRICS_HOST": "127.0.0.1", "WARREN_METRICS_PORT": str(node.metrics_port),
             "WARREN_DATA_DIR": str(node.data_dir), "WARREN_LOG_LEVEL": "info",
             "WARREN_NODE_PROCESSES": str(self.processes),
-            "WARREN_BIND_LOOP_TO_CPU": "false",   # the nodes share this machine's CPUs: the kernel places them
         })
         env.update(self.extra_env)
         return env
