@@ -98,10 +98,10 @@ class Settings(BaseSettings):
     # off, every connection stays where it was accepted and crosses to its queues' processes.
     move_connections: bool = True
     # Each process's event loop thread bound to a CPU of its own, process k to the k-th CPU the
-    # node may use, as RabbitMQ binds its schedulers (broker/node/loop_cpu.py); its other threads
-    # run on any. None: bound unless the node is one of a cluster, whose nodes may share a machine
-    # (each would bind its first loop to the same CPU); true on a cluster node with a machine of its own.
-    bind_loop_to_cpu: bool | None = None
+    # node may use, as RabbitMQ binds its schedulers (broker/node/loop_cpu.py): "busy" while it runs
+    # flat out, "always", or "never"; its other threads run on any. None: "busy", but "never" on a
+    # node of a cluster, whose nodes may share a machine (each would bind its first loop to one CPU).
+    loop_cpu_binding: Literal["busy", "always", "never"] | None = None
 
     # The users, vhosts and permissions a fresh node starts with (RabbitMQ's default user
     # and load_definitions); after the first start they live in the metadata log and

@@ -117,7 +117,7 @@ def make_server(tmp_path: Path, **env_overrides: str) -> ServerProcess:
         "WARREN_DATA_DIR": str(data_dir),
         "WARREN_LOG_LEVEL": "info",
         "WARREN_NODE_PROCESSES": "1",   # the default is the machine's cores; tests of shards set their own
-        "WARREN_BIND_LOOP_TO_CPU": "false",   # a test's nodes share the machine's CPUs; tests of binding set it
+        "WARREN_LOOP_CPU_BINDING": "never",   # a test's nodes share the machine's CPUs; tests of binding set it
     })
     env.update(env_overrides)
     return ServerProcess(amqp_port, metrics_port, data_dir, env)

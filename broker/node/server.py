@@ -87,9 +87,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings = load_settings(args.config)
         _check_cluster_config(settings)
-        # decided on the node's settings: a shard's name every shard as its cluster
+        # decided on the node's own settings (a shard's list the node's shards as a cluster)
         settings = settings.model_copy(update={
-            "bind_loop_to_cpu": loop_cpu.binds(settings.bind_loop_to_cpu, len(settings.cluster_nodes))})
+            "loop_cpu_binding": loop_cpu.binding(settings.loop_cpu_binding, len(settings.cluster_nodes))})
         if args.shard_plan is not None:   # one of a supervisor's shards (broker/node/supervisor.py)
             plan = shards.ShardPlan.from_json(args.shard_plan)
             shards.die_with_supervisor(plan.supervisor_pid)
@@ -217,10 +217,13 @@ async def serve(settings: Settings, inherited: InheritedSockets | None = None) -
     servers: list[asyncio.Server] = []
     metrics_servers: list[asyncio.Server] = []
     started = await _started_unless_stopped(broker, stop)
+    binder = None
     if started:
         servers, metrics_servers = await _listen_all(broker, settings, inherited)
-        if settings.bind_loop_to_cpu:   # now: libuv's pool for the name lookups listening made stays free
-            _bind_loop(settings.node_shard or 0)
+        if settings.loop_cpu_binding in ("busy", "always"):   # now: libuv's pool (name lookups) stays free
+            binder = loop_cpu.start_binder(loop, settings.node_shard or 0, settings.loop_cpu_binding == "always")
+            if binder is not None:
+                log.info("server.loop_binding", cpu=binder.cpu, binding=settings.loop_cpu_binding)
         if inherited is not None:   # connections moved here from other shards are taken from now on
             inherited.handoff.start(loop, partial(_take_moved, broker))
             if settings.move_connections:
@@ -231,6 +234,8 @@ async def serve(settings: Settings, inherited: InheritedSockets | None = None) -
         gc_tuning.tune_after_start()
         await stop.wait()
     log.info("server.stopping", connections=len(broker.connections))
+    if binder is not None:
+        binder.stop()
     for server in servers:
         server.close()
     if inherited is not None and started:
@@ -245,17 +250,6 @@ async def serve(settings: Settings, inherited: InheritedSockets | None = None) -
         server.close()
     log.info("server.stopped")
     return FATAL_EXIT_STATUS if fatal else 0
-
-
-def _bind_loop(process_index: int) -> None:
-    """The loop's thread on a CPU of its own (broker/node/loop_cpu.py)."""
-    try:
-        cpu = loop_cpu.bind_loop_thread(process_index)
-    except OSError as error:   # refused (a cpuset changed meanwhile): the kernel places the loop
-        log.warning("server.loop_not_bound", error=str(error))
-        return
-    if cpu is not None:
-        log.info("server.loop_bound", cpu=cpu)
 
 
 async def _started_unless_stopped(broker: Broker, stop: asyncio.Event) -> bool:

@@ -1,8 +1,9 @@
-"""A node's event loop bound to a CPU of its own (the setting `bind_loop_to_cpu`,
-broker/node/loop_cpu.py), with real warren-server processes: the loop's thread on one
-CPU, and the threads it starts (the WAL writer, the rollovers' workers) on every CPU; a
-node of two processes' loops on two CPUs; a cluster node by default, and the setting off,
-nothing bound."""
+"""A node's event loop bound to a CPU of its own (the setting `loop_cpu_binding`,
+broker/node/loop_cpu.py), with real warren-server processes: "always", the loop's thread
+on one CPU and the threads it starts (the WAL writer, the rollovers' workers) on every
+CPU, and a node of two processes' loops on two CPUs; by default, a single node's idle
+loop and a cluster node's loop not bound; "never", nothing bound. (When "busy" binds is
+tests/unit/test_cpus.py's.)"""
 from __future__ import annotations
 
 import json
@@ -32,9 +33,9 @@ def bytes_written(pid: int, tid: int) -> int:
 
 
 def server_with_the_default(tmp_path, **env: str):
-    """A node as warren-server starts it unless told: the suite's nodes run with it off."""
+    """A node as warren-server starts it unless told: the suite's nodes run with "never"."""
     server = make_server(tmp_path, **env)
-    del server.env["WARREN_BIND_LOOP_TO_CPU"]
+    del server.env["WARREN_LOOP_CPU_BINDING"]
     return server
 
 
@@ -48,9 +49,9 @@ def publish_to_a_quorum_queue(url: str) -> None:
         connection.close()
 
 
-def test_the_loop_is_bound_to_the_first_cpu_and_the_threads_it_starts_to_none(tmp_path):
+def test_always_the_loop_is_bound_to_the_first_cpu_and_the_threads_it_starts_to_none(tmp_path):
     # a WAL of 64 KiB: the publishes roll it over, and the rollovers' workers write segments
-    server = server_with_the_default(tmp_path, WARREN_WAL_MAX_SIZE_BYTES="65536").start()
+    server = make_server(tmp_path, WARREN_LOOP_CPU_BINDING="always", WARREN_WAL_MAX_SIZE_BYTES="65536").start()
     try:
         publish_to_a_quorum_queue(server.url)   # the first WAL batch starts the writer thread
         pid = server.process.pid
@@ -61,14 +62,14 @@ def test_the_loop_is_bound_to_the_first_cpu_and_the_threads_it_starts_to_none(tm
             f"not the WAL writer and a rollover's worker beside the loop (bytes written by thread: {writing})"
         assert {tid: os.sched_getaffinity(tid) for tid in writing} == {tid: set(MACHINE_CPUS) for tid in writing}, \
             "a thread the loop started kept its binding: it would take the loop's CPU"
-        assert '"event": "server.loop_bound"' in server.log()
+        assert '"binding": "always"' in server.log()
     finally:
         server.stop()
 
 
-def test_each_process_of_a_node_binds_its_loop_to_a_cpu_of_its_own(tmp_path):
+def test_always_each_process_of_a_node_binds_its_loop_to_a_cpu_of_its_own(tmp_path):
     node = sharded_server(tmp_path)
-    del node.env["WARREN_BIND_LOOP_TO_CPU"]
+    node.env["WARREN_LOOP_CPU_BINDING"] = "always"
     node.start()
     try:
         rows = sorted(node.shard_rows(), key=lambda row: row["shard"])
@@ -82,11 +83,14 @@ def assert_nothing_bound(pid: int) -> None:
     assert [os.sched_getaffinity(tid) for tid in threads(pid)] == [set(MACHINE_CPUS)] * len(threads(pid))
 
 
-def test_off_no_thread_is_bound(tmp_path):
-    server = make_server(tmp_path, WARREN_BIND_LOOP_TO_CPU="false").start()
+@pytest.mark.parametrize("binding", ["never", None])
+def test_never_and_by_default_an_idle_loop_is_not_bound(tmp_path, binding):
+    server = (make_server(tmp_path, WARREN_LOOP_CPU_BINDING=binding) if binding
+              else server_with_the_default(tmp_path)).start()
     try:
         publish_to_a_quorum_queue(server.url)
         assert_nothing_bound(server.process.pid)
+        assert ('"binding": "busy"' in server.log()) is (binding is None), "the binder ran, or did not"
     finally:
         server.stop()
 
@@ -101,6 +105,6 @@ def test_a_cluster_node_binds_nothing_unless_told(tmp_path):
         WARREN_CLUSTER_STARTUP_CATCH_UP_SECONDS="0").start()
     try:
         assert_nothing_bound(server.process.pid)
-        assert '"server.loop_bound"' not in server.log()
+        assert '"server.loop_binding"' not in server.log()
     finally:
         server.stop()
