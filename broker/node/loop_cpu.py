@@ -3,11 +3,11 @@
 
 On this 2-CPU machine a one-process node's loop thread, left to the kernel, ran 0.8-0.9
 of a core through a backlog's drain and was preempted about a thousand times a second;
-bound to one CPU, its drains were faster and never fell into the slow runs of the unbound
-ones. But a loop that sleeps and wakes thousands of times a second (5,000 messages a
-second: 0.2 ms of CPU between sleeps) must then be woken on its own CPU, across CPUs,
-every time: its confirms' median rose from 0.72 to 0.98 ms (docs/performance.md, session
-56). So by default a loop is bound only while it is saturated: most of each window
+bound to one CPU, the drains' median rose from 158k to 167k msg/s (11 pairs; a slow run
+still comes now and then). But a loop that sleeps and wakes thousands of times a second
+(5,000 messages a second: 0.2 ms of CPU between sleeps) must then be woken on its own CPU,
+across CPUs, every time: its confirms' median rose from 0.73 to 0.99 ms (docs/performance.md,
+session 56). So by default a loop is bound only while it is saturated: most of each window
 running, in bursts of at least half a millisecond between sleeps (`LoopPlacement`), and
 freed once it is not. The process's other threads run on any CPU (storage/cpus.py).
 """
