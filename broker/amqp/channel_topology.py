@@ -27,7 +27,7 @@ from warren.broker.node.metadata import raise_if_error
 from warren.broker.queues.queue import Queue
 from warren.broker.queues.queue_factory import is_replicated
 from warren.broker.routing.exchanges import EXCHANGE_TYPES, Binding
-from warren.protocol.constants import ACCESS_REFUSED, COMMAND_INVALID, NOT_FOUND, NOT_IMPLEMENTED, RESOURCE_LOCKED
+from warren.protocol.constants import ACCESS_REFUSED, NOT_FOUND, NOT_IMPLEMENTED, PRECONDITION_FAILED, RESOURCE_LOCKED
 from warren.protocol.errors import AMQPConnectionError, ChannelError
 
 REPLY_TO_QUEUE = "amq.rabbitmq.reply-to"
@@ -123,9 +123,9 @@ class TopologyMethods:
 
     def on_exchange_declare(self, method: spec.Exchange.Declare) -> None:
         if not method.passive and method.exchange_type not in EXCHANGE_TYPES:
-            # RabbitMQ 3.x's rabbit_exchange:check_type, before any other check: a hard error
-            # (pika's and py-amqp's own tests expect it; 3.12 made it a channel's 406)
-            raise AMQPConnectionError(COMMAND_INVALID, f"unknown exchange type '{method.exchange_type}'", 40, 10)
+            # rabbit_exchange:check_type, before any other check: a channel's 406 since rabbitmq-server#11214
+            # (3.12.x, 3.13, 4.x; pika 1.4.4's own tests expect it), 3.10's 503 closed the whole connection
+            raise ChannelError(PRECONDITION_FAILED, f"unknown exchange type '{method.exchange_type}'", 40, 10)
         if not method.passive and method.exchange:
             self.check_access("configure", "exchange", method.exchange, 40, 10)
         reply = None if method.nowait else spec.Exchange.DeclareOk()

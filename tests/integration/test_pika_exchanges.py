@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pika
 import pytest
-from pika.exceptions import ChannelClosedByBroker, ConnectionClosedByBroker
+from pika.exceptions import ChannelClosedByBroker
 
 from tests.integration.pika_support import (  # noqa: F401
     assert_closed_by,
@@ -84,14 +84,16 @@ def test_redeclare_with_other_durable_is_406(connection, name, cleanup):
     assert_closed_by(excinfo.value, 406, "inequivalent arg 'durable'")
 
 
-def test_unknown_exchange_type_closes_the_connection_with_503(connection, name):
-    """As RabbitMQ 3.10 (rabbit_exchange:check_type's command_invalid), which pika's own
-    acceptance test (TestInvalidExchangeTypeRaisesConnectionClosed) holds it to."""
+def test_unknown_exchange_type_closes_the_channel_with_406(connection, name):
+    """As RabbitMQ since 2024 (rabbitmq-server#11214, in 3.12.x, 3.13 and 4.x:
+    rabbit_exchange:check_type's precondition_failed; 3.10 closed the connection with 503),
+    which pika 1.4.4's own acceptance test (TestInvalidExchangeTypeRaisesConnectionClosed)
+    holds it to: one channel's mistake no longer takes the connection's other channels."""
     channel = connection.channel()
-    with pytest.raises(ConnectionClosedByBroker) as excinfo:
+    with pytest.raises(ChannelClosedByBroker) as excinfo:
         channel.exchange_declare(name, "x-no-such-type-warren")
-    assert (excinfo.value.reply_code, excinfo.value.reply_text) == (
-        503, "COMMAND_INVALID - unknown exchange type 'x-no-such-type-warren'")
+    assert_closed_by(excinfo.value, 406, "PRECONDITION_FAILED - unknown exchange type 'x-no-such-type-warren'")
+    assert connection.is_open and connection.channel().is_open
 
 
 def test_delete_if_unused_with_bindings_is_406(connection, name, cleanup):
