@@ -78,10 +78,10 @@ class LoopBinder:
     thread's own CPU time and sleeps (`getrusage` of the calling thread, in a callback on
     the loop) every WINDOW_SECONDS."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, cpu: int, always: bool) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, cpu: int, any_cpu: set[int], always: bool) -> None:
         self.cpu = cpu
         self._loop = loop
-        self._any_cpu = os.sched_getaffinity(0)   # the loop's thread is not bound yet
+        self._any_cpu = any_cpu   # the CPUs the loop's thread may use when it is free
         self._placement = None if always else LoopPlacement()
         self._last = (0.0, 0.0, 0)
         self._window: asyncio.TimerHandle | None = None
@@ -122,9 +122,10 @@ def start_binder(loop: asyncio.AbstractEventLoop, process_index: int, always: bo
     """From the loop's thread: its binder, started; None on a machine of one CPU (or not Linux)."""
     if not hasattr(os, "sched_setaffinity"):
         return None
-    cpu = loop_cpu(process_index, os.sched_getaffinity(0))
+    any_cpu = os.sched_getaffinity(0)   # the loop's thread is not bound yet
+    cpu = loop_cpu(process_index, any_cpu)
     if cpu is None:
         return None
-    binder = LoopBinder(loop, cpu, always)
+    binder = LoopBinder(loop, cpu, any_cpu, always)
     binder.start()
     return binder
