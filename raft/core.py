@@ -22,7 +22,8 @@ The rules come from the Raft paper (§5 basics, §7 snapshots) and Ongaro's
 thesis: single-server membership changes (§4.1: a configuration takes effect
 when its entry is appended, one change at a time), leadership transfer
 (§3.10), check-quorum and the leader lease (§6.2, §4.2.3), pre-vote (§9.6).
-The replication pacing (progress states, pipelining) lives in replication.py.
+The replication pacing (progress states, pipelining) lives in replication.py,
+the elections (vote handling, pre-vote, the lease) in election.py.
 
 Reading the node. `status()` is a frozen snapshot of what a host may look at
 (term, role, leader, log bounds, per-voter match on a leader);
@@ -35,7 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from warren.raft import replication
+from warren.raft import election, replication
 from warren.raft.log import RaftLog
 from warren.raft.messages import (
     AppendEntries,
@@ -342,24 +343,24 @@ class RaftNode:
             return
         if self.pre_vote and not transfer:
             self.become_pre_candidate()
-            self.request_votes(pre_vote=True, transfer=False)
+            election.request_votes(self, pre_vote=True, transfer=False)
         else:
             self.become_candidate()
-            self.request_votes(pre_vote=False, transfer=transfer)
+            election.request_votes(self, pre_vote=False, transfer=transfer)
 
     def step(self, message: Message) -> None:
         assert message.to == self.node_id, f"{self.node_id} got a message for {message.to}"
         if message.term > self.term:
-            if not self.on_higher_term(message):
+            if not election.on_higher_term(self, message):
                 return
         elif message.term < self.term:
-            self.on_lower_term(message)
+            election.on_lower_term(self, message)
             return
         match message:
             case RequestVote():
-                self.on_request_vote(message)
+                election.on_request_vote(self, message)
             case RequestVoteResponse():
-                self.on_request_vote_response(message)
+                election.on_request_vote_response(self, message)
             case AppendEntries():
                 self.on_append_entries(message)
             case AppendEntriesResponse():
@@ -371,7 +372,7 @@ class RaftNode:
             case InstallSnapshot():
                 self.on_install_snapshot(message)
             case TimeoutNow():
-                self.on_timeout_now(message)
+                election.on_timeout_now(self, message)
             case _:
                 raise AssertionError(f"unknown message {message!r}")
 
@@ -493,98 +494,6 @@ class RaftNode:
 
     def new_progress(self, next_index: int) -> Progress:
         return Progress(next_index, self.max_inflight_messages, self.max_inflight_bytes)
-
-    # --- elections ------------------------------------------------------------------
-
-    def on_higher_term(self, message: Message) -> bool:
-        """Raft §5.1: a higher term makes us a follower -- except for vote
-        requests inside a leader's lease (§4.2.3, §9.6), which are dropped,
-        and pre-vote traffic, which changes nobody's term. Returns whether to
-        go on handling the message."""
-        if isinstance(message, RequestVote):
-            lease = self.check_quorum or (self.pre_vote and message.pre_vote)
-            in_lease = lease and self.leader_id is not None and self.election_elapsed < self.election_ticks
-            if in_lease and not message.transfer:
-                return False
-            if message.pre_vote:
-                return True
-            self.become_follower(message.term, None)
-            return True
-        if isinstance(message, RequestVoteResponse) and message.pre_vote and message.vote_granted:
-            return True
-        leader = message.sender if isinstance(message, (AppendEntries, Heartbeat, InstallSnapshot)) else None
-        self.become_follower(message.term, leader)
-        return True
-
-    def on_lower_term(self, message: Message) -> None:
-        """A stale message is dropped, but a stale leader or pre-candidate is
-        told the term, so that a node whose term rose while it was cut off
-        (and whose vote requests are now ignored under the lease) gets the
-        cluster to hold an election it can take part in."""
-        if (self.check_quorum or self.pre_vote) and isinstance(message, (AppendEntries, Heartbeat)):
-            self.send(AppendEntriesResponse(self.term, self.node_id, message.sender, success=False))
-        elif isinstance(message, RequestVote) and message.pre_vote:
-            self.send(RequestVoteResponse(self.term, self.node_id, message.sender, False, pre_vote=True))
-
-    def on_request_vote(self, message: RequestVote) -> None:
-        # §5.2: one vote per term, first come first served; §5.4.1: only for a
-        # log at least as up to date; §9.6: a pre-vote is a promise of nothing.
-        can_vote = (self.voted_for == message.sender
-                    or (self.voted_for is None and self.leader_id is None)
-                    or (message.pre_vote and message.term > self.term))
-        if can_vote and self.log.is_up_to_date(message.last_log_index, message.last_log_term):
-            self.send(RequestVoteResponse(message.term, self.node_id, message.sender, True, message.pre_vote))
-            if not message.pre_vote:
-                self.voted_for = message.sender
-                self.election_elapsed = 0
-        else:
-            self.send(RequestVoteResponse(self.term, self.node_id, message.sender, False, message.pre_vote))
-
-    def on_request_vote_response(self, message: RequestVoteResponse) -> None:
-        if message.pre_vote != (self.role == Role.PRE_CANDIDATE):
-            return
-        if self.role not in (Role.PRE_CANDIDATE, Role.CANDIDATE):
-            return
-        if message.pre_vote and message.vote_granted and message.term != self.term + 1:
-            return  # granted in an earlier pre-vote round, for another term
-        self.votes.setdefault(message.sender, message.vote_granted)
-        outcome = self.count_votes()
-        if outcome == "won":
-            self.on_election_won()
-        elif outcome == "lost":
-            self.become_follower(self.term, None)
-
-    def count_votes(self) -> str:
-        granted = sum(1 for voter in self.voters if self.votes.get(voter) is True)
-        rejected = sum(1 for voter in self.voters if self.votes.get(voter) is False)
-        if granted >= self.quorum():
-            return "won"
-        if rejected >= self.quorum():
-            return "lost"
-        return "pending"
-
-    def request_votes(self, pre_vote: bool, transfer: bool) -> None:
-        self.votes = {self.node_id: True}
-        if self.count_votes() == "won":
-            self.on_election_won()
-            return
-        # A pre-vote asks about the term we would campaign in (§9.6).
-        vote_term = self.term + 1 if pre_vote else self.term
-        for voter in self.voters:
-            if voter != self.node_id:
-                self.send(RequestVote(vote_term, self.node_id, voter, self.log.last_index(),
-                                      self.log.last_term(), pre_vote=pre_vote, transfer=transfer))
-
-    def on_election_won(self) -> None:
-        if self.role == Role.PRE_CANDIDATE:
-            self.become_candidate()
-            self.request_votes(pre_vote=False, transfer=False)
-        else:
-            self.become_leader()
-
-    def on_timeout_now(self, message: TimeoutNow) -> None:
-        if self.role == Role.FOLLOWER:
-            self.campaign(transfer=True)
 
     # --- following -------------------------------------------------------------------
 

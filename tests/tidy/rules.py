@@ -19,7 +19,7 @@ PURE_BROKER = ("broker.queues.fifo", "broker.queues.message_table", "broker.queu
 # raft's transport.py and runtime.py (with its turns.py, persistence.py, entry_locations.py) are the
 # asyncio shells; raft_storage is listed below. carried_commits, reelection, system_counters and system_views
 # were cut out of raft.system.
-PURE_RAFT = ("raft", "raft.core", "raft.log", "raft.progress", "raft.replication", "raft.messages",
+PURE_RAFT = ("raft", "raft.core", "raft.election", "raft.log", "raft.progress", "raft.replication", "raft.messages",
              "raft.group", "raft.system", "raft.carried_commits", "raft.reelection", "raft.system_counters",
              "raft.system_views",
              "raft.handshake", "raft.frames", "raft.member_ids", "raft.stall", "raft.packing")
@@ -48,4 +48,5 @@ LAYERS = {
 
 # Type-checked by mypy (tests/tidy/test_mypy.py; options in pyproject.toml [tool.mypy]).
 MYPY_SCOPE = ("protocol", "protocol.codec", "protocol.connection", "protocol.constants", "protocol.errors",
-              *PURE_BROKER, "raft.core", "raft.log", "raft.progress", "raft.replication", "raft.messages")
+              *PURE_BROKER, "raft.core", "raft.election", "raft.log", "raft.progress", "raft.replication",
+              "raft.messages")
