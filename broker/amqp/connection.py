@@ -440,9 +440,11 @@ class AMQPConnection(asyncio.Protocol):
 
     # -- handshake (AMQP 0-9-1 §2.2.4) ------------------------------------
     def _send_start(self) -> None:
+        settings = self.broker.settings
         self.write(codec.encode_method(0, spec.Connection.Start(
             version_major=0, version_minor=9,
-            server_properties=server_properties(self.broker.version, self.broker.settings.node_name),
+            server_properties=server_properties(self.broker.version, settings.node_name,
+                                                [node.name for node in settings.cluster_nodes]),
             mechanisms="PLAIN AMQPLAIN", locales="en_US")))
 
     def _on_start_ok(self, method: spec.Connection.StartOk) -> None:

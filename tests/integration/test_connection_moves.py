@@ -144,7 +144,7 @@ def test_aio_pika_publisher_and_consumer_move_and_confirm(node):
         while time.monotonic() < deadline:
             tries += 1
             connection = await aio_pika.connect_robust(node.url)
-            name = connection.transport.connection.server_properties["cluster_name"]
+            name = connection.transport.connection.server_properties["node"]
             if name.endswith("#1"):
                 return connection
             await connection.close()

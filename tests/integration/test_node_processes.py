@@ -112,7 +112,7 @@ def alive(pid: int) -> bool:
 
 def shard_of(connection: pika.BlockingConnection) -> int:
     """The shard that accepted the connection: its node name, `<node>#k`, in connection.start."""
-    return int(connection._impl.server_properties["cluster_name"].rsplit("#", 1)[1])
+    return int(connection._impl.server_properties["node"].rsplit("#", 1)[1])
 
 
 def connections_per_shard(server: ShardedServer) -> list[int]:
@@ -165,6 +165,10 @@ def test_connections_land_on_both_shards_and_share_a_quorum_queue(node):
     by_shard = connections_on_each_shard(node, 8)
     try:
         total = sum(len(connections) for connections in by_shard.values())
+        # as RabbitMQ's: one cluster_name for the node, whichever process accepted the connection
+        names = {(connection._impl.server_properties["cluster_name"], shard_of(connection))
+                 for connections in by_shard.values() for connection in connections}
+        assert names == {("warren@localhost", 0), ("warren@localhost", 1)}, names
         # the node's port (shard 0's) answers for the node; shard 1's own loopback port for shard 1
         listed = [row["shard"] for row in shard_api(node.metrics_port, "/api/connections")]
         assert sorted(listed) == sorted(k for k, connections in by_shard.items() for _ in connections)
@@ -360,7 +364,7 @@ def raw_client_on_shard(server: ShardedServer, shard: int) -> RawClient:
     for _ in range(CONNECTIONS_TO_REACH_EVERY_SHARD_MAX):
         client = RawClient(server.amqp_port)
         client.handshake()
-        if client.server_properties["cluster_name"].endswith(f"#{shard}"):
+        if client.server_properties["node"].endswith(f"#{shard}"):
             return client
         client.close_connection()
         client.close()
@@ -491,7 +495,7 @@ def test_an_auto_delete_queue_goes_when_its_consumers_connection_drops(node, two
         consumer.expect(commands.Basic.Deliver)
         consumer.close()   # abruptly: the message stays unacked
         wait_for(lambda q=queue: all(_declare_passive_fails(c, q) for c in two_shards),
-                 f"the auto-delete queue of a consumer on {consumer.server_properties['cluster_name']} to go")
+                 f"the auto-delete queue of a consumer on {consumer.server_properties['node']} to go")
 
 
 def test_a_transient_exchange_and_its_bindings_route_on_every_shard(two_shards):
