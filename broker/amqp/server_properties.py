@@ -3,13 +3,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from warren.broker.queues.queue_factory import split_shard
+
 
 def cluster_name(node_name: str, cluster_nodes: Sequence[str]) -> str:
     """RabbitMQ's `cluster_name`: one name for the whole cluster, its first node's (every
     node is configured with the same list); a node alone is its own name. A node's shards,
-    `<node>#k`, are that node (node names may not contain '#')."""
-    first = cluster_nodes[0] if cluster_nodes else node_name
-    return first.split("#", 1)[0]
+    `<node>#k`, are that node."""
+    return split_shard(cluster_nodes[0] if cluster_nodes else node_name)[0]
 
 
 def server_properties(version: str, node_name: str, cluster_nodes: Sequence[str] = ()) -> dict:
