@@ -13,7 +13,7 @@ def cluster_name(node_name: str, cluster_nodes: Sequence[str]) -> str:
     return split_shard(cluster_nodes[0] if cluster_nodes else node_name)[0]
 
 
-def server_properties(version: str, node_name: str, cluster_nodes: Sequence[str] = ()) -> dict:
+def server_properties(version: str, node_name: str, cluster_nodes: Sequence[str]) -> dict:
     """`node` is the process that accepted the connection (`<node>#k` on a node of several
     processes); RabbitMQ sends no such key and clients ignore what they do not know."""
     return {
