@@ -290,13 +290,13 @@ async def test_a_rollover_that_keeps_finding_no_room_is_tried_again_less_and_les
     loop = asyncio.get_running_loop()
     waits = []
     for _ in range(3):
+        tried_at = loop.time()   # before the failure that sets the retry's deadline, never after it
         committer.rollover_soon()
         await asyncio.wait_for(committer.drain(), 5)
         assert committer.rollover_failed and not committer.rollover_retry_due
-        failed_at = loop.time()
         while not committer.rollover_retry_due:
             await asyncio.sleep(0.01)
-        waits.append(loop.time() - failed_at)
+        waits.append(loop.time() - tried_at)
     assert waits[0] >= 0.05 and waits[1] >= 0.1 and waits[2] >= 0.2, waits
     fake.enospc_after_bytes = None
     committer.rollover_soon()
