@@ -35,6 +35,7 @@ import structlog
 from warren.broker.node import metadata_commands as mc
 from warren.broker.node import shard_queues
 from warren.broker.queues import queue_codec
+from warren.broker.queues.queue_factory import split_shard
 from warren.broker.routing.exchanges import Binding, Exchange
 from warren.protocol.errors import ChannelError
 
@@ -132,7 +133,7 @@ class ShardLink:
         if self.members is not None:
             peer = self.members[int(shard)] if int(shard) < len(self.members) else None
         else:
-            peer = self.node.rsplit("#", 1)[0] + f"#{int(shard)}"
+            peer = f"{split_shard(self.node)[0]}#{int(shard)}"
         return peer if peer in self.peers else None   # no such shard or node: nobody waits for it
 
     # -- transient queues ---------------------------------------------------------------------
