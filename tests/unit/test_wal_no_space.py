@@ -52,8 +52,9 @@ class DiskFullStore(LogStore):
             self.loop.call_soon_threadsafe(self.attempted_while_full.set)
 
 
-async def until_waiting_for_space(committer: GroupCommitter) -> None:
-    while not committer.waiting_for_space:
+async def until_waiting_for_space(committer: GroupCommitter, reported=lambda: False) -> None:
+    """Until the committer knows its batch waits for room (or `reported` says it gave an answer)."""
+    while not (committer.waiting_for_space or reported()):
         await asyncio.sleep(0.001)
 
 
@@ -218,7 +219,8 @@ async def test_no_reserve_is_made_while_a_batch_waits_for_room(tmp_path):
     committer.flush()
     # The writer thread's failure reaches the committer on the loop after the store's event:
     # wait for the committer to know the batch waits, not only for the write to have failed.
-    await asyncio.wait_for(until_waiting_for_space(committer), 5)
+    await asyncio.wait_for(until_waiting_for_space(committer, written.done), 5)
+    assert committer.waiting_for_space, "the batch was answered instead of waiting for room"
     committer.hold_reserve(1 << 20)
     assert store.reserve.held == 0 and not (tmp_path / "log" / "reserve").exists()
     store.full = False
@@ -336,8 +338,8 @@ async def test_a_batch_that_waits_too_long_for_room_fails_and_the_next_is_writte
     store.full = True
     append(1)
     committer.flush()
-    await asyncio.wait_for(until_waiting_for_space(committer), 5)
-    assert outcomes == {}, "a batch failed at its first try for want of room"
+    await asyncio.wait_for(until_waiting_for_space(committer, lambda: outcomes), 5)
+    assert outcomes == {} and committer.waiting_for_space, "a batch failed at its first try for want of room"
     append(2)   # waits behind it
     await asyncio.wait_for(second_reported.wait(), 5)
     assert outcomes == {1: [False], 2: [True]}, outcomes
