@@ -20,6 +20,7 @@ from tests.integration.pika_raw_client import RawClient
 from tests.integration.pika_support import publish_confirmed
 from tests.integration.quorum_cluster import wait_for
 from tests.serverproc import ServerProcess, make_server
+from warren.broker.queues.queue_factory import split_shard
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -112,7 +113,9 @@ def alive(pid: int) -> bool:
 
 def shard_of(connection: pika.BlockingConnection) -> int:
     """The shard that accepted the connection: its node name, `<node>#k`, in connection.start."""
-    return int(connection._impl.server_properties["node"].rsplit("#", 1)[1])
+    _, shard = split_shard(connection._impl.server_properties["node"])
+    assert shard is not None, f"connection.start names no shard: {connection._impl.server_properties['node']!r}"
+    return shard
 
 
 def connections_per_shard(server: ShardedServer) -> list[int]:
@@ -364,7 +367,7 @@ def raw_client_on_shard(server: ShardedServer, shard: int) -> RawClient:
     for _ in range(CONNECTIONS_TO_REACH_EVERY_SHARD_MAX):
         client = RawClient(server.amqp_port)
         client.handshake()
-        if client.server_properties["node"].endswith(f"#{shard}"):
+        if split_shard(client.server_properties["node"])[1] == shard:
             return client
         client.close_connection()
         client.close()
