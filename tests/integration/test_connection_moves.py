@@ -22,6 +22,7 @@ from tests.integration.test_node_processes import (
     shard_of,
     sharded_server,
 )
+from warren.broker.queues.queue_factory import split_shard
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -144,8 +145,7 @@ def test_aio_pika_publisher_and_consumer_move_and_confirm(node):
         while time.monotonic() < deadline:
             tries += 1
             connection = await aio_pika.connect_robust(node.url)
-            name = connection.transport.connection.server_properties["node"]
-            if name.endswith("#1"):
+            if split_shard(connection.transport.connection.server_properties["node"])[1] == 1:
                 return connection
             await connection.close()
         raise AssertionError(f"no aio-pika connection of {tries} in {LANDING_SECONDS} s landed on shard 1")
