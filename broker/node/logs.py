@@ -20,6 +20,8 @@ def configure_logging(level: str, log_format: str) -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(_LEVELS[level]),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        # one write a line, its newline included: a node's processes share stderr, and a
+        # line written in two parts (print's way) lets a sibling's line land between them
+        logger_factory=structlog.WriteLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=True,
     )
