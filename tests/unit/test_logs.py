@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -62,7 +61,7 @@ def test_processes_sharing_one_stderr_write_whole_lines(tmp_path: Path):
     out = tmp_path / "shared.log"
     with out.open("wb") as shared:
         procs = [subprocess.Popen([sys.executable, "-c", LOGGING_CHILD, str(lines_each), str(k)],
-                                  stdout=subprocess.DEVNULL, stderr=shared, env=dict(os.environ))
+                                  stdout=subprocess.DEVNULL, stderr=shared)
                  for k in range(children)]
         for proc in procs:
             assert proc.wait(timeout=120) == 0, "a logging child failed"
